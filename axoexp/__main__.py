@@ -1,0 +1,3 @@
+from axoexp.cli import main
+
+main()

@@ -1,0 +1,167 @@
+"""Populations to adapt and the synthetic targets they adapt to."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from axosim import AxoSimLite, AxoSimPopulation
+from axosim.checkpoint import load_checkpoint
+from axosim.support_surrogate import SupportP4Config
+
+from axoexp.registry import component
+
+WARMUP_STEPS = 4
+"""AxoSim-Lite forecasts after each 4-step input patch: its first 4 output steps are warm-up."""
+
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+"""Contact inputs (neurons, time, contacts) and targets (neurons, time, outputs)."""
+
+
+@dataclass
+class PopulationSetup:
+    """A population ready to adapt, and fixed-shape batches to adapt it on."""
+
+    module: AxoSimPopulation
+    batches: list[Batch]
+    description: dict[str, object] = field(default_factory=dict)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, of the wrong kind, or fails its pinned SHA-256."""
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for chunk in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def load_lite_checkpoint(path: str, pinned_sha256: str | None) -> tuple[AxoSimLite, str]:
+    """Load an AxoSim-Lite checkpoint (a pickle: trusted input only), checking its pin.
+
+    Returns the model and the file's SHA-256, which is verified *before* unpickling.
+    """
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise CheckpointError(f"population.checkpoint={path!r} is not a file")
+    actual = sha256_of(file)
+    if pinned_sha256 is not None and actual != pinned_sha256.lower():
+        raise CheckpointError(
+            f"population.checkpoint={path!r} has SHA-256 {actual}, "
+            f"but population.checkpoint_sha256 pins {pinned_sha256}"
+        )
+    model, _ = load_checkpoint(file, map_location="cpu")
+    if not isinstance(model, AxoSimLite):
+        raise CheckpointError(
+            f"population.checkpoint={path!r} holds a {type(model).__name__}, "
+            "not an AxoSim-Lite model (adaptive-support-p4-surrogate)"
+        )
+    return model, actual
+
+
+def make_lite_model(
+    *, branches: int, route_features: int, token_dim: int, state_dim: int, morphologies: int,
+    generator: torch.Generator,
+) -> AxoSimLite:
+    """A freshly initialised AxoSim-Lite neuron with random routing features."""
+    config = SupportP4Config(
+        input_dim=branches,
+        route_feature_dim=route_features,
+        token_dim=token_dim,
+        state_dim=state_dim,
+        morphology_ids=tuple(f"morphology-{index}" for index in range(morphologies)),
+    )
+    route = torch.randn(morphologies, branches, route_features, generator=generator)
+    return AxoSimLite(config, route / branches**0.5)
+
+
+@component("population", "lite")
+def lite(
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    seed: int,
+    neurons: int = 3,
+    time_steps: int = 12,
+    contacts: int = 4,
+    branches: int = 16,
+    route_features: int = 8,
+    token_dim: int = 8,
+    state_dim: int = 4,
+    morphologies: int = 2,
+    train_behavior: bool = True,
+    train_morphology: bool = True,
+    train_synaptic: bool = True,
+    checkpoint: str | None = None,
+    checkpoint_sha256: str | None = None,
+    batches: int = 4,
+    input_rate: float = 0.2,
+    target_perturbation: float = 0.1,
+) -> PopulationSetup:
+    """An ``AxoSimPopulation`` of AxoSim-Lite neurons and a teacher-generated target stream.
+
+    Contact inputs are Bernoulli(``input_rate``) spikes of shape (neurons, time_steps,
+    contacts). Targets are the outputs of a *teacher*: the same population with every
+    adaptation bank perturbed by Gaussian noise of std ``target_perturbation``, so the
+    targets are reachable by adapting the banks. With ``checkpoint`` the model dimensions
+    come from the checkpoint and ``branches``..``morphologies`` are ignored.
+    """
+    for label, value in (("neurons", neurons), ("time_steps", time_steps), ("contacts", contacts),
+                         ("batches", batches)):
+        if value < 1:
+            raise ValueError(f"population.{label} must be at least 1, got {value}")
+    if not 0.0 <= input_rate <= 1.0:
+        raise ValueError(f"population.input_rate must lie in [0, 1], got {input_rate}")
+    if not (train_behavior or train_morphology or train_synaptic):
+        raise ValueError(
+            "population trains no adaptation bank: set at least one of "
+            "population.train_behavior, train_morphology, train_synaptic to true"
+        )
+    generator = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)  # AxoSim-Lite initialises its weights from the global generator
+    description: dict[str, object] = {}
+    if checkpoint is None:
+        model = make_lite_model(
+            branches=branches, route_features=route_features, token_dim=token_dim,
+            state_dim=state_dim, morphologies=morphologies, generator=generator,
+        )
+    else:
+        model, digest = load_lite_checkpoint(checkpoint, checkpoint_sha256)
+        description["checkpoint_sha256"] = digest
+    config = model.config
+    module = AxoSimPopulation(
+        model,
+        morphology_indices=torch.arange(neurons) % len(config.morphology_ids),
+        contact_branch_indices=torch.randint(
+            0, config.input_dim, (neurons, contacts), generator=generator
+        ),
+    )
+    module.enable_adaptation_training(
+        behavior=train_behavior, morphology=train_morphology, synaptic=train_synaptic
+    )
+    teacher = copy.deepcopy(module)
+    with torch.no_grad():
+        for parameter in teacher.adaptation_parameters():
+            parameter.add_(target_perturbation * torch.randn(parameter.shape, generator=generator))
+    module.to(device=device, dtype=dtype)
+    teacher.to(device=device, dtype=dtype)
+    stream = []
+    with torch.no_grad():
+        for _ in range(batches):
+            spikes = torch.rand(neurons, time_steps, contacts, generator=generator) < input_rate
+            inputs = spikes.to(device=device, dtype=dtype)
+            stream.append((inputs, teacher(inputs).detach()))
+    description.update(
+        branches=config.input_dim, route_features=config.route_feature_dim,
+        token_dim=config.token_dim, state_dim=config.state_dim,
+        morphologies=len(config.morphology_ids), outputs=config.output_dim,
+        trainable_parameters=sum(p.numel() for p in module.trainable_adaptation_parameters()),
+    )
+    return PopulationSetup(module=module, batches=stream, description=description)

@@ -1,0 +1,83 @@
+"""Parity: does an executor compute the same updates as the eager reference?"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from axoexp.registry import REGISTRY
+from axoexp.timing import synchronizer
+
+if TYPE_CHECKING:
+    from axoexp.components.population import Batch
+    from axoexp.experiment import Plan
+
+
+class VerificationError(AssertionError):
+    """The executor's updates differ from eager ones by more than the tolerance."""
+
+
+@dataclass(frozen=True)
+class Verification:
+    """Largest differences between K eager and K executor updates from one initial state."""
+
+    executor: str
+    updates: int
+    max_abs_loss_diff: float
+    max_abs_param_diff: float
+    max_abs_param_change: float
+    loss_atol: float
+    param_atol: float
+
+    @property
+    def passed(self) -> bool:
+        return self.max_abs_loss_diff <= self.loss_atol and self.max_abs_param_diff <= self.param_atol
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "verify_max_abs_loss_diff": self.max_abs_loss_diff,
+            "verify_max_abs_param_diff": self.max_abs_param_diff,
+            "verify_max_abs_param_change": self.max_abs_param_change,
+            "verify_passed": float(self.passed),
+        }
+
+    def raise_if_failed(self) -> None:
+        if not self.passed:
+            raise VerificationError(
+                f"executor={self.executor} differs from eager after {self.updates} updates: "
+                f"max |loss diff| {self.max_abs_loss_diff:.3e} (tolerance {self.loss_atol:.1e}), "
+                f"max |parameter diff| {self.max_abs_param_diff:.3e} (tolerance {self.param_atol:.1e})"
+            )
+
+
+def _adapt(plan: Plan, pristine: torch.nn.Module, batches: list[Batch], updates: int,
+           executor_name: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    module = copy.deepcopy(pristine)
+    executor = plan.build_executor(module, REGISTRY.get("executor", executor_name))
+    executor.prepare(*batches[0])
+    losses = [executor.step(*batches[index % len(batches)]) for index in range(updates)]
+    synchronizer(batches[0][0].device)()
+    return losses, [parameter.detach().clone() for parameter in module.trainable_adaptation_parameters()]
+
+
+def _max_abs_diff(left: list[torch.Tensor], right: list[torch.Tensor]) -> float:
+    return max(float((a.double() - b.double()).abs().max()) for a, b in zip(left, right, strict=True))
+
+
+def verify_parity(plan: Plan, pristine: torch.nn.Module, batches: list[Batch], updates: int,
+                  loss_atol: float, param_atol: float) -> Verification:
+    """Run ``updates`` eager and ``updates`` executor updates from copies of ``pristine``."""
+    name = plan.components["executor"].name
+    reference_losses, reference_params = _adapt(plan, pristine, batches, updates, "eager")
+    losses, params = _adapt(plan, pristine, batches, updates, name)
+    initial = [parameter.detach() for parameter in pristine.trainable_adaptation_parameters()]
+    return Verification(
+        executor=name, updates=updates,
+        max_abs_loss_diff=_max_abs_diff(reference_losses, losses),
+        max_abs_param_diff=_max_abs_diff(reference_params, params),
+        max_abs_param_change=_max_abs_diff(reference_params, initial),
+        loss_atol=loss_atol, param_atol=param_atol,
+    )

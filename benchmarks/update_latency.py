@@ -1,0 +1,174 @@
+"""Update latency per shape: eager, bare axosim helper, axoexp executors; JSON + markdown out.
+
+    python benchmarks/update_latency.py --shapes 3x12x4 64x256x32 --out benchmarks/results --label h200
+
+For each shape (neurons x time_steps x contacts) every variant adapts its own copy of one
+population on the same batches. Steady-state latency is the host clock around each update
+and a device synchronise (as in ``python -m axoexp``), over ``--rounds`` interleaved rounds
+of ``--updates`` updates after ``--warmup`` untimed ones. Device time per update is the sum of
+all GPU activity (kernels, copies, memsets) that torch.profiler records over 20 updates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+from dataclasses import asdict, dataclass
+from datetime import date
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from axosim import CudaGraphAdaptationStep
+from hydra import compose, initialize_config_module
+from torch.profiler import ProfilerActivity, profile
+
+from axoexp import metadata
+from axoexp.experiment import Plan, UpdateTrace, plan_experiment, run_updates
+from axoexp.registry import load_plugins
+from axoexp.timing import LatencySummary, stopwatch, synchronizer
+from axoexp.verification import verify_parity
+
+EXECUTORS = ("eager", "cudagraph", "compiled_cudagraph")
+BARE = "bare_helper"
+PROFILED_UPDATES = 20
+
+
+@dataclass
+class Row:
+    shape: str
+    variant: str
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    device_ms: float
+    prepare_ms: dict[str, float]
+    speedup_vs_eager: float = 0.0
+    ratio_vs_bare: float = 0.0
+    parity_max_abs_param_diff: float | None = None
+
+
+def make_plan(executor: str, shape: tuple[int, int, int], overrides: list[str]) -> Plan:
+    neurons, time_steps, contacts = shape
+    with initialize_config_module(config_module="axoexp.conf", version_base="1.3"):
+        config = compose("config", overrides=[
+            "device=cuda", f"executor={executor}", f"population.neurons={neurons}",
+            f"population.time_steps={time_steps}", f"population.contacts={contacts}", *overrides,
+        ])
+    return plan_experiment(config)
+
+
+def prepare_bare_helper(plan: Plan, module: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]):
+    """``axosim.CudaGraphAdaptationStep`` as its README shows it, with no axoexp executor around it."""
+    template = plan.build_executor(module)  # the same optimizer, loss and transform as cudagraph
+    phases: dict[str, float] = {}
+    with stopwatch(synchronizer(plan.device), phases, "capture"):
+        helper = CudaGraphAdaptationStep.capture(
+            module, template.optimizer, *batch, template.loss_fn,
+            gradient_transform=template.gradient_transform,
+        )
+    return SimpleNamespace(step=helper), phases
+
+
+def device_ms_per_update(variant: Any, setup: Any) -> float:
+    with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+        run_updates(variant, setup, PROFILED_UPDATES, 0, UpdateTrace())
+    total_us = sum(event.self_device_time_total for event in profiler.key_averages())
+    return total_us / 1e3 / PROFILED_UPDATES
+
+
+def bench_shape(shape: tuple[int, int, int], args: argparse.Namespace) -> list[Row]:
+    plans = {name: make_plan(name, shape, args.override) for name in EXECUTORS}
+    setup = plans["eager"].build_population()
+    pristine = copy.deepcopy(setup.module)
+    variants: dict[str, Any] = {}
+    prepared: dict[str, dict[str, float]] = {}
+    for name in (BARE, *EXECUTORS):
+        plan = plans["cudagraph" if name == BARE else name]
+        module = copy.deepcopy(pristine)
+        if name == BARE:
+            variants[name], prepared[name] = prepare_bare_helper(plan, module, setup.batches[0])
+        else:
+            variants[name] = plan.build_executor(module)
+            prepared[name] = variants[name].prepare(*setup.batches[0])
+        run_updates(variants[name], setup, args.warmup, 0, UpdateTrace())
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(args.rounds):
+        for name, variant in variants.items():
+            trace = UpdateTrace()
+            run_updates(variant, setup, args.updates, 0, trace)
+            samples[name] += trace.latencies_ms
+    label = "x".join(map(str, shape))
+    rows = {}
+    for name, variant in variants.items():
+        summary = LatencySummary.of(samples[name])
+        rows[name] = Row(label, name, summary.median, summary.p10, summary.p90,
+                         device_ms_per_update(variant, setup), prepared[name])
+    for name in ("cudagraph", "compiled_cudagraph"):
+        check = verify_parity(plans[name], pristine, setup.batches, 5, 1e-6, 1e-6)
+        rows[name].parity_max_abs_param_diff = check.max_abs_param_diff
+    for row in rows.values():
+        row.speedup_vs_eager = rows["eager"].median_ms / row.median_ms
+        row.ratio_vs_bare = row.median_ms / rows[BARE].median_ms
+    return list(rows.values())
+
+
+def markdown(rows: list[Row], environment: dict[str, str], args: argparse.Namespace) -> str:
+    lines = [
+        f"# Update latency — {environment.get('gpu.name', environment['device'])}, {date.today()}",
+        "",
+        f"torch {environment['version.torch']}, CUDA {environment['version.cuda_runtime']}, driver "
+        f"{environment.get('gpu.driver', '?')}, axosim {environment['version.axosim']}, "
+        f"axoexp {environment['git.commit'][:12]} (dirty: {environment['git.dirty']}). "
+        f"{args.rounds} rounds x {args.updates} updates per variant after {args.warmup} warm-up; "
+        f"overrides: {' '.join(args.override) or 'none'}.",
+        "",
+        "| shape (n x t x c) | variant | median ms | p10 | p90 | device ms | compile ms | capture ms "
+        "| vs eager | / bare | parity max abs dparam |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        parity = "" if row.parity_max_abs_param_diff is None else f"{row.parity_max_abs_param_diff:.1e}"
+        lines.append(
+            f"| {row.shape} | {row.variant} | {row.median_ms:.3f} | {row.p10_ms:.3f} | {row.p90_ms:.3f} "
+            f"| {row.device_ms:.3f} | {row.prepare_ms.get('compile', float('nan')):.0f} "
+            f"| {row.prepare_ms.get('capture', float('nan')):.1f} | {row.speedup_vs_eager:.2f}x "
+            f"| {row.ratio_vs_bare:.3f} | {parity} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", nargs="+", default=["3x12x4", "64x256x32", "1024x256x32"])
+    parser.add_argument("--updates", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--override", nargs="*", default=[], help="extra Hydra overrides, e.g. optimizer=sgd")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--label", default=f"update-latency-{date.today()}")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.error("this benchmark needs a CUDA GPU")
+    load_plugins()
+    rows = [row for text in args.shapes for row in bench_shape(tuple(map(int, text.split("x"))), args)]
+    environment = metadata.collect(torch.device("cuda"))
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = {"date": str(date.today()), "environment": environment,
+              "settings": {k: v for k, v in vars(args).items() if k != "out"} | {"profiled_updates": PROFILED_UPDATES},
+              "rows": [asdict(row) for row in rows]}
+    (args.out / f"{args.label}.json").write_text(json.dumps(report, indent=2, default=str))
+    table = markdown(rows, environment, args)
+    (args.out / f"{args.label}.md").write_text(table)
+    print(table)
+    worst = max(row.ratio_vs_bare for row in rows if row.variant == "cudagraph")
+    print(f"cudagraph executor / bare helper, worst shape: {worst:.3f} (target <= 1.05)")
+    for row in rows:
+        if row.variant == "compiled_cudagraph":
+            print(f"compiled_cudagraph speedup over bare helper at {row.shape}: {1 / row.ratio_vs_bare:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Hydra configs for axoexp, installed as the package ``axoexp.conf`` (see pyproject.toml)."""

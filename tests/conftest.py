@@ -1,0 +1,52 @@
+"""Shared fixtures: composed configs, a private sqlite MLflow store, subprocess runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+from mlflow.tracking import MlflowClient
+from omegaconf import DictConfig
+
+from axoexp.registry import load_plugins
+
+REPO = Path(__file__).resolve().parents[1]
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.fixture
+def tracking_uri(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+@pytest.fixture
+def client(tracking_uri: str) -> MlflowClient:
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+@pytest.fixture
+def make_config(tracking_uri: str) -> Callable[..., DictConfig]:
+    """Compose the real Hydra config with overrides, logging to this test's store."""
+    load_plugins(REPO / "plugins")
+
+    def make(*overrides: str) -> DictConfig:
+        with initialize_config_module(config_module="axoexp.conf", version_base="1.3"):
+            return compose("config", overrides=[f"tracking.uri={tracking_uri}", *overrides])
+
+    return make
+
+
+def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None,
+            timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``python -m axoexp ARGS`` in a fresh process."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "axoexp", *args], cwd=cwd, env=full_env,
+        capture_output=True, text=True, timeout=timeout,
+    )

@@ -1,0 +1,55 @@
+"""``python -m axoexp`` in fresh processes, as a user runs it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+
+from conftest import REPO, run_cli
+
+
+def test_default_command_prints_timings_and_logs_to_mlflow_db_in_cwd(tmp_path: Path) -> None:
+    result = run_cli("executor=eager", "loss=causal_mse", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"update\s+\d+\.\d+ ms\s+median of 50\s+\(p10 ", result.stdout)
+    run_id = re.search(r"mlflow run\s+([0-9a-f]{32})", result.stdout).group(1)
+    assert (tmp_path / "mlflow.db").is_file()
+    run = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["loss.name"] == "causal_mse"
+    assert (Path(run.data.tags["output_dir"]) / "result.json").is_file()
+
+
+def test_cudagraph_on_cpu_exits_at_once_suggesting_eager(tmp_path: Path) -> None:
+    result = run_cli("executor=cudagraph", "device=cpu", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "executor=cudagraph needs CUDA, but device=cpu" in result.stderr
+    assert "use executor=eager" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_help_lists_every_group_and_option(tmp_path: Path) -> None:
+    result = run_cli("--help", cwd=tmp_path)
+    assert result.returncode == 0
+    for line in ("executor: compiled_cudagraph, compiled_reduce_overhead, cudagraph, eager", "gradient_transform: clip_norm, clip_value, none",
+                 "loss: causal_mse, huber, mse", "optimizer: adam, adamw, sgd", "population: lite"):
+        assert line in result.stdout
+
+
+def test_multirun_sweeps_shapes_into_separate_runs(tmp_path: Path) -> None:
+    result = run_cli("-m", "population.neurons=2,5", "run.measured_updates=3", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
+    assert sorted(run.data.tags["shape.inputs"] for run in runs) == ["(2, 12, 4)", "(5, 12, 4)"]
+    assert all(run.info.status == "FINISHED" for run in runs)
+
+
+def test_shipped_example_plugin_runs_from_the_checkout(tmp_path: Path) -> None:
+    result = run_cli("loss=log_cosh", "run.measured_updates=3", f"tracking.uri=sqlite:///{tmp_path / 'm.db'}",
+                     cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    assert "mlflow run" in result.stdout

@@ -1,0 +1,124 @@
+"""CUDA-Graph executors on a real GPU: capture, replay, errors, and parity with eager."""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from axoexp.executors.cudagraph import ReplayShapeError
+from axoexp.experiment import ConfigError, plan_experiment, run_experiment
+from axoexp.registry import REGISTRY
+from conftest import requires_cuda, run_cli
+
+pytestmark = requires_cuda
+CAPTURED = ("cudagraph", "compiled_cudagraph")
+
+
+def _state(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    tensors = [value.detach().clone() for value in module.state_dict().values()]
+    for state in optimizer.state.values():
+        tensors += [value.detach().clone() for value in state.values() if isinstance(value, torch.Tensor)]
+    return tensors
+
+
+@pytest.fixture
+def cuda_plan(make_config):
+    def plan(*overrides: str):
+        return plan_experiment(make_config("device=cuda", *overrides))
+    return plan
+
+
+@pytest.mark.parametrize("executor_name", CAPTURED)
+def test_capture_consumes_no_update(cuda_plan, executor_name: str) -> None:
+    plan = cuda_plan(f"executor={executor_name}", "optimizer.momentum=0.9", "optimizer=sgd")
+    setup = plan.build_population()
+    executor = plan.build_executor(setup.module)
+    executor.optimizer.step()  # give SGD's momentum a state to restore, as after earlier updates
+    before = _state(setup.module, executor.optimizer)
+    phases = executor.prepare(*setup.batches[0])
+    assert phases["capture"] > 0
+    after = _state(setup.module, executor.optimizer)
+    assert len(before) == len(after)
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+@pytest.mark.parametrize("executor_name", CAPTURED)
+def test_replay_equals_eager_updates_from_the_same_state(cuda_plan, executor_name: str) -> None:
+    plan = cuda_plan(f"executor={executor_name}")
+    setup = plan.build_population()
+    reference_module = copy.deepcopy(setup.module)
+    captured = plan.build_executor(setup.module)
+    captured.prepare(*setup.batches[0])
+    reference = plan.build_executor(reference_module, REGISTRY.get("executor", "eager"))
+    for index in range(6):
+        inputs, targets = setup.batches[index % len(setup.batches)]
+        assert torch.allclose(captured.step(inputs, targets), reference.step(inputs, targets), atol=1e-6)
+    for a, b in zip(setup.module.parameters(), reference_module.parameters(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("executor_name", CAPTURED)
+def test_replay_rejects_other_shapes_and_dtypes(cuda_plan, executor_name: str) -> None:
+    plan = cuda_plan(f"executor={executor_name}")
+    setup = plan.build_population()
+    executor = plan.build_executor(setup.module)
+    executor.prepare(*setup.batches[0])
+    inputs, targets = setup.batches[0]
+    with pytest.raises(ReplayShapeError, match=re.escape("got inputs (3, 8, 4) torch.float32")) as error:
+        executor.step(inputs[:, :8], targets[:, :8])
+    assert "captured for inputs (3, 12, 4) torch.float32" in str(error.value)
+    with pytest.raises(ReplayShapeError, match="inputs must have dtype torch.float32"):
+        executor.step(inputs.double(), targets)
+
+
+def test_cudagraph_refuses_a_non_capturable_optimizer(make_config) -> None:
+    with pytest.raises(ConfigError, match="optimizer.capturable=false, but executor=cudagraph"):
+        plan_experiment(make_config("device=cuda", "executor=cudagraph", "optimizer.capturable=false"))
+
+
+OPTIMIZERS = {
+    "adam": ["optimizer=adam"], "adamw": ["optimizer=adamw"], "sgd": ["optimizer=sgd"],
+    "sgd_momentum": ["optimizer=sgd", "optimizer.momentum=0.9", "optimizer.nesterov=true"],
+}
+TRANSFORMS = {  # thresholds small enough that the transforms really act
+    "none": ["gradient_transform=none"],
+    "clip_norm": ["gradient_transform=clip_norm", "gradient_transform.max_norm=0.01"],
+    "clip_value": ["gradient_transform=clip_value", "gradient_transform.clip_value=0.001"],
+}
+FULL_MATRIX = [("cudagraph", o, t) for o in OPTIMIZERS for t in TRANSFORMS]
+COMPILED = [(e, o, t) for e in ("compiled_cudagraph", "compiled_reduce_overhead")
+            for o, t in (("adam", "clip_norm"), ("sgd_momentum", "clip_value"))]
+
+
+@pytest.mark.parametrize("executor_name, optimizer, transform", FULL_MATRIX + COMPILED)
+def test_parity_with_eager_over_several_updates(
+    make_config, executor_name: str, optimizer: str, transform: str
+) -> None:
+    config = make_config(
+        "device=cuda", f"executor={executor_name}", *OPTIMIZERS[optimizer], *TRANSFORMS[transform],
+        "population.neurons=16", "population.time_steps=32", "population.contacts=8",
+        "verify.enabled=true", "verify.updates=5", "verify.param_atol=1e-6", "verify.loss_atol=1e-6",
+        "run.warmup_updates=1", "run.measured_updates=3",
+    )
+    result = run_experiment(config)
+    assert result.verification is not None and result.verification.passed, result.verification
+    assert result.verification.max_abs_param_change > 1e-5, "the compared updates must move the banks"
+
+
+def test_cli_cudagraph_run_logs_capture_separately(tmp_path: Path) -> None:
+    result = run_cli("executor=cudagraph", "device=cuda", "loss=causal_mse", "verify.enabled=true", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"capture\s+\d+\.\d+ ms", result.stdout)
+    assert "verify        passed" in result.stdout
+    run_id = re.search(r"mlflow run\s+([0-9a-f]{32})", result.stdout).group(1)
+    run = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(run_id)
+    assert run.data.metrics["capture_ms"] > 0 and run.data.metrics["update_ms_count"] == 50
+    assert run.data.tags["timing.capture.includes"].startswith("static_buffer_copy,3x_warmup_update")
+    assert run.data.tags["timing.update.includes"].startswith("input_copy,graph_replay")
+    assert run.data.tags["gpu.name"] == torch.cuda.get_device_name()
+    assert run.data.tags["optimizer.capturable"] == "true"

@@ -1,0 +1,36 @@
+"""The configs ship as package data: a non-editable install finds them from any directory."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO
+
+
+def test_wheel_install_composes_configs_outside_the_checkout(tmp_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+         str(tmp_path / "dist"), str(REPO)],
+        check=True, capture_output=True, timeout=300,
+    )
+    (wheel,) = (tmp_path / "dist").glob("axoexp-*.whl")
+    site = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+        check=True, capture_output=True, timeout=300,
+    )
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(site), "PYTHONSAFEPATH": "1"}
+    probe = subprocess.run([sys.executable, "-c", "import axoexp; print(axoexp.__file__)"],
+                           cwd=work, env=env, capture_output=True, text=True, check=True)
+    assert probe.stdout.startswith(str(site)), "the test must exercise the installed copy"
+    result = subprocess.run(
+        [sys.executable, "-m", "axoexp", "executor=cudagraph", "optimizer=sgd", "--cfg", "job"],
+        cwd=work, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "name: cudagraph" in result.stdout and "name: sgd" in result.stdout
