@@ -42,6 +42,7 @@ def package_versions() -> dict[str, str]:
             versions[f"version.{name}"] = version(name)
         except PackageNotFoundError:
             versions[f"version.{name}"] = "not installed"
+    versions["version.torch"] = torch.__version__  # names the build too, e.g. 2.11.0+cu130
     versions["version.python"] = platform.python_version()
     return versions
 

@@ -153,16 +153,19 @@ def main() -> None:
     if not torch.cuda.is_available():
         parser.error("this benchmark needs a CUDA GPU")
     load_plugins()
-    rows = [row for text in args.shapes for row in bench_shape(tuple(map(int, text.split("x"))), args)]
     environment = metadata.collect(torch.device("cuda"))
     args.out.mkdir(parents=True, exist_ok=True)
-    report = {"date": str(date.today()), "environment": environment,
-              "settings": {k: v for k, v in vars(args).items() if k != "out"} | {"profiled_updates": PROFILED_UPDATES},
-              "rows": [asdict(row) for row in rows]}
-    (args.out / f"{args.label}.json").write_text(json.dumps(report, indent=2, default=str))
-    table = markdown(rows, environment, args)
-    (args.out / f"{args.label}.md").write_text(table)
-    print(table)
+    rows: list[Row] = []
+    for text in args.shapes:  # the files are rewritten after each shape: a time-out keeps the rest
+        rows += bench_shape(tuple(map(int, text.split("x"))), args)
+        report = {"date": str(date.today()), "environment": environment,
+                  "settings": {k: v for k, v in vars(args).items() if k != "out"}
+                  | {"profiled_updates": PROFILED_UPDATES},
+                  "rows": [asdict(row) for row in rows]}
+        (args.out / f"{args.label}.json").write_text(json.dumps(report, indent=2, default=str))
+        table = markdown(rows, environment, args)
+        (args.out / f"{args.label}.md").write_text(table)
+        print(table, flush=True)
     worst = max(row.ratio_vs_bare for row in rows if row.variant == "cudagraph")
     print(f"cudagraph executor / bare helper, worst shape: {worst:.3f} (target <= 1.05)")
     for row in rows:

@@ -101,7 +101,7 @@ def test_seeded_runs_repeat_their_losses_exactly(make_config) -> None:
     (["optimizer.capturable=true"], "optimizer.capturable=true needs parameters on CUDA, but device=cpu"),
     (["dtype=float8"], "dtype='float8' is not supported; choose one of: float32, float64, bfloat16, float16"),
     (["device=tpu0"], "device='tpu0' is not a device; use cpu, cuda or cuda:N"),
-    (["executor.name=graphs"], "unknown executor 'graphs'; valid executor names: compiled_cudagraph, compiled_reduce_overhead, cudagraph, eager"),
+    (["executor.name=graphs"], "unknown executor 'graphs'; valid executor names: compiled_cudagraph, cudagraph, eager"),
     (["+loss.gamma=2"], "loss=causal_mse does not accept 'gamma'"),
     (["run.measured_updates=0"], "run.measured_updates must be an integer of at least 1, got 0"),
 ])

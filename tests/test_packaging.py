@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,9 +12,12 @@ from conftest import REPO
 
 
 def test_wheel_install_composes_configs_outside_the_checkout(tmp_path: Path) -> None:
+    source = tmp_path / "src"  # a clean copy: setuptools would reuse a stale build/ in the checkout
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", ".whl", "build", "outputs", "mlruns", "*.db", "__pycache__", "*.egg-info"))
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-         str(tmp_path / "dist"), str(REPO)],
+         str(tmp_path / "dist"), str(source)],
         check=True, capture_output=True, timeout=300,
     )
     (wheel,) = (tmp_path / "dist").glob("axoexp-*.whl")
@@ -24,7 +28,8 @@ def test_wheel_install_composes_configs_outside_the_checkout(tmp_path: Path) -> 
     )
     work = tmp_path / "elsewhere"
     work.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(site), "PYTHONSAFEPATH": "1"}
+    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONSAFEPATH": "1"}
     probe = subprocess.run([sys.executable, "-c", "import axoexp; print(axoexp.__file__)"],
                            cwd=work, env=env, capture_output=True, text=True, check=True)
     assert probe.stdout.startswith(str(site)), "the test must exercise the installed copy"

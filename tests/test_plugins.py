@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
@@ -49,7 +50,8 @@ def test_entry_point_plugin_of_an_installed_package_is_found(tmp_path: Path) -> 
     dist_info.mkdir()
     (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: axoexp-cubic\nVersion: 1.0\n")
     (dist_info / "entry_points.txt").write_text("[axoexp.plugins]\ncubic = axoexp_cubic\n")
-    env = {"PYTHONPATH": str(site), "AXOEXP_PLUGINS_DIR": str(tmp_path / "none")}
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
+           "AXOEXP_PLUGINS_DIR": str(tmp_path / "none")}
 
     result = run_cli("loss=cubic", "run.measured_updates=3", cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr

@@ -1,10 +1,10 @@
-"""Executors that run the population forward through ``torch.compile`` (inductor)."""
+"""An executor that runs the population forward through ``torch.compile`` (inductor)."""
 
 from __future__ import annotations
 
 import torch
 
-from axoexp.executors.base import Executor, eager_update
+from axoexp.executors.base import Executor
 from axoexp.executors.cudagraph import CudaGraphExecutor
 from axoexp.registry import component
 from axoexp.timing import stopwatch, synchronizer
@@ -15,9 +15,19 @@ COMPILE_STAGES = ("dynamo_trace", "inductor_codegen", "forward", "loss", "backwa
 def _forward_backward_without_update(
     executor: Executor, module: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor
 ) -> None:
-    """Run forward and backward (compiling both graphs) and drop the gradients: no update."""
-    executor.loss_fn(module(inputs), targets).backward()
-    executor.optimizer.zero_grad(set_to_none=False)
+    """Run forward and backward (compiling both graphs) and drop the gradients: no update.
+
+    It runs on a side stream, as axosim's capture warm-up does: AxoSim-Lite keeps its last
+    output (and so that autograd graph) alive, and a gradient accumulator created on the
+    legacy default stream would make the later capture depend on that stream, which CUDA
+    forbids.
+    """
+    stream = torch.cuda.Stream(inputs.device)
+    stream.wait_stream(torch.cuda.current_stream(inputs.device))
+    with torch.cuda.stream(stream):
+        executor.loss_fn(module(inputs), targets).backward()
+        executor.optimizer.zero_grad(set_to_none=False)
+    torch.cuda.current_stream(inputs.device).wait_stream(stream)
 
 
 @component("executor", "compiled_cudagraph")
@@ -45,42 +55,3 @@ class CompiledCudaGraphExecutor(CudaGraphExecutor):
         with stopwatch(synchronizer(example_inputs.device), phases, "capture"):
             self.graph_step = self.capture(self.compiled, example_inputs, example_targets)
         return phases
-
-
-@component("executor", "compiled_reduce_overhead")
-class CompiledReduceOverheadExecutor(Executor):
-    """``torch.compile(mode="reduce-overhead")``: inductor's CUDA-graph trees replay the
-    compiled forward and backward; loss, gradient transform and optimizer step run eagerly.
-
-    Each update starts with ``torch.compiler.cudagraph_mark_step_begin()``, so the trees
-    may reuse the previous update's output memory (the returned loss is a fresh tensor).
-    """
-
-    requires_cuda = True
-    update_includes = ("cudagraph_mark_step_begin", "zero_grad", "forward_graph_replay", "loss",
-                       "backward_graph_replay", "gradient_transform", "optimizer_step", "synchronize")
-
-    def __init__(self, *, recording_steps: int = 3, **components: object) -> None:
-        super().__init__(**components)  # type: ignore[arg-type]
-        if recording_steps < 1:
-            raise ValueError(f"executor.recording_steps must be at least 1, got {recording_steps}")
-        self.recording_steps = recording_steps
-        self.compiled = torch.compile(self.module, mode="reduce-overhead", dynamic=False)
-
-    def prepare_includes(self) -> dict[str, tuple[str, ...]]:
-        return {"compile": (f"{self.recording_steps}x_forward_backward_without_update",
-                            *COMPILE_STAGES, "cudagraph_tree_warmup_and_recording")}
-
-    def prepare(self, example_inputs: torch.Tensor, example_targets: torch.Tensor) -> dict[str, float]:
-        phases: dict[str, float] = {}
-        with stopwatch(synchronizer(example_inputs.device), phases, "compile"):
-            for _ in range(self.recording_steps):
-                torch.compiler.cudagraph_mark_step_begin()
-                _forward_backward_without_update(self, self.compiled, example_inputs, example_targets)
-        return phases
-
-    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        torch.compiler.cudagraph_mark_step_begin()
-        return eager_update(
-            self.compiled, self.optimizer, self.loss_fn, self.gradient_transform, inputs, targets
-        )
