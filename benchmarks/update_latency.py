@@ -5,7 +5,7 @@
 For each shape (neurons x time_steps x contacts) every variant adapts its own copy of one
 population on the same batches. Steady-state latency is the host clock around each update
 and a device synchronise (as in ``python -m axoexp``), over ``--rounds`` interleaved rounds
-of ``--updates`` updates after ``--warmup`` untimed ones. Device time per update is the sum of
+of ``--updates`` updates (in rotating order) after ``--warmup`` untimed ones. Device time per update is the sum of
 all GPU activity (kernels, copies, memsets) that torch.profiler records over 20 updates.
 """
 
@@ -95,8 +95,11 @@ def bench_shape(shape: tuple[int, int, int], args: argparse.Namespace) -> list[R
             prepared[name] = variants[name].prepare(*setup.batches[0])
         run_updates(variants[name], setup, args.warmup, 0, UpdateTrace())
     samples: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(args.rounds):
-        for name, variant in variants.items():
+    order = list(variants)
+    for _ in range(args.rounds):  # the order rotates each round, so drift hits every variant alike
+        order = order[1:] + order[:1]
+        for name in order:
+            variant = variants[name]
             trace = UpdateTrace()
             run_updates(variant, setup, args.updates, 0, trace)
             samples[name] += trace.latencies_ms
@@ -122,7 +125,7 @@ def markdown(rows: list[Row], environment: dict[str, str], args: argparse.Namesp
         f"torch {environment['version.torch']}, CUDA {environment['version.cuda_runtime']}, driver "
         f"{environment.get('gpu.driver', '?')}, axosim {environment['version.axosim']}, "
         f"axoexp {environment['git.commit'][:12]} (dirty: {environment['git.dirty']}). "
-        f"{args.rounds} rounds x {args.updates} updates per variant after {args.warmup} warm-up; "
+        f"{args.rounds} rounds (rotating order) x {args.updates} updates per variant after {args.warmup} warm-up; "
         f"overrides: {' '.join(args.override) or 'none'}.",
         "",
         "| shape (n x t x c) | variant | median ms | p10 | p90 | device ms | compile ms | capture ms "
@@ -143,8 +146,8 @@ def markdown(rows: list[Row], environment: dict[str, str], args: argparse.Namesp
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", nargs="+", default=["3x12x4", "64x256x32", "1024x256x32"])
-    parser.add_argument("--updates", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--updates", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--override", nargs="*", default=[], help="extra Hydra overrides, e.g. optimizer=sgd")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))

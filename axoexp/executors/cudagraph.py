@@ -12,6 +12,20 @@ from axoexp.timing import stopwatch, synchronizer
 CAPTURE_STAGES = ("graph_capture", "module_and_optimizer_state_restore", "synchronize")
 
 
+def release_autograd_graphs(module: torch.nn.Module) -> None:
+    """Detach tensors that module attributes keep with an autograd graph.
+
+    AxoSim-Lite keeps its last output (``base_soma_prediction``) and with it that update's
+    autograd graph. The graph pins each parameter's gradient accumulator to the stream it
+    was made on; after an update on the legacy default stream, a capture would then have to
+    wait on that stream, which CUDA forbids. Capture needs none of those graphs.
+    """
+    for submodule in module.modules():
+        for name, value in list(vars(submodule).items()):
+            if isinstance(value, torch.Tensor) and value.grad_fn is not None:
+                setattr(submodule, name, value.detach())
+
+
 class ReplayShapeError(ValueError):
     """Replay inputs whose shape or dtype differ from the captured ones."""
 
@@ -50,6 +64,7 @@ class CudaGraphExecutor(Executor):
     def capture(
         self, module: torch.nn.Module, example_inputs: torch.Tensor, example_targets: torch.Tensor
     ) -> CudaGraphAdaptationStep:
+        release_autograd_graphs(self.module)
         return CudaGraphAdaptationStep.capture(
             module, self.optimizer, example_inputs, example_targets, self.loss_fn,
             warmup_steps=self.warmup_steps, gradient_transform=self.gradient_transform,
