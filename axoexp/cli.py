@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -10,8 +11,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from axoexp.experiment import ConfigError, ExperimentResult, run_experiment
+from axoexp import sweep
+from axoexp.experiment import ConfigError, ExperimentResult, configure_tracking, run_experiment
 from axoexp.registry import load_plugins
+from axoexp.tracking import TrackingUnavailableError
 
 
 def format_result(result: ExperimentResult) -> str:
@@ -36,15 +39,28 @@ def format_result(result: ExperimentResult) -> str:
 
 
 @hydra.main(version_base="1.3", config_path="pkg://axoexp.conf", config_name="config")
-def hydra_app(config: DictConfig) -> float:
+def hydra_app(config: DictConfig) -> float | None:
     """Run one experiment; Hydra's multirun calls this once per job."""
     hydra_config = HydraConfig.get()
+    parent_run_id = job_name = None
+    if hydra_config.mode == RunMode.MULTIRUN:
+        parent_run_id = os.environ.get(sweep.PARENT_ENV)
+        job_name = hydra_config.job.override_dirname or "defaults"
+        if config.sweep.resume:
+            tracking_uri = configure_tracking(config)
+            previous = sweep.reusable_run(config, tracking_uri)
+            if previous is not None:
+                sweep.note_reuse(tracking_uri, parent_run_id, hydra_config.job.num, previous)
+                print(f"skipped {job_name}: its resolved config already FINISHED as MLflow run "
+                      f"{previous} (sweep.resume=false runs it again)", flush=True)
+                return None
     try:
-        result = run_experiment(config, Path(hydra_config.runtime.output_dir))
-    except ConfigError as error:
+        result = run_experiment(config, Path(hydra_config.runtime.output_dir),
+                                parent_run_id=parent_run_id, run_name=job_name)
+    except (ConfigError, TrackingUnavailableError) as error:
         if hydra_config.mode == RunMode.RUN:  # a sweep records the failed job and goes on
             print(f"axoexp: {error}", file=sys.stderr)
-            sys.exit(2)
+            sys.exit(2 if isinstance(error, ConfigError) else 1)
         raise
     print(format_result(result), flush=True)
     return result.update.median

@@ -18,7 +18,10 @@ from axoexp.components.population import PopulationSetup
 from axoexp.executors.base import NOT_TIMED, Executor
 from axoexp.registry import GROUPS, REGISTRY, Component, RegistryError, load_plugins
 from axoexp.timing import CLOCK, LatencySummary, synchronizer
-from axoexp.tracking import Tracker, flatten, resolve_tracking_uri, tracked_run
+from axoexp.tracking import (
+    CONFIG_HASH_TAG, PARENT_TAG, RunLog, config_digest, configure_http, flatten,
+    resolve_tracking_uri, tracked_run,
+)
 from axoexp.verification import Verification, verify_parity
 
 DTYPES = {
@@ -239,20 +242,38 @@ def default_run_name(plan: Plan) -> str:
             f"{names['loss'].name} {names['optimizer'].name} {plan.device}")
 
 
-def run_experiment(config: DictConfig, output_dir: Path | None = None) -> ExperimentResult:
-    """Run the experiment ``config`` describes and log it as one MLflow run."""
+def configure_tracking(config: DictConfig) -> str:
+    """Bound HTTP retries as configured; return the tracking URI to use."""
+    tracking = config.tracking
+    configure_http(int(tracking.http_max_retries), int(tracking.http_timeout_s),
+                   int(tracking.http_backoff_factor))
+    return resolve_tracking_uri(tracking.uri)
+
+
+def run_experiment(
+    config: DictConfig, output_dir: Path | None = None, *,
+    parent_run_id: str | None = None, run_name: str | None = None,
+) -> ExperimentResult:
+    """Run the experiment ``config`` describes and log it as one MLflow run.
+
+    In a sweep the run is a child of ``parent_run_id``. If the tracking store is unreachable
+    the experiment still runs, logs to ``output_dir`` and then raises
+    :class:`~axoexp.tracking.TrackingUnavailableError`.
+    """
     plan = plan_experiment(config)
     configure_determinism(config.determinism)
-    tracking_uri = resolve_tracking_uri(config.tracking.uri)
+    tracking_uri = configure_tracking(config)
+    container = OmegaConf.to_container(config, resolve=True)
+    assert isinstance(container, dict)
     tags = {
         **{f"component.{group}": component.name for group, component in plan.components.items()},
         **{f"component.{group}.source": component.source for group, component in plan.components.items()},
-        "seed": str(config.seed),
+        "seed": str(config.seed), CONFIG_HASH_TAG: config_digest(container), "process.pid": str(os.getpid()),
     }
-    run_name = config.tracking.run_name or default_run_name(plan)
-    with tracked_run(tracking_uri, config.tracking.experiment, run_name, tags) as tracker:
-        container = OmegaConf.to_container(config, resolve=True)
-        assert isinstance(container, dict)
+    if parent_run_id is not None:
+        tags[PARENT_TAG] = parent_run_id
+    run_name = config.tracking.run_name or run_name or default_run_name(plan)
+    with tracked_run(tracking_uri, config.tracking.experiment, run_name, tags, offline_dir=output_dir) as tracker:
         tracker.log_params(flatten(container))
         tracker.log_text(OmegaConf.to_yaml(config, resolve=True), "config.yaml")
         tracker.set_tags(metadata.collect(plan.device))
@@ -266,7 +287,7 @@ def run_experiment(config: DictConfig, output_dir: Path | None = None) -> Experi
         return result
 
 
-def _measure(plan: Plan, tracker: Tracker, tracking_uri: str) -> ExperimentResult:
+def _measure(plan: Plan, tracker: RunLog, tracking_uri: str) -> ExperimentResult:
     config = plan.config
     setup = plan.build_population()
     tracker.set_tags(describe_shapes(setup, plan))
@@ -301,7 +322,7 @@ def _measure(plan: Plan, tracker: Tracker, tracking_uri: str) -> ExperimentResul
     )
 
 
-def _log_traces(tracker: Tracker, warmup: UpdateTrace, measured: UpdateTrace, planned: int) -> None:
+def _log_traces(tracker: RunLog, warmup: UpdateTrace, measured: UpdateTrace, planned: int) -> None:
     """Log whatever completed, also when an update failed part-way."""
     tracker.log_series("update_ms", warmup.latencies_ms + measured.latencies_ms)
     tracker.log_series("loss", warmup.losses + measured.losses)

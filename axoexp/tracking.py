@@ -2,18 +2,48 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
 
+import requests
 from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.time import get_current_time_millis
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 FAILURE_TAG = "axoexp.failure"
+CONFIG_HASH_TAG = "axoexp.config_hash"
+PARENT_TAG = "mlflow.parentRunId"
+OFFLINE_FILE = "tracking-offline.json"
+UNREACHABLE = (MlflowException, requests.exceptions.RequestException, OSError)
+"""What a client raises when its tracking store cannot be reached."""
+
+
+class TrackingUnavailableError(RuntimeError):
+    """The tracking store could not be reached; what was measured is in the output dir."""
+
+
+def configure_http(max_retries: int, timeout_s: int, backoff_factor: int) -> None:
+    """Bound MLflow's HTTP retries: a dead server then fails in seconds, not ~4 minutes."""
+    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = str(max_retries)
+    os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(timeout_s)
+    os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"] = str(backoff_factor)
+    os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_JITTER"] = "0"
+
+
+def config_digest(config: Mapping[str, Any]) -> str:
+    """SHA-256 of a resolved config without its ``tracking`` and ``sweep`` settings,
+    which say where and how results go, not what is measured."""
+    measured = {key: value for key, value in config.items() if key not in ("tracking", "sweep")}
+    return hashlib.sha256(json.dumps(measured, sort_keys=True, default=str).encode()).hexdigest()
 MAX_BATCH = 1000  # MLflow's limit on metrics per log_batch call
 MAX_PARAM_LENGTH = 500
 
@@ -33,6 +63,52 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
         else:
             flat[name] = str(value)[:MAX_PARAM_LENGTH]
     return flat
+
+
+class RunLog(Protocol):
+    """Where one experiment's params, tags, metrics and artifacts go."""
+
+    run_id: str
+
+    def log_params(self, params: Mapping[str, Any]) -> None: ...
+    def set_tags(self, tags: Mapping[str, Any]) -> None: ...
+    def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None: ...
+    def log_series(self, name: str, values: list[float], first_step: int = 0) -> None: ...
+    def log_text(self, text: str, artifact_file: str) -> None: ...
+    def log_artifact(self, path: str) -> None: ...
+
+
+@dataclass
+class OfflineLog:
+    """Everything a run would have logged, kept in ``<output_dir>/tracking-offline.json``."""
+
+    directory: Path
+    reason: str
+    run_id: str = field(default_factory=lambda: f"offline-{uuid.uuid4().hex[:12]}")
+    record: dict[str, Any] = field(default_factory=lambda: {"params": {}, "tags": {}, "metrics": {}})
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        self._update("params", {key: str(value) for key, value in params.items()})
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        self._update("tags", {key: str(value) for key, value in tags.items()})
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
+        self._update("metrics", {key: float(value) for key, value in metrics.items()})
+
+    def log_series(self, name: str, values: list[float], first_step: int = 0) -> None:
+        self._update("metrics", {f"{name}_series_from_{first_step}": [float(v) for v in values]})
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        (self.directory / artifact_file).write_text(text)
+
+    def log_artifact(self, path: str) -> None:
+        """Artifacts already lie in the output directory."""
+
+    def _update(self, section: str, values: Mapping[str, Any]) -> None:
+        self.record[section].update(values)
+        self.record["unreachable"] = self.reason
+        (self.directory / OFFLINE_FILE).write_text(json.dumps(self.record, indent=2))
 
 
 @dataclass
@@ -72,15 +148,35 @@ class Tracker:
             self.client.log_batch(self.run_id, metrics=metrics[start:start + MAX_BATCH])
 
 
+def experiment_id(client: MlflowClient, name: str) -> str:
+    found = client.get_experiment_by_name(name)
+    return found.experiment_id if found else client.create_experiment(name)
+
+
 @contextmanager
 def tracked_run(
-    tracking_uri: str, experiment: str, run_name: str | None, tags: Mapping[str, str] | None = None
-) -> Iterator[Tracker]:
-    """An MLflow run that ends FINISHED, FAILED (reason in tag ``axoexp.failure``) or KILLED."""
+    tracking_uri: str, experiment: str, run_name: str | None, tags: Mapping[str, str] | None = None,
+    *, offline_dir: Path | None = None,
+) -> Iterator[RunLog]:
+    """An MLflow run that ends FINISHED, FAILED (reason in tag ``axoexp.failure``) or KILLED.
+
+    If the store cannot be reached and ``offline_dir`` is given, the run is logged there
+    instead (:class:`OfflineLog`) and :class:`TrackingUnavailableError` is raised at the end,
+    so the measurement is kept and the failure is still reported.
+    """
     client = MlflowClient(tracking_uri=tracking_uri)
-    found = client.get_experiment_by_name(experiment)
-    experiment_id = found.experiment_id if found else client.create_experiment(experiment)
-    run = client.create_run(experiment_id, run_name=run_name, tags=dict(tags or {}))
+    try:
+        run = client.create_run(experiment_id(client, experiment), run_name=run_name, tags=dict(tags or {}))
+    except UNREACHABLE as error:
+        if offline_dir is None:
+            raise TrackingUnavailableError(f"MLflow tracking at {tracking_uri} is unreachable: {error}") from error
+        offline = OfflineLog(offline_dir, f"{type(error).__name__}: {error}"[:2000])
+        offline.set_tags(tags or {})
+        yield offline
+        raise TrackingUnavailableError(
+            f"MLflow tracking at {tracking_uri} is unreachable ({type(error).__name__}); the run "
+            f"finished and its results are in {offline_dir} ({OFFLINE_FILE}, result.json)"
+        ) from error
     tracker = Tracker(client, run.info.run_id)
     try:
         yield tracker

@@ -43,7 +43,8 @@ def test_multirun_sweeps_shapes_into_separate_runs(tmp_path: Path) -> None:
     result = run_cli("-m", "population.neurons=2,5", "run.measured_updates=3", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    runs = client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
+    runs = client.search_runs([client.get_experiment_by_name("axoexp").experiment_id],
+                              filter_string="tags.`mlflow.parentRunId` != ''")
     assert sorted(run.data.tags["shape.inputs"] for run in runs) == ["(2, 12, 4)", "(5, 12, 4)"]
     assert all(run.info.status == "FINISHED" for run in runs)
 

@@ -1,0 +1,183 @@
+"""Sweeps: parent and child MLflow runs, failures, resume, launchers and the report."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from conftest import run_cli
+
+SLOW_EXECUTOR = '''
+import time
+from axoexp import component
+from axoexp.executors.eager import EagerExecutor
+
+@component("executor", "sleepy")
+class Sleepy(EagerExecutor):
+    """Eager plus 5 ms of sleep per update: a known, slower executor."""
+    update_includes = EagerExecutor.update_includes + ("sleep_5ms",)
+
+    def step(self, inputs, targets):
+        time.sleep(0.005)
+        return super().step(inputs, targets)
+'''
+
+
+def _runs(uri: str) -> tuple[MlflowClient, list]:
+    client = MlflowClient(tracking_uri=uri)
+    return client, client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
+
+
+def _split(runs: list) -> tuple[list, list]:
+    parents = [run for run in runs if run.data.tags.get("axoexp.sweep") == "parent"]
+    return parents, [run for run in runs if run not in parents]
+
+
+def test_sweep_is_a_parent_run_with_named_children(tmp_path: Path) -> None:
+    result = run_cli("-m", "population.neurons=2,3", "run.measured_updates=3", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    _, runs = _runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (parent,), children = _split(runs)
+    assert parent.info.status == "FINISHED"
+    assert parent.info.run_name == "sweep population.neurons=2,3 run.measured_updates=3"
+    assert sorted(child.info.run_name for child in children) == [
+        "population.neurons=2,run.measured_updates=3", "population.neurons=3,run.measured_updates=3"]
+    assert {child.data.tags["mlflow.parentRunId"] for child in children} == {parent.info.run_id}
+    sweep_dir = Path(parent.data.tags["sweep.dir"])
+    assert (sweep_dir / "mlflow_parent_run_id").read_text().strip() == parent.info.run_id
+    assert all((sweep_dir / str(n) / "result.json").is_file() for n in (0, 1))
+
+
+def test_failing_job_fails_the_parent_but_keeps_the_others(tmp_path: Path) -> None:
+    result = run_cli("-m", "population.neurons=0,2,3", "run.measured_updates=3", cwd=tmp_path)
+    assert result.returncode == 1, "Hydra exits 1 when a job failed"
+    _, runs = _runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (parent,), children = _split(runs)
+    assert parent.info.status == "FAILED"
+    assert parent.data.tags["axoexp.failure"].startswith("1 of 3 child runs did not finish")
+    statuses = {child.info.run_name.split(",")[0]: child.info.status for child in children}
+    assert statuses == {"population.neurons=0": "FAILED", "population.neurons=2": "FINISHED",
+                        "population.neurons=3": "FINISHED"}
+
+
+def test_rerunning_a_sweep_reuses_finished_runs_unless_told_not_to(tmp_path: Path) -> None:
+    sweep = ("-m", "population.neurons=2,3", "run.measured_updates=3")
+    assert run_cli(*sweep, cwd=tmp_path).returncode == 0
+    again = run_cli(*sweep, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("skipped population.neurons=") == 2
+    client, runs = _runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    parents, children = _split(runs)
+    assert len(parents) == 2 and len(children) == 2, "the second sweep created no new job runs"
+    second = max(parents, key=lambda run: run.info.start_time)
+    reused = {key: value for key, value in second.data.tags.items() if key.startswith("axoexp.reused.")}
+    assert sorted(reused.values()) == sorted(child.info.run_id for child in children)
+
+    forced = run_cli(*sweep, "sweep.resume=false", cwd=tmp_path)
+    assert forced.returncode == 0 and "skipped" not in forced.stdout
+    assert len(_split(_runs(f"sqlite:///{tmp_path / 'mlflow.db'}")[1])[1]) == 4
+
+
+def test_joblib_launcher_runs_each_job_in_its_own_process(tmp_path: Path) -> None:
+    result = run_cli("-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+                     "population.neurons=2,3", "run.measured_updates=3", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    _, runs = _runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (parent,), children = _split(runs)
+    assert parent.info.status == "FINISHED" and len(children) == 2
+    assert {child.data.tags["mlflow.parentRunId"] for child in children} == {parent.info.run_id}
+    launcher_pid = parent.data.tags["process.pid"]
+    assert all(child.data.tags["process.pid"] != launcher_pid for child in children)
+
+
+def test_report_tabulates_speedups_and_logs_a_plot_to_the_parent(tmp_path: Path) -> None:
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "sleepy.py").write_text(SLOW_EXECUTOR)
+    sweep = run_cli("-m", "executor=eager,sleepy", "population.neurons=2,3", "run.measured_updates=5",
+                    cwd=tmp_path)
+    assert sweep.returncode == 0, sweep.stderr
+    report = subprocess.run([sys.executable, "-m", "axoexp.report", "--out", str(tmp_path / "r.png")],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stderr
+    rows = [line.split() for line in report.stdout.splitlines() if line.startswith("(")]
+    assert len(rows) == 4
+    for row in rows:  # shape takes 3 tokens: "(2," "12," "4)"
+        executor, speedup = row[3], float(row[7].rstrip("x"))
+        assert speedup == 1.0 if executor == "eager" else speedup < 1.0, row
+    assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    client, runs = _runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (parent,), _ = _split(runs)
+    assert [a.path for a in client.list_artifacts(parent.info.run_id)] == ["r.png"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
+    """A real ``mlflow server`` on 127.0.0.1 with its own sqlite store."""
+    import requests
+
+    root = tmp_path_factory.mktemp("server")
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+         "--backend-store-uri", f"sqlite:///{root / 'server.db'}", "--workers", "1"],
+        cwd=root, stdout=subprocess.DEVNULL, stderr=(root / "server.log").open("w"),
+    )
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(f"{uri}/health", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            assert server.poll() is None, (root / "server.log").read_text()
+            time.sleep(0.5)
+        else:
+            pytest.fail("mlflow server did not come up: " + (root / "server.log").read_text()[-2000:])
+        yield uri
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_sweep_logs_to_an_http_tracking_server(mlflow_server: str, tmp_path: Path) -> None:
+    result = run_cli("-m", "population.neurons=2,3", "run.measured_updates=3", f"tracking.uri={mlflow_server}",
+                     cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    client, runs = _runs(mlflow_server)
+    (parent,), children = _split(runs)
+    assert parent.info.status == "FINISHED" and len(children) == 2
+    child = children[0]
+    assert child.data.metrics["update_ms_count"] == 3
+    assert {a.path for a in client.list_artifacts(child.info.run_id)} == {"config.yaml", "result.json"}
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_dead_tracking_server_fails_fast_and_keeps_results_locally(tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{_free_port()}"
+    start = time.monotonic()
+    result = run_cli(f"tracking.uri={dead}", "run.measured_updates=3", cwd=tmp_path)
+    elapsed = time.monotonic() - start
+    assert result.returncode == 1
+    assert elapsed < 60, f"took {elapsed:.0f} s: retries are not bounded"
+    assert f"axoexp: MLflow tracking at {dead} is unreachable" in result.stderr
+    (result_file,) = (tmp_path / "outputs").glob("*/*/result.json")
+    offline = result_file.parent / "tracking-offline.json"
+    assert offline.is_file() and (result_file.parent / "config.yaml").is_file()
+    assert '"update_ms_count": 3.0' in offline.read_text()
+    assert os.path.getsize(result_file) > 0
