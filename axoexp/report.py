@@ -3,7 +3,7 @@
 Reads the children of a sweep's parent run (the newest sweep unless ``--parent`` names
 one) plus the earlier runs that resume reused, prints shape, executor, median update ms,
 capture ms and speedup over the eager run of the same config, and writes a PNG of median
-latency per shape for each executor, which it also logs to the parent run.
+latency per shape for each executor (and other swept setting), which it also logs to the parent run.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from axoexp.sweep import REUSED_PREFIX, SWEEP_TAG  # noqa: E402
 from axoexp.tracking import PARENT_TAG, resolve_tracking_uri  # noqa: E402
 
 IGNORED_FOR_PAIRING = ("executor.", "tracking.", "sweep.")
+SHAPE_OVERRIDES = ("population.neurons=", "population.time_steps=", "population.contacts=", "executor=")
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,13 @@ class ReportRow:
     capture_ms: float
     speedup_vs_eager: float
     run_id: str
+    job: str
+
+    @property
+    def series(self) -> str:
+        """The plot line: the executor plus the job's overrides other than shape and executor."""
+        others = [part for part in self.job.split(",") if part and not part.startswith(SHAPE_OVERRIDES)]
+        return " ".join([self.executor, *others])
 
 
 def _pairing_key(run: Run) -> tuple[tuple[str, str], ...]:
@@ -63,6 +71,7 @@ def build_rows(runs: list[Run]) -> list[ReportRow]:
             shape=run.data.tags.get("shape.inputs", "?"), executor=run.data.tags.get("component.executor", "?"),
             status=run.info.status, median_ms=median, capture_ms=run.data.metrics.get("capture_ms", math.nan),
             speedup_vs_eager=eager.get(_pairing_key(run), math.nan) / median, run_id=run.info.run_id,
+            job=run.info.run_name or "",
         ))
     return sorted(rows, key=lambda row: (_size(row.shape), row.shape, row.executor))
 
@@ -73,21 +82,22 @@ def _size(shape: str) -> int:
 
 
 def format_table(rows: list[ReportRow]) -> str:
-    lines = [f"{'shape':<16}{'executor':<20}{'status':<10}{'median ms':>11}{'capture ms':>12}{'vs eager':>10}  run"]
+    lines = [f"{'shape':<16}{'executor':<20}{'status':<10}{'median ms':>11}{'capture ms':>12}{'vs eager':>10}  "
+             "run id                            job"]
     for row in rows:
         lines.append(f"{row.shape:<16}{row.executor:<20}{row.status:<10}{row.median_ms:>11.3f}"
-                     f"{row.capture_ms:>12.1f}{row.speedup_vs_eager:>9.2f}x  {row.run_id}")
+                     f"{row.capture_ms:>12.1f}{row.speedup_vs_eager:>9.2f}x  {row.run_id}  {row.job}")
     return "\n".join(lines)
 
 
 def plot(rows: list[ReportRow], title: str, path: Path) -> None:
     shapes = sorted({row.shape for row in rows}, key=_size)
     figure, axes = plt.subplots(figsize=(8, 4.5))
-    for executor in sorted({row.executor for row in rows}):
+    for series in sorted({row.series for row in rows}):
         points = [(shapes.index(row.shape), row.median_ms) for row in rows
-                  if row.executor == executor and row.status == "FINISHED" and not math.isnan(row.median_ms)]
+                  if row.series == series and row.status == "FINISHED" and not math.isnan(row.median_ms)]
         if points:
-            axes.plot(*zip(*sorted(points), strict=True), marker="o", label=executor)
+            axes.plot(*zip(*sorted(points), strict=True), marker="o", label=series)
     axes.set_xticks(range(len(shapes)), shapes, rotation=20)
     axes.set_yscale("log")
     for axis_formatter in (axes.yaxis.set_major_formatter, axes.yaxis.set_minor_formatter):
