@@ -21,11 +21,12 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 from mlflow.entities import Run  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
-from axoexp.sweep import REUSED_PREFIX, SWEEP_TAG  # noqa: E402
-from axoexp.tracking import PARENT_TAG, resolve_tracking_uri  # noqa: E402
+from axoexp.sweep import REUSED_PREFIX, SWEEP_TAG, child_runs  # noqa: E402
+from axoexp.tracking import resolve_tracking_uri  # noqa: E402
 
 IGNORED_FOR_PAIRING = ("executor.", "tracking.", "sweep.")
-SHAPE_OVERRIDES = ("population.neurons=", "population.time_steps=", "population.contacts=", "executor=")
+# Overrides a plot line does not name: the x axis shows the shape, the line label the executor.
+NOT_IN_SERIES = ("population.neurons=", "population.time_steps=", "population.contacts=", "executor=")
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class ReportRow:
     @property
     def series(self) -> str:
         """The plot line: the executor plus the job's overrides other than shape and executor."""
-        others = [part for part in self.job.split(",") if part and not part.startswith(SHAPE_OVERRIDES)]
+        others = [part for part in self.job.split(",") if part and not part.startswith(NOT_IN_SERIES)]
         return " ".join([self.executor, *others])
 
 
@@ -54,10 +55,8 @@ def _pairing_key(run: Run) -> tuple[tuple[str, str], ...]:
 
 def sweep_runs(client: MlflowClient, parent: Run) -> list[Run]:
     """The parent's children and the earlier runs its jobs reused."""
-    children = client.search_runs([parent.info.experiment_id],
-                                  filter_string=f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'")
     reused = [client.get_run(run_id) for key, run_id in parent.data.tags.items() if key.startswith(REUSED_PREFIX)]
-    return children + reused
+    return child_runs(client, parent) + reused
 
 
 def build_rows(runs: list[Run]) -> list[ReportRow]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
+from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
 
@@ -30,6 +31,12 @@ SWEEP_TAG = "axoexp.sweep"
 REUSED_PREFIX = "axoexp.reused."
 
 log = logging.getLogger(__name__)
+
+
+def child_runs(client: MlflowClient, parent: Run) -> list[Run]:
+    """The runs whose ``mlflow.parentRunId`` is ``parent``."""
+    return client.search_runs([parent.info.experiment_id],
+                              filter_string=f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'")
 
 
 class MlflowSweepCallback(Callback):
@@ -70,8 +77,7 @@ class MlflowSweepCallback(Callback):
             return
         client, parent = self.client, self.parent_run_id
         self.parent_run_id = None
-        experiment = client.get_run(parent).info.experiment_id
-        children = client.search_runs([experiment], filter_string=f"tags.`{PARENT_TAG}` = '{parent}'")
+        children = child_runs(client, client.get_run(parent))
         unfinished = [child for child in children if child.info.status != "FINISHED"]
         if all_jobs_returned and not unfinished:
             client.set_terminated(parent, status="FINISHED")

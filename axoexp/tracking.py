@@ -23,6 +23,8 @@ FAILURE_TAG = "axoexp.failure"
 CONFIG_HASH_TAG = "axoexp.config_hash"
 PARENT_TAG = "mlflow.parentRunId"
 OFFLINE_FILE = "tracking-offline.json"
+MAX_BATCH = 1000  # MLflow's limit on metrics per log_batch call
+MAX_PARAM_LENGTH = 500
 UNREACHABLE = (MlflowException, requests.exceptions.RequestException, OSError)
 """What a client raises when its tracking store cannot be reached."""
 
@@ -44,8 +46,6 @@ def config_digest(config: Mapping[str, Any]) -> str:
     which say where and how results go, not what is measured."""
     measured = {key: value for key, value in config.items() if key not in ("tracking", "sweep")}
     return hashlib.sha256(json.dumps(measured, sort_keys=True, default=str).encode()).hexdigest()
-MAX_BATCH = 1000  # MLflow's limit on metrics per log_batch call
-MAX_PARAM_LENGTH = 500
 
 
 def resolve_tracking_uri(uri: str | None) -> str:
