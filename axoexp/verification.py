@@ -13,6 +13,7 @@ from axoexp.timing import synchronizer
 
 if TYPE_CHECKING:
     from axoexp.components.population import Batch
+    from axoexp.executors.base import Executor
     from axoexp.experiment import Plan
 
 
@@ -53,14 +54,17 @@ class Verification:
             )
 
 
-def _adapt(plan: Plan, pristine: torch.nn.Module, batches: list[Batch], updates: int,
-           executor_name: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    module = copy.deepcopy(pristine)
-    executor = plan.build_executor(module, REGISTRY.get("executor", executor_name))
-    executor.prepare(*batches[0])
+def _prepared(plan: Plan, pristine: torch.nn.Module, executor_name: str,
+              example: Batch) -> Executor:
+    executor = plan.build_executor(copy.deepcopy(pristine), REGISTRY.get("executor", executor_name))
+    executor.prepare(*example)
+    return executor
+
+
+def _adapt(executor: Executor, batches: list[Batch], updates: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     losses = [executor.step(*batches[index % len(batches)]) for index in range(updates)]
     synchronizer(batches[0][0].device)()
-    return losses, [parameter.detach().clone() for parameter in module.trainable_adaptation_parameters()]
+    return losses, [parameter.detach().clone() for parameter in executor.module.trainable_adaptation_parameters()]
 
 
 def _max_abs_diff(left: list[torch.Tensor], right: list[torch.Tensor]) -> float:
@@ -68,11 +72,16 @@ def _max_abs_diff(left: list[torch.Tensor], right: list[torch.Tensor]) -> float:
 
 
 def verify_parity(plan: Plan, pristine: torch.nn.Module, batches: list[Batch], updates: int,
-                  loss_atol: float, param_atol: float) -> Verification:
-    """Run ``updates`` eager and ``updates`` executor updates from copies of ``pristine``."""
+                  loss_atol: float, param_atol: float, prepared: Executor | None = None) -> Verification:
+    """Run ``updates`` eager and ``updates`` executor updates from copies of ``pristine``.
+
+    ``prepared``, when given, is the plan's executor already prepared on an unchanged copy
+    of ``pristine`` (so a benchmark need not compile twice); it is then adapted in place.
+    """
     name = plan.components["executor"].name
-    reference_losses, reference_params = _adapt(plan, pristine, batches, updates, "eager")
-    losses, params = _adapt(plan, pristine, batches, updates, name)
+    reference_losses, reference_params = _adapt(_prepared(plan, pristine, "eager", batches[0]), batches, updates)
+    executor = prepared if prepared is not None else _prepared(plan, pristine, name, batches[0])
+    losses, params = _adapt(executor, batches, updates)
     initial = [parameter.detach() for parameter in pristine.trainable_adaptation_parameters()]
     return Verification(
         executor=name, updates=updates,
