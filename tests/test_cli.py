@@ -34,7 +34,7 @@ def test_cudagraph_on_cpu_exits_at_once_suggesting_eager(tmp_path: Path) -> None
 def test_help_lists_every_group_and_option(tmp_path: Path) -> None:
     result = run_cli("--help", cwd=tmp_path)
     assert result.returncode == 0
-    for line in ("executor: compiled_cudagraph, cudagraph, eager", "gradient_transform: clip_norm, clip_value, none",
+    for line in ("executor: compiled_cudagraph, cudagraph, eager, reduce_overhead", "gradient_transform: clip_norm, clip_value, none",
                  "loss: causal_mse, huber, mse", "optimizer: adam, adamw, sgd", "population: lite"):
         assert line in result.stdout
 

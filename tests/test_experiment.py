@@ -98,10 +98,11 @@ def test_seeded_runs_repeat_their_losses_exactly(make_config) -> None:
 @pytest.mark.parametrize("overrides, message", [
     (["executor=cudagraph"], "executor=cudagraph needs CUDA, but device=cpu"),
     (["executor=cudagraph"], "use executor=eager"),
+    (["executor=reduce_overhead"], "executor=reduce_overhead needs CUDA, but device=cpu"),
     (["optimizer.capturable=true"], "optimizer.capturable=true needs parameters on CUDA, but device=cpu"),
     (["dtype=float8"], "dtype='float8' is not supported; choose one of: float32, float64, bfloat16, float16"),
     (["device=tpu0"], "device='tpu0' is not a device; use cpu, cuda or cuda:N"),
-    (["executor.name=graphs"], "unknown executor 'graphs'; valid executor names: compiled_cudagraph, cudagraph, eager"),
+    (["executor.name=graphs"], "unknown executor 'graphs'; valid executor names: compiled_cudagraph, cudagraph, eager, reduce_overhead"),
     (["+loss.gamma=2"], "loss=causal_mse does not accept 'gamma'"),
     (["run.measured_updates=0"], "run.measured_updates must be an integer of at least 1, got 0"),
 ])
