@@ -11,7 +11,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from axoexp.executors.eager import EagerExecutor
-from axoexp.experiment import ConfigError, run_experiment
+from axoexp.experiment import ConfigError, plan_experiment, run_experiment
 from axoexp.registry import REGISTRY, load_plugins
 from axoexp.tracking import FAILURE_TAG
 from axoexp.verification import VerificationError
@@ -115,6 +115,15 @@ def test_bad_config_fails_early_with_a_clear_message(make_config, client, overri
 def test_cudagraph_needs_a_capturable_optimizer(make_config) -> None:
     with pytest.raises(ConfigError, match="optimizer.capturable=false, but executor=cudagraph captures"):
         run_experiment(make_config("executor=cudagraph", "optimizer.capturable=false"))
+
+
+@pytest.mark.parametrize("executor_name", ["cudagraph", "compiled_cudagraph", "reduce_overhead"])
+def test_executors_with_one_off_work_refuse_to_step_before_prepare(make_config, executor_name: str) -> None:
+    plan = plan_experiment(make_config())  # built directly, bypassing the CUDA check; nothing runs
+    setup = plan.build_population()
+    executor = plan.build_executor(setup.module, REGISTRY.get("executor", executor_name))
+    with pytest.raises(RuntimeError, match="step called before prepare"):
+        executor.step(*setup.batches[0])
 
 
 def test_verify_passes_for_eager_and_is_logged(make_config, client) -> None:

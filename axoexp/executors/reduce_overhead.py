@@ -50,6 +50,7 @@ class ReduceOverheadExecutor(Executor):
     def __init__(self, **components: object) -> None:
         super().__init__(**components)  # type: ignore[arg-type]
         self.compiled = torch.compile(self.module, mode="reduce-overhead", dynamic=False)
+        self.prepared = False
 
     def prepare_includes(self) -> dict[str, tuple[str, ...]]:
         return {"compile": COMPILE_AND_RECORD_STAGES}
@@ -63,8 +64,11 @@ class ReduceOverheadExecutor(Executor):
                 torch.compiler.cudagraph_mark_step_begin()
                 self.loss_fn(self.compiled(example_inputs), example_targets).backward()
             self.optimizer.zero_grad(set_to_none=False)
+        self.prepared = True
         return phases
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if not self.prepared:  # gradients must exist before the first backward (allocate_gradients)
+            raise RuntimeError("ReduceOverheadExecutor.step called before prepare (gradients not allocated)")
         torch.compiler.cudagraph_mark_step_begin()
         return eager_update(self.compiled, self.optimizer, self.loss_fn, self.gradient_transform, inputs, targets)
