@@ -22,7 +22,7 @@ from mlflow.entities import Run  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 from axoexp.sweep import REUSED_PREFIX, SWEEP_TAG, child_runs  # noqa: E402
-from axoexp.tracking import resolve_tracking_uri  # noqa: E402
+from axoexp.tracking import newest_run, resolve_tracking_uri  # noqa: E402
 
 IGNORED_FOR_PAIRING = ("executor.", "tracking.", "sweep.")
 # Overrides a plot line does not name: the x axis shows the shape, the line label the executor.
@@ -112,13 +112,10 @@ def plot(rows: list[ReportRow], title: str, path: Path) -> None:
 
 
 def latest_parent(client: MlflowClient, experiment: str) -> Run:
-    found = client.get_experiment_by_name(experiment)
-    runs = [] if found is None else client.search_runs(
-        [found.experiment_id], filter_string=f"tags.`{SWEEP_TAG}` = 'parent'",
-        order_by=["attributes.start_time DESC"], max_results=1)
-    if not runs:
+    run = newest_run(client, experiment, f"tags.`{SWEEP_TAG}` = 'parent'")
+    if run is None:
         raise SystemExit(f"axoexp.report: no sweep in experiment {experiment!r}; run one with python -m axoexp -m ...")
-    return runs[0]
+    return run
 
 
 def main(argv: list[str] | None = None) -> None:

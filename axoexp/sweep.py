@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from axoexp.experiment import configure_tracking
 from axoexp.tracking import (
-    CONFIG_HASH_TAG, FAILURE_TAG, PARENT_TAG, UNREACHABLE, config_digest, experiment_id,
+    CONFIG_HASH_TAG, FAILURE_TAG, PARENT_TAG, UNREACHABLE, config_digest, experiment_id, newest_run,
 )
 
 PARENT_ENV = "AXOEXP_PARENT_RUN_ID"
@@ -93,19 +93,13 @@ def reusable_run(config: DictConfig, tracking_uri: str) -> str | None:
     """The newest FINISHED run with this resolved config's digest, if the store has one."""
     container = OmegaConf.to_container(config, resolve=True)
     assert isinstance(container, dict)
-    client = MlflowClient(tracking_uri=tracking_uri)
     try:
-        found = client.get_experiment_by_name(config.tracking.experiment)
-        if found is None:
-            return None
-        runs = client.search_runs(
-            [found.experiment_id], max_results=1, order_by=["attributes.start_time DESC"],
-            filter_string=f"tags.`{CONFIG_HASH_TAG}` = '{config_digest(container)}' "
-                          "and attributes.status = 'FINISHED'",
-        )
+        run = newest_run(MlflowClient(tracking_uri=tracking_uri), config.tracking.experiment,
+                         f"tags.`{CONFIG_HASH_TAG}` = '{config_digest(container)}' "
+                         "and attributes.status = 'FINISHED'")
     except UNREACHABLE:
         return None
-    return runs[0].info.run_id if runs else None
+    return run.info.run_id if run else None
 
 
 def note_reuse(tracking_uri: str, parent_run_id: str | None, job_number: int, run_id: str) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import requests
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Metric, Param, Run, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.time import get_current_time_millis
@@ -151,6 +151,16 @@ class Tracker:
 def experiment_id(client: MlflowClient, name: str) -> str:
     found = client.get_experiment_by_name(name)
     return found.experiment_id if found else client.create_experiment(name)
+
+
+def newest_run(client: MlflowClient, experiment: str, filter_string: str) -> Run | None:
+    """The most recently started run of ``experiment`` that matches, if any (creates nothing)."""
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return None
+    runs = client.search_runs([found.experiment_id], filter_string=filter_string,
+                              order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0] if runs else None
 
 
 @contextmanager
