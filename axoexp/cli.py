@@ -1,76 +1,110 @@
-"""``python -m axoexp``: the Hydra application."""
+"""``python -m axoexp``: the Hydra application. It dispatches; the work lives elsewhere.
+
+A user error (a bad name, value or type, an unreachable store) is printed as one line
+starting with ``axoexp:``, without a traceback: exit status 2 for a config that cannot
+run, 1 otherwise (and 1 for a sweep in which a job failed). ``HYDRA_FULL_ERROR=1`` shows
+the full traceback instead.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from hydra.types import RunMode
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 
-from axoexp import sweep
-from axoexp.experiment import ConfigError, ExperimentResult, configure_tracking, run_experiment
-from axoexp.registry import load_plugins
-from axoexp.tracking import TrackingUnavailableError
+from axoexp.config import describe, register_configs
+from axoexp.errors import AxoexpError, ConfigError
+from axoexp.plugins import load_plugins
 
-
-def format_result(result: ExperimentResult) -> str:
-    """The human-readable summary printed at the end of a run."""
-    update = result.update
-    lines = [f"{phase:<14}{milliseconds:10.3f} ms" for phase, milliseconds in result.prepare_ms.items()]
-    if result.warmup_ms:
-        lines.append(f"{'first update':<14}{result.warmup_ms[0]:10.3f} ms  (cold, warm-up)")
-    lines.append(
-        f"{'update':<14}{update.median:10.3f} ms  median of {update.count}  "
-        f"(p10 {update.p10:.3f}, p90 {update.p90:.3f}, mean {update.mean:.3f})"
-    )
-    lines.append(f"{'loss':<14}{result.losses[0]:10.4g} -> {result.losses[-1]:.4g}")
-    if result.verification is not None:
-        check = result.verification
-        lines.append(
-            f"{'verify':<14}{'passed' if check.passed else 'FAILED'}: {check.updates} updates vs eager, "
-            f"max |loss diff| {check.max_abs_loss_diff:.2e}, max |param diff| {check.max_abs_param_diff:.2e}"
-        )
-    lines.append(f"{'mlflow run':<14}{result.run_id}  (experiment {result.experiment!r} at {result.tracking_uri})")
-    return "\n".join(lines)
+DESCRIBE_FLAG = "--describe"
+FULL_ERROR_ENV = "HYDRA_FULL_ERROR"
+CONFIG_ERRORS = (ConfigCompositionException, OverrideParseException, OmegaConfBaseException)
+_tracebacks_wanted = os.environ.get(FULL_ERROR_ENV) == "1"  # the user's own setting, read before ours
 
 
 @hydra.main(version_base="1.3", config_path="pkg://axoexp.conf", config_name="config")
 def hydra_app(config: DictConfig) -> float | None:
     """Run one experiment; Hydra's multirun calls this once per job."""
+    from axoexp import sweep
+    from axoexp.console import format_result
+    from axoexp.experiment import run_experiment
+
+    load_plugins()  # a no-op here; in a launcher's worker process the registry starts empty
     hydra_config = HydraConfig.get()
-    parent_run_id = job_name = None
+    job_name = None
     if hydra_config.mode == RunMode.MULTIRUN:
-        parent_run_id = os.environ.get(sweep.PARENT_ENV)
         job_name = hydra_config.job.override_dirname or "defaults"
-        if config.sweep.resume:
-            tracking_uri = configure_tracking(config)
-            previous = sweep.reusable_run(config, tracking_uri)
-            if previous is not None:
-                sweep.note_reuse(tracking_uri, parent_run_id, hydra_config.job.num, previous)
-                print(f"skipped {job_name}: its resolved config already FINISHED as MLflow run "
-                      f"{previous} (sweep.resume=false runs it again)", flush=True)
-                return None
+        previous = sweep.reused_run(config, hydra_config.job.num)
+        if previous is not None:
+            print(f"skipped {job_name}: its resolved config already FINISHED as MLflow run "
+                  f"{previous} (sweep.resume=false runs it again)", flush=True)
+            return None
     try:
-        result = run_experiment(config, Path(hydra_config.runtime.output_dir),
-                                parent_run_id=parent_run_id, run_name=job_name)
-    except (ConfigError, TrackingUnavailableError) as error:
-        if hydra_config.mode == RunMode.RUN:  # a sweep records the failed job and goes on
-            print(f"axoexp: {error}", file=sys.stderr)
-            sys.exit(2 if isinstance(error, ConfigError) else 1)
-        raise
+        result = run_experiment(config, Path(hydra_config.runtime.output_dir), run_name=job_name)
+    except AxoexpError as error:
+        if hydra_config.mode == RunMode.MULTIRUN:
+            if isinstance(error, ConfigError):  # it made no run: the parent records why
+                sweep.note_refused_job(config, hydra_config.job.num, job_name or "", error)
+            raise  # the sweep records the failed job and goes on
+        if _tracebacks_wanted:
+            raise
+        _exit_with(str(error), error.exit_code)
     print(format_result(result), flush=True)
     return result.update.median
 
 
 def main() -> None:
-    """Load plugins first, so their components are Hydra config options, then run Hydra."""
-    load_plugins()
-    hydra_app()
+    """Load plugins first, so their components are config options, then run Hydra."""
+    try:
+        registry = load_plugins()
+    except AxoexpError as error:
+        if _tracebacks_wanted:
+            raise
+        _exit_with(str(error), error.exit_code)
+    register_configs(registry)
+    if DESCRIBE_FLAG in sys.argv[1:]:
+        print(describe(registry))
+        return
+    os.environ[FULL_ERROR_ENV] = "1"  # Hydra then raises instead of printing; we report below
+    try:
+        hydra_app()
+    except (AxoexpError, *CONFIG_ERRORS) as error:
+        if _tracebacks_wanted:
+            raise
+        multirun = any(argument in ("-m", "--multirun") for argument in sys.argv[1:])
+        if isinstance(error, AxoexpError):
+            _exit_with(str(error), 1 if multirun else error.exit_code)
+        _exit_with(one_line(error), 1 if multirun else 2)
+
+
+def one_line(error: BaseException) -> str:
+    """A Hydra or OmegaConf composition error as one line: key, value and what is expected."""
+    if isinstance(error, MissingConfigException) and error.missing_cfg_file and error.options is not None:
+        group, _, option = error.missing_cfg_file.rpartition("/")
+        return f"{group}={option}: no such option; valid {group} options: {', '.join(sorted(error.options))}"
+    cause = error.__cause__
+    text = str(error).strip().splitlines()[0].removeprefix("Error merging override ")
+    if isinstance(cause, OmegaConfBaseException):
+        detail = (getattr(cause, "msg", None) or str(cause)).strip().splitlines()[0]
+        return f"{text}: {detail}"
+    if isinstance(error, OmegaConfBaseException):
+        key = getattr(error, "full_key", None)
+        return f"{key}: {text}" if key else text
+    return text
+
+
+def _exit_with(message: str, status: int) -> NoReturn:
+    print(f"axoexp: {message}", file=sys.stderr)
+    sys.exit(status)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -1,46 +1,129 @@
-"""The plugin registry: every component is found by (group, name), never by import path.
+"""The component registry: every component is found by (group, name), never by import path.
 
-Built-ins live in :mod:`axoexp.components` and :mod:`axoexp.executors`. User plugins are
-Python files in a plugins directory (``$AXOEXP_PLUGINS_DIR``, default ``./plugins``) and
-modules named by the ``axoexp.plugins`` entry-point group of installed packages. A plugin
-registers components with :func:`component`; each plugin component also gets a Hydra
-config node (its factory's keyword defaults), so ``loss=my_loss`` works without a YAML file.
+:data:`GROUPS` is the one table of what each group's factory must be and which arguments
+the framework supplies to it; a factory that breaks its group's rules is refused when it
+is registered, naming where it came from. A factory's other keyword parameters are its
+config: their defaults, annotations (``Annotated[float, "one line of help"]``) and help
+become the group option's structured Hydra config (:mod:`axoexp.config`).
+Discovery of built-ins and plugins is :mod:`axoexp.plugins`.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
-import os
-import sys
-from collections.abc import Callable, Mapping
+import typing
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
-from pathlib import Path
 from typing import Any
 
-GROUPS: tuple[str, ...] = ("population", "loss", "optimizer", "gradient_transform", "executor")
-ENTRY_POINT_GROUP = "axoexp.plugins"
-PLUGINS_DIR_ENV = "AXOEXP_PLUGINS_DIR"
+from axoexp.errors import RegistryError
+from axoexp.executors.base import Executor
+
 BUILTIN = "builtin"
-
-# Arguments the framework supplies to each group's factory; a config may not set them.
-CONTEXT_ARGUMENTS: dict[str, frozenset[str]] = {
-    "population": frozenset({"device", "dtype", "seed"}),
-    "loss": frozenset(),
-    "optimizer": frozenset({"parameters", "capturable"}),
-    "gradient_transform": frozenset({"parameters"}),
-    "executor": frozenset({"module", "optimizer", "loss_fn", "gradient_transform"}),
-}
+CONFIG_VALUE_TYPES = (type(None), bool, int, float, str)
+"""What a parameter's default may be: a value a YAML config can hold."""
 
 
-class RegistryError(LookupError):
-    """An unknown group or component name, a duplicate, or bad component parameters."""
+@dataclass(frozen=True)
+class Bounds:
+    """A numeric parameter's allowed range, declared in its annotation:
+    ``Annotated[int, "population size", Bounds(low=1)]``. Checked while planning."""
+
+    low: float | None = None
+    high: float | None = None
+    low_inclusive: bool = True
+
+    def problem(self, value: Any) -> str | None:
+        """What is wrong with ``value`` (``None`` when it lies in range or is not a number)."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None
+        if value != value:
+            return "must be a number, not nan"
+        too_low = self.low is not None and (value < self.low or (value == self.low and not self.low_inclusive))
+        too_high = self.high is not None and value > self.high
+        if not (too_low or too_high):
+            return None
+        if self.low is not None and self.high is not None:
+            return f"must lie in {'[' if self.low_inclusive else '('}{self.low:g}, {self.high:g}]"
+        if self.low is not None:
+            return f"must be {'at least' if self.low_inclusive else 'greater than'} {self.low:g}"
+        return f"must be at most {self.high:g}"
 
 
-class PluginLoadError(ImportError):
-    """A plugin file or entry point failed to import."""
+AT_LEAST_ONE = Bounds(low=1)
+NON_NEGATIVE = Bounds(low=0)
+POSITIVE = Bounds(low=0, low_inclusive=False)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A key of a group's config node that the framework reads itself (not a factory argument)."""
+
+    default: Any
+    help: str
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """What a group's factory must be and what the framework passes it."""
+
+    name: str
+    context: tuple[str, ...]
+    contract: str
+    settings: Mapping[str, Setting] = field(default_factory=dict)
+    executor_class: bool = False
+
+    def problems(self, factory: Callable[..., Any]) -> list[str]:
+        """Why ``factory`` cannot serve this group (empty when it can)."""
+        if self.executor_class and not (inspect.isclass(factory) and issubclass(factory, Executor)):
+            return [f"must be {self.contract}, got {factory!r}"]
+        if not callable(factory):
+            return [f"must be {self.contract}, got {factory!r}"]
+        try:
+            signature = inspect.signature(factory)
+        except (TypeError, ValueError) as error:
+            return [f"has no inspectable signature ({error})"]
+        accepted = signature.parameters
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
+        problems = [f"must accept the framework's argument {name!r} ({self.contract})"
+                    for name in self.context if name not in accepted and not takes_any]
+        for name, parameter in accepted.items():
+            if name in self.context or parameter.kind in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL):
+                continue
+            if parameter.kind is parameter.POSITIONAL_ONLY:
+                problems.append(f"parameter {name!r} is positional-only; config parameters are keywords")
+            elif name in self.settings:
+                problems.append(f"parameter {name!r} clashes with the framework setting {self.name}.{name}")
+            elif parameter.default is not parameter.empty and not isinstance(parameter.default, CONFIG_VALUE_TYPES):
+                problems.append(f"parameter {name!r} has default {parameter.default!r}, which a config cannot "
+                                "hold (use None, a bool, int, float or str)")
+        return problems
+
+
+GROUPS: dict[str, GroupSpec] = {spec.name: spec for spec in (
+    GroupSpec("population", ("device", "dtype", "seed"),
+              "a callable returning axoexp.interfaces.PopulationSetup"),
+    GroupSpec("loss", (), "a callable returning loss_fn(prediction, target) -> scalar tensor"),
+    GroupSpec("optimizer", ("parameters", "capturable"), "a callable returning a torch.optim.Optimizer",
+              settings={"capturable": Setting(
+                  "auto", "auto: true exactly when the executor captures the optimizer step; or true/false")}),
+    GroupSpec("gradient_transform", ("parameters",),
+              "a callable returning a no-argument, graph-safe transform of the gradients, or None"),
+    GroupSpec("executor", ("module", "optimizer", "loss_fn", "gradient_transform"),
+              "a subclass of axoexp.executors.base.Executor", executor_class=True),
+)}
+
+
+@dataclass(frozen=True)
+class ParameterDoc:
+    """One config parameter of a component, for the structured config and ``--describe``."""
+
+    name: str
+    annotation: Any
+    default: Any
+    help: str
+    bounds: Bounds | None = None
 
 
 @dataclass(frozen=True)
@@ -52,24 +135,52 @@ class Component:
     factory: Callable[..., Any]
     source: str
 
+    @property
+    def spec(self) -> GroupSpec:
+        return GROUPS[self.group]
+
     def parameters(self) -> dict[str, inspect.Parameter]:
         """Keyword parameters a config may set (the framework's context arguments excluded)."""
-        signature = inspect.signature(self.factory)
         return {
             name: parameter
-            for name, parameter in signature.parameters.items()
-            if name not in CONTEXT_ARGUMENTS[self.group]
-            and name != "self"
+            for name, parameter in inspect.signature(self.factory).parameters.items()
+            if name not in self.spec.context
             and parameter.kind in (parameter.KEYWORD_ONLY, parameter.POSITIONAL_OR_KEYWORD)
         }
 
     def defaults(self) -> dict[str, Any]:
-        """The factory's keyword defaults: the config a plugin component gets for free."""
-        return {
-            name: parameter.default
-            for name, parameter in self.parameters().items()
-            if parameter.default is not inspect.Parameter.empty
-        }
+        """The factory's keyword defaults: the component's config."""
+        return {name: parameter.default for name, parameter in self.parameters().items()
+                if parameter.default is not inspect.Parameter.empty}
+
+    def documented_parameters(self) -> list[ParameterDoc]:
+        """Each config parameter with its type, default and help line."""
+        target = self.factory.__init__ if inspect.isclass(self.factory) else self.factory
+        try:
+            hints = typing.get_type_hints(target, include_extras=True)
+        except Exception:  # unresolvable annotations in a plugin: document the parameter untyped
+            hints = {}
+        documented = []
+        for name, parameter in self.parameters().items():
+            annotation, extras = hints.get(name, Any), []
+            if typing.get_origin(annotation) is typing.Annotated:
+                annotation, *extras = typing.get_args(annotation)
+            default = parameter.default if parameter.default is not inspect.Parameter.empty else None
+            documented.append(ParameterDoc(
+                name, annotation, default,
+                help=next((extra for extra in extras if isinstance(extra, str)), ""),
+                bounds=next((extra for extra in extras if isinstance(extra, Bounds)), None),
+            ))
+        return documented
+
+    def value_problems(self, params: Mapping[str, Any]) -> list[str]:
+        """Out-of-range parameter values, each naming key, value and what is expected."""
+        problems = []
+        for parameter in self.documented_parameters():
+            problem = parameter.bounds and parameter.bounds.problem(params.get(parameter.name))
+            if problem:
+                problems.append(f"{self.group}.{parameter.name}={params[parameter.name]!r}: {problem}")
+        return problems
 
     def check_params(self, params: Mapping[str, Any]) -> None:
         """Raise :class:`RegistryError` for config keys the factory does not accept."""
@@ -80,11 +191,8 @@ class Component:
                 f"{self.group}={self.name} does not accept {', '.join(map(repr, unknown))}; "
                 f"its parameters are: {', '.join(sorted(accepted)) or '(none)'}"
             )
-        missing = sorted(
-            name
-            for name, parameter in accepted.items()
-            if parameter.default is inspect.Parameter.empty and name not in params
-        )
+        missing = sorted(name for name, parameter in accepted.items()
+                         if parameter.default is inspect.Parameter.empty and params.get(name) is None)
         if missing:
             raise RegistryError(f"{self.group}={self.name} needs {', '.join(missing)}")
 
@@ -103,12 +211,15 @@ class Registry:
     )
 
     def register(self, group: str, name: str, factory: Callable[..., Any], *, source: str) -> None:
-        """Add a component; a name already taken in its group is an error, not a shadow."""
+        """Add a component; a broken factory or a name already taken is an error naming the source."""
         entries = self._group(group)
         if name in entries:
             raise RegistryError(
                 f"{group}={name} is registered twice: by {entries[name].source} and by {source}"
             )
+        problems = GROUPS[group].problems(factory)
+        if problems:
+            raise RegistryError(f"{group}={name} from {source}: " + "; ".join(problems))
         entries[name] = Component(group, name, factory, source)
 
     def get(self, group: str, name: str) -> Component:
@@ -126,6 +237,10 @@ class Registry:
     def components(self) -> list[Component]:
         return [entry for group in GROUPS for entry in self._components[group].values()]
 
+    def copy(self) -> Registry:
+        """An independent registry with the same components (e.g. one per test)."""
+        return Registry({group: dict(entries) for group, entries in self._components.items()})
+
     def _group(self, group: str) -> dict[str, Component]:
         if group not in self._components:
             raise RegistryError(f"unknown component group {group!r}; groups: {', '.join(GROUPS)}")
@@ -133,7 +248,19 @@ class Registry:
 
 
 REGISTRY = Registry()
+"""The process's registry: built-ins and plugins (:func:`axoexp.plugins.load_plugins`)."""
 _current_source = BUILTIN
+
+
+@contextmanager
+def registering_from(source: str) -> Iterator[None]:
+    """Attribute the components registered inside the block to ``source`` (a plugin's file)."""
+    global _current_source
+    previous, _current_source = _current_source, source
+    try:
+        yield
+    finally:
+        _current_source = previous
 
 
 def component(group: str, name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -144,58 +271,3 @@ def component(group: str, name: str) -> Callable[[Callable[..., Any]], Callable[
         return factory
 
     return decorate
-
-
-_loaded = False
-
-
-def load_plugins(plugins_dir: str | os.PathLike[str] | None = None) -> Registry:
-    """Import built-ins, entry-point plugins and plugin files (once per process)."""
-    global _loaded
-    if _loaded:
-        return REGISTRY
-    importlib.import_module("axoexp.components")
-    importlib.import_module("axoexp.executors")
-    for entry_point in entry_points(group=ENTRY_POINT_GROUP):
-        _import_as_plugin(f"entry point {entry_point.name} ({entry_point.value})", entry_point.load)
-    directory = Path(plugins_dir or os.environ.get(PLUGINS_DIR_ENV) or "plugins")
-    if directory.is_dir():
-        for path in sorted(directory.glob("*.py")):
-            if not path.name.startswith("_"):
-                _import_as_plugin(str(path), lambda path=path: _import_file(path))
-    _register_plugin_configs()
-    _loaded = True
-    return REGISTRY
-
-
-def _import_as_plugin(source: str, load: Callable[[], Any]) -> None:
-    global _current_source
-    _current_source = source
-    try:
-        load()
-    except RegistryError:
-        raise
-    except Exception as error:
-        raise PluginLoadError(f"plugin {source} failed to import: {error!r}") from error
-    finally:
-        _current_source = BUILTIN
-
-
-def _import_file(path: Path) -> None:
-    module_name = f"axoexp_plugins.{path.stem}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise PluginLoadError(f"cannot import plugin file {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-
-
-def _register_plugin_configs() -> None:
-    """Give each plugin component a Hydra config node: ``name`` plus its factory's defaults."""
-    from hydra.core.config_store import ConfigStore
-
-    store = ConfigStore.instance()
-    for entry in REGISTRY.components():
-        if entry.source != BUILTIN:
-            store.store(group=entry.group, name=entry.name, node={"name": entry.name, **entry.defaults()})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,10 +22,13 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 from mlflow.entities import Run  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
-from axoexp.sweep import REUSED_PREFIX, SWEEP_TAG, child_runs  # noqa: E402
+from axoexp import names  # noqa: E402
+from axoexp.errors import AxoexpError, NoSweepError  # noqa: E402
+from axoexp.sweep import child_runs  # noqa: E402
 from axoexp.tracking import newest_run, resolve_tracking_uri  # noqa: E402
 
-IGNORED_FOR_PAIRING = ("executor.", "tracking.", "sweep.")
+SQLITE_PREFIX = "sqlite:///"
+IGNORED_FOR_PAIRING = (names.EXECUTOR_PARAM_PREFIX, *names.NOT_MEASUREMENT_PARAM_PREFIXES)
 # Overrides a plot line does not name: the x axis shows the shape, the line label the executor.
 NOT_IN_SERIES = ("population.neurons=", "population.time_steps=", "population.contacts=", "executor=")
 
@@ -55,29 +59,26 @@ def _pairing_key(run: Run) -> tuple[tuple[str, str], ...]:
 
 def sweep_runs(client: MlflowClient, parent: Run) -> list[Run]:
     """The parent's children and the earlier runs its jobs reused."""
-    reused = [client.get_run(run_id) for key, run_id in parent.data.tags.items() if key.startswith(REUSED_PREFIX)]
+    reused = [client.get_run(run_id) for key, run_id in parent.data.tags.items()
+              if key.startswith(names.REUSED_PREFIX)]
     return child_runs(client, parent) + reused
 
 
 def build_rows(runs: list[Run]) -> list[ReportRow]:
-    eager = {_pairing_key(run): run.data.metrics.get("update_ms_median", math.nan)
-             for run in runs if run.data.tags.get("component.executor") == "eager"
-             and run.info.status == "FINISHED"}
+    """One row per run, with its speedup over the FINISHED eager run of the same parameters."""
+    executor_tag = names.component_tag("executor")
+    eager = {_pairing_key(run): run.data.metrics.get(names.UPDATE_MEDIAN, math.nan)
+             for run in runs if run.data.tags.get(executor_tag) == "eager" and run.info.status == "FINISHED"}
     rows = []
     for run in runs:
-        median = run.data.metrics.get("update_ms_median", math.nan)
+        median = run.data.metrics.get(names.UPDATE_MEDIAN, math.nan)
         rows.append(ReportRow(
-            shape=run.data.tags.get("shape.inputs", "?"), executor=run.data.tags.get("component.executor", "?"),
-            status=run.info.status, median_ms=median, capture_ms=run.data.metrics.get("capture_ms", math.nan),
+            shape=run.data.tags.get(names.SHAPE, "?"), executor=run.data.tags.get(executor_tag, "?"),
+            status=run.info.status, median_ms=median, capture_ms=run.data.metrics.get(names.CAPTURE, math.nan),
             speedup_vs_eager=eager.get(_pairing_key(run), math.nan) / median, run_id=run.info.run_id,
             job=run.info.run_name or "",
         ))
-    return sorted(rows, key=lambda row: (_size(row.shape), row.shape, row.executor))
-
-
-def _size(shape: str) -> int:
-    numbers = [int(part) for part in shape.strip("()").split(",") if part.strip().isdigit()]
-    return math.prod(numbers) if numbers else 0
+    return sorted(rows, key=lambda row: (names.shape_size(row.shape), row.shape, row.executor))
 
 
 def format_table(rows: list[ReportRow]) -> str:
@@ -90,7 +91,7 @@ def format_table(rows: list[ReportRow]) -> str:
 
 
 def plot(rows: list[ReportRow], title: str, path: Path) -> None:
-    shapes = sorted({row.shape for row in rows}, key=_size)
+    shapes = sorted({row.shape for row in rows}, key=names.shape_size)
     figure, axes = plt.subplots(figsize=(8, 4.5))
     for series in sorted({row.series for row in rows}):
         points = [(shapes.index(row.shape), row.median_ms) for row in rows
@@ -101,7 +102,7 @@ def plot(rows: list[ReportRow], title: str, path: Path) -> None:
     axes.set_yscale("log")
     for axis_formatter in (axes.yaxis.set_major_formatter, axes.yaxis.set_minor_formatter):
         axis_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
-    axes.set_xlabel("input shape (neurons, time steps, contacts)")
+    axes.set_xlabel("shape (neurons x time steps x contacts)")
     axes.set_ylabel("median update latency (ms)")
     axes.set_title(title, fontsize=9)
     axes.grid(True, which="both", alpha=0.3)
@@ -112,13 +113,22 @@ def plot(rows: list[ReportRow], title: str, path: Path) -> None:
 
 
 def latest_parent(client: MlflowClient, experiment: str) -> Run:
-    run = newest_run(client, experiment, f"tags.`{SWEEP_TAG}` = 'parent'")
+    run = newest_run(client, experiment, f"tags.`{names.SWEEP_ROLE}` = 'parent'")
     if run is None:
-        raise SystemExit(f"axoexp.report: no sweep in experiment {experiment!r}; run one with python -m axoexp -m ...")
+        raise NoSweepError(f"no sweep in experiment {experiment!r}; run one with python -m axoexp -m ...")
     return run
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Print the report of a sweep; a user error exits 2 with one line."""
+    try:
+        report(argv)
+    except AxoexpError as error:
+        print(f"axoexp.report: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+def report(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m axoexp.report", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
@@ -126,7 +136,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--parent", default=None, help="the sweep's parent run id (default: the newest sweep)")
     parser.add_argument("--out", type=Path, default=None, help="PNG path (default: sweep-<parent id>.png)")
     args = parser.parse_args(argv)
-    client = MlflowClient(tracking_uri=resolve_tracking_uri(args.tracking_uri))
+    uri = resolve_tracking_uri(args.tracking_uri)
+    if uri.startswith(SQLITE_PREFIX) and not Path(uri.removeprefix(SQLITE_PREFIX)).is_file():
+        raise NoSweepError(f"no MLflow store at {uri}; run a sweep first: python -m axoexp -m ...")
+    client = MlflowClient(tracking_uri=uri)
     parent = client.get_run(args.parent) if args.parent else latest_parent(client, args.experiment)
     rows = build_rows(sweep_runs(client, parent))
     print(f"{parent.info.run_name} ({parent.info.status}, parent run {parent.info.run_id})")

@@ -1,5 +1,8 @@
 """Sweeps: one MLflow parent run per Hydra multirun, each job a child of it, and resume.
 
+The parent run id reaches every job as part of the job's own config: the callback appends
+the override ``sweep.parent_run_id=<id>`` to the sweep's overrides before the sweeper reads
+them, so it survives any launcher (other processes, remote Ray workers, containers).
 Hydra calls ``on_multirun_end`` only when every job succeeded; when a job fails, the
 process exits through ``sys.exit(1)`` instead, so the parent is also ended from an
 ``atexit`` hook, FAILED, with the count of children that did not finish.
@@ -17,18 +20,13 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from axoexp.experiment import configure_tracking
-from axoexp.tracking import (
-    CONFIG_HASH_TAG, FAILURE_TAG, PARENT_TAG, UNREACHABLE, config_digest, experiment_id, newest_run,
-)
+from axoexp import names
+from axoexp.tracking import UNREACHABLE, config_digest, configure_tracking, experiment_id, newest_run
 
-PARENT_ENV = "AXOEXP_PARENT_RUN_ID"
-"""Carries the parent run id to the jobs (inherited by launcher worker processes)."""
 PARENT_FILE = "mlflow_parent_run_id"
-SWEEP_TAG = "axoexp.sweep"
-REUSED_PREFIX = "axoexp.reused."
+PARENT_OVERRIDE_KEY = "sweep.parent_run_id"
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +34,7 @@ log = logging.getLogger(__name__)
 def child_runs(client: MlflowClient, parent: Run) -> list[Run]:
     """The runs whose ``mlflow.parentRunId`` is ``parent``."""
     return client.search_runs([parent.info.experiment_id],
-                              filter_string=f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'")
+                              filter_string=f"tags.`{names.PARENT_RUN_ID}` = '{parent.info.run_id}'")
 
 
 class MlflowSweepCallback(Callback):
@@ -47,7 +45,7 @@ class MlflowSweepCallback(Callback):
         self.parent_run_id: str | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        uri = configure_tracking(config)
+        uri = configure_tracking(config.tracking)
         overrides = list(config.hydra.overrides.task)
         sweep_dir = Path(str(config.hydra.sweep.dir))
         client = MlflowClient(tracking_uri=uri)
@@ -55,15 +53,16 @@ class MlflowSweepCallback(Callback):
             run = client.create_run(
                 experiment_id(client, config.tracking.experiment),
                 run_name="sweep " + (" ".join(overrides) or "(no overrides)"),
-                tags={SWEEP_TAG: "parent", "sweep.dir": str(sweep_dir.resolve()),
-                      "sweep.overrides": " ".join(overrides), "command": " ".join(sys.argv),
-                      "process.pid": str(os.getpid())},
+                tags={names.SWEEP_ROLE: "parent", names.SWEEP_DIR: str(sweep_dir.resolve()),
+                      names.SWEEP_OVERRIDES: " ".join(overrides), names.COMMAND: " ".join(sys.argv),
+                      names.PROCESS_PID: str(os.getpid())},
             )
         except UNREACHABLE as error:
             log.error("MLflow tracking at %s is unreachable, so the sweep has no parent run: %s", uri, error)
             return
         self.client, self.parent_run_id = client, run.info.run_id
-        os.environ[PARENT_ENV] = self.parent_run_id
+        with read_write(config.hydra.overrides), open_dict(config.hydra.overrides):
+            config.hydra.overrides.task.append(f"{PARENT_OVERRIDE_KEY}={self.parent_run_id}")
         sweep_dir.mkdir(parents=True, exist_ok=True)
         (sweep_dir / PARENT_FILE).write_text(self.parent_run_id + "\n")
         atexit.register(self.end_parent, all_jobs_returned=False)
@@ -77,32 +76,53 @@ class MlflowSweepCallback(Callback):
             return
         client, parent = self.client, self.parent_run_id
         self.parent_run_id = None
-        children = child_runs(client, client.get_run(parent))
+        parent_run = client.get_run(parent)
+        children = child_runs(client, parent_run)
         unfinished = [child for child in children if child.info.status != "FINISHED"]
-        if all_jobs_returned and not unfinished:
+        refused = [key for key in parent_run.data.tags if key.startswith(names.REFUSED_PREFIX)]
+        if all_jobs_returned and not unfinished and not refused:
             client.set_terminated(parent, status="FINISHED")
             return
         reason = f"{len(unfinished)} of {len(children)} child runs did not finish"
-        if not all_jobs_returned:
-            reason += "; a job failed (perhaps before creating its run) or the sweep was interrupted"
-        client.set_tag(parent, FAILURE_TAG, reason)
+        if refused:
+            reason += f"; {len(refused)} jobs were refused before creating a run (tags {names.REFUSED_PREFIX}*)"
+        if not all_jobs_returned and not refused:
+            reason += "; a job failed or the sweep was interrupted"
+        client.set_tag(parent, names.FAILURE, reason)
         client.set_terminated(parent, status="FAILED")
 
 
-def reusable_run(config: DictConfig, tracking_uri: str) -> str | None:
-    """The newest FINISHED run with this resolved config's digest, if the store has one."""
+def note_refused_job(config: DictConfig, job_number: int, job_name: str, error: Exception) -> None:
+    """Record on the parent a job that failed before creating its run (e.g. a bad value)."""
+    if not config.sweep.parent_run_id:
+        return
+    try:
+        MlflowClient(tracking_uri=configure_tracking(config.tracking)).set_tag(
+            config.sweep.parent_run_id, f"{names.REFUSED_PREFIX}job{job_number}", f"{job_name}: {error}"[:5000])
+    except UNREACHABLE as unreachable:
+        log.error("could not record the refused job %s on the parent run: %s", job_name, unreachable)
+
+
+def reused_run(config: DictConfig, job_number: int) -> str | None:
+    """Resume: the earlier FINISHED run this job can reuse, recorded on the sweep's parent.
+
+    ``None`` when ``sweep.resume`` is off or no run with this resolved config's digest
+    (tag ``axoexp.config_hash``) finished before; the job then runs.
+    """
+    if not config.sweep.resume:
+        return None
+    tracking_uri = configure_tracking(config.tracking)
     container = OmegaConf.to_container(config, resolve=True)
     assert isinstance(container, dict)
+    client = MlflowClient(tracking_uri=tracking_uri)
     try:
-        run = newest_run(MlflowClient(tracking_uri=tracking_uri), config.tracking.experiment,
-                         f"tags.`{CONFIG_HASH_TAG}` = '{config_digest(container)}' "
+        run = newest_run(client, config.tracking.experiment,
+                         f"tags.`{names.CONFIG_HASH}` = '{config_digest(container)}' "
                          "and attributes.status = 'FINISHED'")
     except UNREACHABLE:
         return None
-    return run.info.run_id if run else None
-
-
-def note_reuse(tracking_uri: str, parent_run_id: str | None, job_number: int, run_id: str) -> None:
-    """Record on the parent that job ``job_number``'s result is an earlier run (the report uses it)."""
-    if parent_run_id is not None:
-        MlflowClient(tracking_uri=tracking_uri).set_tag(parent_run_id, f"{REUSED_PREFIX}job{job_number}", run_id)
+    if run is None:
+        return None
+    if config.sweep.parent_run_id:
+        client.set_tag(config.sweep.parent_run_id, f"{names.REUSED_PREFIX}job{job_number}", run.info.run_id)
+    return run.info.run_id

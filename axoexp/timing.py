@@ -53,5 +53,6 @@ class LatencySummary:
             mean=float(values.mean()), min=float(values.min()), max=float(values.max()),
         )
 
-    def as_metrics(self, prefix: str) -> dict[str, float]:
-        return {f"{prefix}_{key}": float(value) for key, value in asdict(self).items()}
+    def as_metrics(self, metric_name: Callable[[str], str]) -> dict[str, float]:
+        """Each statistic under ``metric_name(statistic)``, e.g. :func:`axoexp.names.update_metric`."""
+        return {metric_name(key): float(value) for key, value in asdict(self).items()}

@@ -17,11 +17,12 @@ from mlflow.entities import Metric, Param, Run, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.time import get_current_time_millis
+from omegaconf import DictConfig
+
+from axoexp import names
+from axoexp.errors import TrackingUnavailableError
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
-FAILURE_TAG = "axoexp.failure"
-CONFIG_HASH_TAG = "axoexp.config_hash"
-PARENT_TAG = "mlflow.parentRunId"
 OFFLINE_FILE = "tracking-offline.json"
 MAX_BATCH = 1000  # MLflow's limit on metrics per log_batch call
 MAX_PARAM_LENGTH = 500
@@ -29,16 +30,14 @@ UNREACHABLE = (MlflowException, requests.exceptions.RequestException, OSError)
 """What a client raises when its tracking store cannot be reached."""
 
 
-class TrackingUnavailableError(RuntimeError):
-    """The tracking store could not be reached; what was measured is in the output dir."""
-
-
-def configure_http(max_retries: int, timeout_s: int, backoff_factor: int) -> None:
-    """Bound MLflow's HTTP retries: a dead server then fails in seconds, not ~4 minutes."""
-    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = str(max_retries)
-    os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(timeout_s)
-    os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"] = str(backoff_factor)
-    os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_JITTER"] = "0"
+def configure_tracking(tracking: DictConfig) -> str:
+    """Bound MLflow's HTTP retries as ``tracking.*`` says (a dead server then fails in seconds,
+    not ~4 minutes); return the tracking URI to use."""
+    os.environ[names.HTTP_MAX_RETRIES_ENV] = str(tracking.http_max_retries)
+    os.environ[names.HTTP_TIMEOUT_ENV] = str(tracking.http_timeout_s)
+    os.environ[names.HTTP_BACKOFF_FACTOR_ENV] = str(tracking.http_backoff_factor)
+    os.environ[names.HTTP_BACKOFF_JITTER_ENV] = "0"
+    return resolve_tracking_uri(tracking.uri)
 
 
 def config_digest(config: Mapping[str, Any]) -> str:
@@ -191,11 +190,11 @@ def tracked_run(
     try:
         yield tracker
     except KeyboardInterrupt:
-        client.set_tag(tracker.run_id, FAILURE_TAG, "interrupted (KeyboardInterrupt)")
+        client.set_tag(tracker.run_id, names.FAILURE, "interrupted (KeyboardInterrupt)")
         client.set_terminated(tracker.run_id, status="KILLED")
         raise
     except BaseException as error:
-        client.set_tag(tracker.run_id, FAILURE_TAG, f"{type(error).__name__}: {error}"[:5000])
+        client.set_tag(tracker.run_id, names.FAILURE, f"{type(error).__name__}: {error}"[:5000])
         client.set_terminated(tracker.run_id, status="FAILED")
         raise
     else:

@@ -3,22 +3,20 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-from axoexp.registry import REGISTRY
+from axoexp.errors import VerificationError
+from axoexp.executors.base import Executor
+from axoexp.interfaces import Batch
 from axoexp.timing import synchronizer
 
-if TYPE_CHECKING:
-    from axoexp.components.population import Batch
-    from axoexp.executors.base import Executor
-    from axoexp.experiment import Plan
-
-
-class VerificationError(AssertionError):
-    """The executor's updates differ from eager ones by more than the tolerance."""
+BuildExecutor = Callable[[torch.nn.Module, str | None], Executor]
+"""``build(module, executor_name)``: a fresh executor (with optimizer) around ``module``;
+``None`` names the planned executor (:meth:`axoexp.plan.Plan.build_executor`)."""
+REFERENCE = "eager"
 
 
 @dataclass(frozen=True)
@@ -54,9 +52,8 @@ class Verification:
             )
 
 
-def _prepared(plan: Plan, pristine: torch.nn.Module, executor_name: str,
-              example: Batch) -> Executor:
-    executor = plan.build_executor(copy.deepcopy(pristine), REGISTRY.get("executor", executor_name))
+def _prepared(build: BuildExecutor, pristine: torch.nn.Module, name: str | None, example: Batch) -> Executor:
+    executor = build(copy.deepcopy(pristine), name)
     executor.prepare(*example)
     return executor
 
@@ -71,20 +68,20 @@ def _max_abs_diff(left: list[torch.Tensor], right: list[torch.Tensor]) -> float:
     return max(float((a.double() - b.double()).abs().max()) for a, b in zip(left, right, strict=True))
 
 
-def verify_parity(plan: Plan, pristine: torch.nn.Module, batches: list[Batch], updates: int,
-                  loss_atol: float, param_atol: float, prepared: Executor | None = None) -> Verification:
+def verify_parity(build: BuildExecutor, executor_name: str, pristine: torch.nn.Module, batches: list[Batch],
+                  updates: int, loss_atol: float, param_atol: float,
+                  prepared: Executor | None = None) -> Verification:
     """Run ``updates`` eager and ``updates`` executor updates from copies of ``pristine``.
 
-    ``prepared``, when given, is the plan's executor already prepared on an unchanged copy
+    ``prepared``, when given, is the planned executor already prepared on an unchanged copy
     of ``pristine`` (so a benchmark need not compile twice); it is then adapted in place.
     """
-    name = plan.components["executor"].name
-    reference_losses, reference_params = _adapt(_prepared(plan, pristine, "eager", batches[0]), batches, updates)
-    executor = prepared if prepared is not None else _prepared(plan, pristine, name, batches[0])
+    reference_losses, reference_params = _adapt(_prepared(build, pristine, REFERENCE, batches[0]), batches, updates)
+    executor = prepared if prepared is not None else _prepared(build, pristine, None, batches[0])
     losses, params = _adapt(executor, batches, updates)
     initial = [parameter.detach() for parameter in pristine.trainable_adaptation_parameters()]
     return Verification(
-        executor=name, updates=updates,
+        executor=executor_name, updates=updates,
         max_abs_loss_diff=_max_abs_diff(reference_losses, losses),
         max_abs_param_diff=_max_abs_diff(reference_params, params),
         max_abs_param_change=_max_abs_diff(reference_params, initial),

@@ -29,8 +29,11 @@ from hydra import compose, initialize_config_module
 from torch.profiler import ProfilerActivity, profile
 
 from axoexp import metadata
-from axoexp.experiment import Plan, UpdateTrace, plan_experiment, run_updates
-from axoexp.registry import load_plugins
+from axoexp.config import register_configs
+from axoexp.measure import UpdateTrace, run_updates
+from axoexp.names import shape_label
+from axoexp.plan import Plan, plan_experiment
+from axoexp.plugins import load_plugins
 from axoexp.timing import LatencySummary, stopwatch, synchronizer
 from axoexp.verification import verify_parity
 
@@ -79,21 +82,21 @@ def prepare_bare_helper(plan: Plan, module: torch.nn.Module, batch: tuple[torch.
 
 def device_ms_per_update(variant: Any, setup: Any) -> float:
     with profile(activities=[ProfilerActivity.CUDA]) as profiler:
-        run_updates(variant, setup, PROFILED_UPDATES, 0, UpdateTrace())
+        run_updates(variant, setup.batches, PROFILED_UPDATES, 0, UpdateTrace())
     total_us = sum(event.self_device_time_total for event in profiler.key_averages())
     return total_us / 1e3 / PROFILED_UPDATES
 
 
 def bench_shape(shape: tuple[int, int, int], args: argparse.Namespace) -> list[Row]:
-    names = [name for name in VARIANTS if name in args.variants]
+    chosen = [name for name in VARIANTS if name in args.variants]
     plans = {name: make_plan("cudagraph" if name == BARE else name, shape, args.override)
-             for name in {"eager", *names}}
+             for name in {"eager", *chosen}}
     setup = plans["eager"].build_population()
     pristine = copy.deepcopy(setup.module)
     variants: dict[str, Any] = {}
     prepared: dict[str, dict[str, float]] = {}
     parity: dict[str, float] = {}
-    for name in names:
+    for name in chosen:
         module = copy.deepcopy(pristine)
         if name == BARE:
             variants[name], prepared[name] = prepare_bare_helper(plans[name], module, setup.batches[0])
@@ -101,21 +104,21 @@ def bench_shape(shape: tuple[int, int, int], args: argparse.Namespace) -> list[R
             variants[name] = plans[name].build_executor(module)
             prepared[name] = variants[name].prepare(*setup.batches[0])
         if name in CHECKED:  # from the freshly prepared executor, so nothing is compiled twice
-            check = verify_parity(plans[name], pristine, setup.batches, PARITY_UPDATES, 1e-6, 1e-6,
-                                  prepared=variants[name])
+            check = verify_parity(plans[name].build_executor, name, pristine, setup.batches, PARITY_UPDATES,
+                                  1e-6, 1e-6, prepared=variants[name])
             parity[name] = check.max_abs_param_diff
-        run_updates(variants[name], setup, args.warmup, 0, UpdateTrace())
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    order = list(names)
+        run_updates(variants[name], setup.batches, args.warmup, 0, UpdateTrace())
+    samples: dict[str, list[float]] = {name: [] for name in chosen}
+    order = list(chosen)
     for _ in range(args.rounds):  # the order rotates each round, so drift hits every variant alike
         order = order[1:] + order[:1]
         for name in order:
             trace = UpdateTrace()
-            run_updates(variants[name], setup, args.updates, 0, trace)
+            run_updates(variants[name], setup.batches, args.updates, 0, trace)
             samples[name] += trace.latencies_ms
-    label = "x".join(map(str, shape))
+    label = shape_label(*shape)
     rows = {}
-    for name in names:
+    for name in chosen:
         summary = LatencySummary.of(samples[name])
         rows[name] = Row(label, name, summary.median, summary.p10, summary.p90,
                          device_ms_per_update(variants[name], setup), prepared[name],
@@ -172,7 +175,7 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("this benchmark needs a CUDA GPU")
-    load_plugins()
+    register_configs(load_plugins())
     environment = metadata.collect(torch.device("cuda"))
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[Row] = []

@@ -7,16 +7,19 @@ trusted files here.
 """
 
 import math
+from typing import Annotated
 
 import torch
 import torch.nn.functional as F
 
 from axoexp import component
-from axoexp.components.losses import LossFn, skip_warmup
+from axoexp.components.losses import skip_warmup
+from axoexp.interfaces import LossFn
+from axoexp.registry import NON_NEGATIVE
 
 
 @component("loss", "log_cosh")
-def log_cosh(*, warmup_steps: int = 4) -> LossFn:
+def log_cosh(*, warmup_steps: Annotated[int, "leading output steps left out of the loss", NON_NEGATIVE] = 4) -> LossFn:
     """mean(log(cosh(prediction - target))) after the warm-up steps: MSE-like near 0, L1-like far."""
 
     def loss(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

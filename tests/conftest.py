@@ -14,7 +14,9 @@ from hydra import compose, initialize_config_module
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
-from axoexp.registry import load_plugins
+from axoexp.config import register_configs
+from axoexp.plugins import load_plugins
+from axoexp.registry import Registry
 
 REPO = Path(__file__).resolve().parents[1]
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -30,10 +32,23 @@ def client(tracking_uri: str) -> MlflowClient:
     return MlflowClient(tracking_uri=tracking_uri)
 
 
+@pytest.fixture(scope="session")
+def loaded_registry() -> Registry:
+    """The process registry with built-ins and the shipped plugins, their configs stored."""
+    registry = load_plugins(REPO / "plugins")
+    register_configs(registry)
+    return registry
+
+
 @pytest.fixture
-def make_config(tracking_uri: str) -> Callable[..., DictConfig]:
+def registry(loaded_registry: Registry) -> Registry:
+    """A copy for one test: components it registers do not leak into other tests."""
+    return loaded_registry.copy()
+
+
+@pytest.fixture
+def make_config(tracking_uri: str, loaded_registry: Registry) -> Callable[..., DictConfig]:
     """Compose the real Hydra config with overrides, logging to this test's store."""
-    load_plugins(REPO / "plugins")
 
     def make(*overrides: str) -> DictConfig:
         with initialize_config_module(config_module="axoexp.conf", version_base="1.3"):

@@ -82,9 +82,9 @@ def test_lite_population_trains_only_the_chosen_banks() -> None:
         build(train_behavior=False, train_morphology=False, train_synaptic=False)
 
 
-def test_lite_population_rejects_bad_shapes_by_name() -> None:
-    with pytest.raises(ValueError, match="population.neurons must be at least 1, got 0"):
-        build(neurons=0)
+def test_lite_population_declares_its_shape_bounds(registry) -> None:
+    problems = registry.get("population", "lite").value_problems({"neurons": 0, "time_steps": 12, "input_rate": 2.0})
+    assert problems == ["population.neurons=0: must be at least 1", "population.input_rate=2.0: must lie in [0, 1]"]
 
 
 def test_lite_population_casts_to_the_requested_dtype() -> None:

@@ -10,10 +10,12 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+from axoexp import names
+from axoexp.errors import ConfigError
 from axoexp.executors.base import eager_update
 from axoexp.executors.cudagraph import ReplayShapeError
-from axoexp.experiment import ConfigError, plan_experiment, run_experiment
-from axoexp.registry import REGISTRY
+from axoexp.experiment import run_experiment
+from axoexp.plan import plan_experiment
 from conftest import requires_cuda, run_cli
 
 pytestmark = requires_cuda
@@ -65,7 +67,7 @@ def test_replay_equals_eager_updates_from_the_same_state(cuda_plan, executor_nam
     reference_module = copy.deepcopy(setup.module)
     captured = plan.build_executor(setup.module)
     captured.prepare(*setup.batches[0])
-    reference = plan.build_executor(reference_module, REGISTRY.get("executor", "eager"))
+    reference = plan.build_executor(reference_module, "eager")
     for index in range(6):
         inputs, targets = setup.batches[index % len(setup.batches)]
         assert torch.allclose(captured.step(inputs, targets), reference.step(inputs, targets), atol=1e-6)
@@ -128,8 +130,8 @@ def test_cli_cudagraph_run_logs_capture_separately(tmp_path: Path) -> None:
     assert "verify        passed" in result.stdout
     run_id = re.search(r"mlflow run\s+([0-9a-f]{32})", result.stdout).group(1)
     run = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(run_id)
-    assert run.data.metrics["capture_ms"] > 0 and run.data.metrics["update_ms_count"] == 50
-    assert run.data.tags["timing.capture.includes"].startswith("static_buffer_copy,3x_warmup_update")
-    assert run.data.tags["timing.update.includes"].startswith("input_copy,graph_replay")
+    assert run.data.metrics[names.CAPTURE] > 0 and run.data.metrics[names.update_metric("count")] == 50
+    assert run.data.tags[names.timing_includes_tag("capture")].startswith("static_buffer_copy,3x_warmup_update")
+    assert run.data.tags[names.TIMING_UPDATE_INCLUDES].startswith("input_copy,graph_replay")
     assert run.data.tags["gpu.name"] == torch.cuda.get_device_name()
-    assert run.data.tags["optimizer.capturable"] == "true"
+    assert run.data.tags[names.OPTIMIZER_CAPTURABLE] == "true"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -10,13 +11,13 @@ import torch
 import yaml
 from mlflow.tracking import MlflowClient
 
+from axoexp import names
+from axoexp.errors import ConfigError, VerificationError
 from axoexp.executors.eager import EagerExecutor
-from axoexp.experiment import ConfigError, plan_experiment, run_experiment
-from axoexp.registry import REGISTRY, load_plugins
-from axoexp.tracking import FAILURE_TAG
-from axoexp.verification import VerificationError
-
-load_plugins()
+from axoexp.experiment import run_experiment
+from axoexp.measure import Observer
+from axoexp.plan import plan_experiment
+from axoexp.registry import Registry
 
 
 class DoubleStepExecutor(EagerExecutor):
@@ -47,9 +48,16 @@ class InterruptedOnThirdUpdate(EagerExecutor):
         return super().step(inputs, targets)
 
 
-for name, cls in (("test_double_step", DoubleStepExecutor), ("test_fails", FailsOnFifthUpdate),
-                  ("test_interrupted", InterruptedOnThirdUpdate)):
-    REGISTRY.register("executor", name, cls, source="tests/test_experiment.py")
+TEST_EXECUTORS = {"test_double_step": DoubleStepExecutor, "test_fails": FailsOnFifthUpdate,
+                  "test_interrupted": InterruptedOnThirdUpdate}
+
+
+@pytest.fixture
+def test_registry(registry: Registry) -> Registry:
+    """This test's registry: the built-ins plus the deliberately wrong executors above."""
+    for name, cls in TEST_EXECUTORS.items():
+        registry.register("executor", name, cls, source="tests/test_experiment.py")
+    return registry
 
 
 def only_run(client: MlflowClient):
@@ -66,19 +74,19 @@ def test_eager_run_is_logged_to_sqlite_and_reads_back(make_config, client, tmp_p
     assert run.info.status == "FINISHED"
     assert run.info.run_name == "eager lite-3x12x4 causal_mse adam cpu"
     metrics = run.data.metrics
-    assert metrics["update_ms_count"] == 7 and metrics["measured_updates_completed"] == 7
-    assert 0 < metrics["update_ms_p10"] <= metrics["update_ms_median"] <= metrics["update_ms_p90"]
-    assert metrics["update_ms_median"] == pytest.approx(result.update.median)
-    assert "capture_ms" not in metrics, "eager has nothing to capture"
-    losses = [m.value for m in client.get_metric_history(result.run_id, "loss")]
+    assert metrics[names.update_metric("count")] == 7 and metrics[names.MEASURED_COMPLETED] == 7
+    assert 0 < metrics[names.update_metric("p10")] <= metrics[names.UPDATE_MEDIAN] <= metrics[names.update_metric("p90")]
+    assert metrics[names.UPDATE_MEDIAN] == pytest.approx(result.update.median)
+    assert names.CAPTURE not in metrics, "eager has nothing to capture"
+    losses = [m.value for m in client.get_metric_history(result.run_id, names.LOSS_SERIES)]
     assert len(losses) == 9 and losses == pytest.approx(result.losses)
     assert losses[-1] < losses[0], "adapting to the teacher's targets lowers the loss"
-    assert len(client.get_metric_history(result.run_id, "update_ms")) == 9
+    assert len(client.get_metric_history(result.run_id, names.UPDATE_SERIES)) == 9
 
     params, tags = run.data.params, run.data.tags
     assert params["population.neurons"] == "3" and params["optimizer.name"] == "adam"
-    assert tags["shape.inputs"] == "(3, 12, 4)" and tags["shape.targets"] == "(3, 12, 2)"
-    assert tags["timing.update.includes"] == "zero_grad,forward,loss,backward,gradient_transform,optimizer_step,synchronize"
+    assert tags[names.SHAPE_INPUTS] == "(3, 12, 4)" and tags[names.SHAPE_TARGETS] == "(3, 12, 2)"
+    assert tags[names.TIMING_UPDATE_INCLUDES] == "zero_grad,forward,loss,backward,gradient_transform,optimizer_step,synchronize"
     assert tags["version.torch"] == torch.__version__ and tags["version.axosim"] == "0.1.0"
     assert tags["git.dirty"] in {"true", "false"} and tags["device"] == "cpu" and tags["seed"] == "0"
     assert tags["determinism.deterministic_algorithms"] == "false"
@@ -103,11 +111,14 @@ def test_seeded_runs_repeat_their_losses_exactly(make_config) -> None:
     (["dtype=float8"], "dtype='float8' is not supported; choose one of: float32, float64, bfloat16, float16"),
     (["device=tpu0"], "device='tpu0' is not a device; use cpu, cuda or cuda:N"),
     (["executor.name=graphs"], "unknown executor 'graphs'; valid executor names: compiled_cudagraph, cudagraph, eager, reduce_overhead"),
-    (["+loss.gamma=2"], "loss=causal_mse does not accept 'gamma'"),
-    (["run.measured_updates=0"], "run.measured_updates must be an integer of at least 1, got 0"),
+    (["+loss.gamma=2"], "loss=causal_mse does not accept 'gamma'; its parameters are: warmup_steps"),
+    (["run.measured_updates=0"], "run.measured_updates=0: must be at least 1"),
+    (["population.neurons=0"], "population.neurons=0: must be at least 1"),
+    (["optimizer.lr=0"], "optimizer.lr=0.0: must be greater than 0"),
+    (["population.input_rate=1.5"], "population.input_rate=1.5: must lie in [0, 1]"),
 ])
 def test_bad_config_fails_early_with_a_clear_message(make_config, client, overrides, message) -> None:
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         run_experiment(make_config(*overrides))
     assert client.get_experiment_by_name("axoexp") is None, "no MLflow run is started for a config error"
 
@@ -121,7 +132,7 @@ def test_cudagraph_needs_a_capturable_optimizer(make_config) -> None:
 def test_executors_with_one_off_work_refuse_to_step_before_prepare(make_config, executor_name: str) -> None:
     plan = plan_experiment(make_config())  # built directly, bypassing the CUDA check; nothing runs
     setup = plan.build_population()
-    executor = plan.build_executor(setup.module, REGISTRY.get("executor", executor_name))
+    executor = plan.build_executor(setup.module, executor_name)
     with pytest.raises(RuntimeError, match="step called before prepare"):
         executor.step(*setup.batches[0])
 
@@ -134,32 +145,69 @@ def test_verify_passes_for_eager_and_is_logged(make_config, client) -> None:
     assert metrics["verify_passed"] == 1.0 and metrics["verify_max_abs_param_diff"] == 0.0
 
 
-def test_verify_catches_a_wrong_executor_and_the_run_ends_failed(make_config, client) -> None:
+def test_verify_catches_a_wrong_executor_and_the_run_ends_failed(make_config, client, test_registry) -> None:
     config = make_config("executor.name=test_double_step", "verify.enabled=true", "run.measured_updates=3")
     with pytest.raises(VerificationError, match="executor=test_double_step differs from eager after 5 updates"):
-        run_experiment(config)
+        run_experiment(config, registry=test_registry)
     run = only_run(client)
     assert run.info.status == "FAILED"
-    assert run.data.tags[FAILURE_TAG].startswith("VerificationError: executor=test_double_step differs")
+    assert run.data.tags[names.FAILURE].startswith("VerificationError: executor=test_double_step differs")
     assert run.data.metrics["verify_passed"] == 0.0
-    assert run.data.metrics["update_ms_count"] == 3, "the timings measured before the failure are kept"
+    assert run.data.metrics[names.update_metric("count")] == 3, "the timings measured before the failure are kept"
 
 
-def test_failure_mid_measurement_keeps_what_was_measured(make_config, client) -> None:
+def test_failure_mid_measurement_keeps_what_was_measured(make_config, client, test_registry) -> None:
     config = make_config("executor.name=test_fails", "run.warmup_updates=2", "run.measured_updates=10")
     with pytest.raises(RuntimeError, match="device lost on update 5"):
-        run_experiment(config)
+        run_experiment(config, registry=test_registry)
     run = only_run(client)
     assert run.info.status == "FAILED"
-    assert run.data.tags[FAILURE_TAG] == "RuntimeError: device lost on update 5"
-    assert run.data.tags["axoexp.partial"] == "2 of 10 measured updates"
-    assert run.data.metrics["measured_updates_completed"] == 2
-    assert len(client.get_metric_history(run.info.run_id, "loss")) == 4
+    assert run.data.tags[names.FAILURE] == "RuntimeError: device lost on update 5"
+    assert run.data.tags[names.PARTIAL] == "2 of 10 measured updates"
+    assert run.data.metrics[names.MEASURED_COMPLETED] == 2
+    assert len(client.get_metric_history(run.info.run_id, names.LOSS_SERIES)) == 4
 
 
-def test_interrupt_ends_the_run_killed(make_config, client) -> None:
+def test_interrupt_ends_the_run_killed(make_config, client, test_registry) -> None:
     with pytest.raises(KeyboardInterrupt):
-        run_experiment(make_config("executor.name=test_interrupted"))
+        run_experiment(make_config("executor.name=test_interrupted"), registry=test_registry)
     run = only_run(client)
     assert run.info.status == "KILLED"
-    assert run.data.metrics["first_update_ms"] > 0
+    assert run.data.metrics[names.FIRST_UPDATE] > 0
+
+
+class Recorder(Observer):
+    """Records what the run tells its observers."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+
+    def window_started(self, window: str, planned_updates: int) -> None:
+        self.events.append(("start", window, planned_updates))
+
+    def update_finished(self, window: str, index: int, latency_ms: float, loss: float) -> None:
+        assert latency_ms > 0 and loss > 0
+        self.events.append(("update", window, index))
+
+    def window_finished(self, window: str, completed_updates: int) -> None:
+        self.events.append(("end", window, completed_updates))
+
+
+def test_observers_see_every_window_and_update_in_order(make_config) -> None:
+    recorder = Recorder()
+    run_experiment(make_config("run.warmup_updates=2", "run.measured_updates=3", "verify.enabled=true"),
+                   observers=[recorder])
+    assert recorder.events == [
+        ("start", "prepare", 0), ("end", "prepare", 0),
+        ("start", "warmup", 2), ("update", "warmup", 0), ("update", "warmup", 1), ("end", "warmup", 2),
+        ("start", "measured", 3), *[("update", "measured", index) for index in (2, 3, 4)], ("end", "measured", 3),
+        ("start", "verify", 0), ("end", "verify", 0),
+    ]
+
+
+def test_observers_hear_a_window_end_when_an_update_fails(make_config, test_registry) -> None:
+    recorder = Recorder()
+    config = make_config("executor.name=test_fails", "run.warmup_updates=2", "run.measured_updates=10")
+    with pytest.raises(RuntimeError, match="device lost on update 5"):
+        run_experiment(config, registry=test_registry, observers=[recorder])
+    assert recorder.events[-2:] == [("update", "measured", 3), ("end", "measured", 2)]

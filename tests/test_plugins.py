@@ -38,7 +38,7 @@ def test_plugin_file_adds_a_selectable_configurable_option(tmp_path: Path) -> No
     result = run_cli("loss=quartic", "loss.power=6", "run.measured_updates=3", cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr
     (run,) = _runs(tmp_path / "mlflow.db")
-    assert run.data.params["loss.name"] == "quartic" and run.data.params["loss.power"] == "6"
+    assert run.data.params["loss.name"] == "quartic" and run.data.params["loss.power"] == "6.0"
     assert run.data.tags["component.loss.source"] == str(plugins / "quartic.py")
 
 
@@ -50,8 +50,9 @@ def test_entry_point_plugin_of_an_installed_package_is_found(tmp_path: Path) -> 
     dist_info.mkdir()
     (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: axoexp-cubic\nVersion: 1.0\n")
     (dist_info / "entry_points.txt").write_text("[axoexp.plugins]\ncubic = axoexp_cubic\n")
+    (tmp_path / "empty").mkdir()
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
-           "AXOEXP_PLUGINS_DIR": str(tmp_path / "none")}
+           "AXOEXP_PLUGINS_DIR": str(tmp_path / "empty")}
 
     result = run_cli("loss=cubic", "run.measured_updates=3", cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr
@@ -71,3 +72,10 @@ def test_plugin_cannot_shadow_a_builtin(tmp_path: Path) -> None:
     result = run_cli("--help", cwd=tmp_path, env={"AXOEXP_PLUGINS_DIR": str(tmp_path)})
     assert result.returncode != 0
     assert f"loss=mse is registered twice: by builtin and by {tmp_path / 'shadow.py'}" in result.stderr
+
+
+def test_a_named_plugins_directory_that_is_missing_is_an_error(tmp_path: Path) -> None:
+    result = run_cli("--help", cwd=tmp_path, env={"AXOEXP_PLUGINS_DIR": str(tmp_path / "typo")})
+    assert result.returncode == 2
+    assert result.stderr.strip() == (f"axoexp: plugins directory {tmp_path / 'typo'} (from $AXOEXP_PLUGINS_DIR) "
+                                     "does not exist or is not a directory")

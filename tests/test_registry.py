@@ -1,21 +1,22 @@
-"""The plugin registry: lookups, errors, and agreement between factories and shipped YAML."""
+"""The registry: lookups, errors, typed groups checked at registration, and generated configs."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Annotated
 
 import pytest
-import yaml
+import torch
+from hydra import compose, initialize_config_module
 
-from axoexp.registry import GROUPS, REGISTRY, Registry, RegistryError, load_plugins
+from axoexp.config import node_class
+from axoexp.errors import RegistryError
+from axoexp.executors.eager import EagerExecutor
+from axoexp.registry import GROUPS, POSITIVE, Registry
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 
-
-def test_unknown_name_lists_valid_choices() -> None:
-    load_plugins()
+def test_unknown_name_lists_valid_choices(registry: Registry) -> None:
     with pytest.raises(RegistryError) as error:
-        REGISTRY.get("executor", "cudagrph")
+        registry.get("executor", "cudagrph")
     message = str(error.value)
     assert "'cudagrph'" in message
     assert "cudagraph, eager" in message
@@ -33,9 +34,8 @@ def test_duplicate_name_names_both_sources() -> None:
         registry.register("loss", "mine", lambda: None, source="plugins/b.py")
 
 
-def test_bad_parameters_name_the_key_and_the_accepted_ones() -> None:
-    load_plugins()
-    huber = REGISTRY.get("loss", "huber")
+def test_bad_parameters_name_the_key_and_the_accepted_ones(registry: Registry) -> None:
+    huber = registry.get("loss", "huber")
     with pytest.raises(RegistryError, match=r"loss=huber does not accept 'delt'; its parameters are: delta, warmup_steps"):
         huber.check_params({"delt": 2.0})
 
@@ -51,23 +51,61 @@ def test_missing_required_parameter_is_reported() -> None:
         registry.get("loss", "scaled").check_params({})
 
 
-def test_context_arguments_are_not_config_parameters() -> None:
-    load_plugins()
-    adam = REGISTRY.get("optimizer", "adam")
+def test_context_arguments_are_not_config_parameters(registry: Registry) -> None:
+    adam = registry.get("optimizer", "adam")
     assert "parameters" not in adam.parameters() and "capturable" not in adam.parameters()
     assert adam.defaults()["lr"] == pytest.approx(1e-3)
 
 
+def test_an_executor_that_is_not_an_executor_class_is_refused_at_registration() -> None:
+    def step_function(*, module, optimizer, loss_fn, gradient_transform):
+        return None
+
+    with pytest.raises(RegistryError, match=r"executor=fn from plugins/fn.py: must be a subclass of "
+                                            r"axoexp.executors.base.Executor"):
+        Registry().register("executor", "fn", step_function, source="plugins/fn.py")
+    Registry().register("executor", "ok", EagerExecutor, source="plugins/ok.py")
+
+
+def test_a_factory_missing_a_context_argument_is_refused() -> None:
+    def optimizer_without_capturable(*, parameters, lr: float = 0.1):
+        return torch.optim.SGD(parameters, lr=lr)
+
+    with pytest.raises(RegistryError, match="must accept the framework's argument 'capturable'"):
+        Registry().register("optimizer", "bad", optimizer_without_capturable, source="plugins/bad.py")
+
+
+def test_a_default_a_config_cannot_hold_is_refused_naming_the_parameter() -> None:
+    def loss_with_function_default(*, reduce=torch.mean):
+        return lambda prediction, target: reduce(prediction - target)
+
+    with pytest.raises(RegistryError, match=r"loss=fancy from plugins/fancy.py: parameter 'reduce' has default"):
+        Registry().register("loss", "fancy", loss_with_function_default, source="plugins/fancy.py")
+
+
+def test_declared_bounds_are_checked_with_key_value_and_expectation() -> None:
+    def scaled(*, scale: Annotated[float, "multiplies the error", POSITIVE] = 1.0):
+        return lambda prediction, target: scale * (prediction - target).abs().mean()
+
+    registry = Registry()
+    registry.register("loss", "scaled", scaled, source="test")
+    entry = registry.get("loss", "scaled")
+    assert entry.value_problems({"scale": 2.0}) == []
+    assert entry.value_problems({"scale": -1.0}) == ["loss.scale=-1.0: must be greater than 0"]
+    (documented,) = entry.documented_parameters()
+    assert documented.help == "multiplies the error" and documented.annotation is float
+
+
 @pytest.mark.parametrize("group", GROUPS)
-def test_every_builtin_has_a_yaml_that_matches_its_factory(group: str) -> None:
-    """The shipped YAML sets exactly the factory's parameters, to the factory's defaults."""
-    load_plugins()
-    files = {path.stem: path for path in (CONF / group).glob("*.yaml")}
-    builtins = [entry for entry in REGISTRY.components() if entry.group == group and entry.source == "builtin"]
-    assert sorted(files) == sorted(entry.name for entry in builtins)
-    for entry in builtins:
-        node = yaml.safe_load(files[entry.name].read_text())
+def test_every_option_composes_to_its_factory_defaults(group: str, loaded_registry: Registry) -> None:
+    """The config node Hydra composes is generated from the factory: one source of truth."""
+    options = [entry for entry in loaded_registry.components() if entry.group == group]
+    assert options
+    for entry in options:
+        with initialize_config_module(config_module="axoexp.conf", version_base="1.3"):
+            node = dict(compose("config", overrides=[f"{group}={entry.name}"])[group])
         assert node.pop("name") == entry.name
-        if group == "optimizer":
-            assert node.pop("capturable") == "auto"
-        assert node == entry.defaults(), f"conf/{group}/{entry.name}.yaml drifted from its factory"
+        for key, setting in entry.spec.settings.items():
+            assert node.pop(key) == setting.default
+        assert node == entry.defaults(), f"{group}={entry.name}"
+        assert node_class(entry).__name__ == f"{group}_{entry.name}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,6 +11,8 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+
+from axoexp import names
 
 from conftest import run_cli
 
@@ -29,13 +32,30 @@ class Sleepy(EagerExecutor):
 '''
 
 
+FAILING_EXECUTOR = '''
+from axoexp import component
+from axoexp.executors.eager import EagerExecutor
+
+@component("executor", "flaky")
+class Flaky(EagerExecutor):
+    """Fails on its second update: a run that starts, measures a little, then fails."""
+    calls = 0
+
+    def step(self, inputs, targets):
+        self.calls += 1
+        if self.calls == 2:
+            raise RuntimeError("flaky executor failed on purpose")
+        return super().step(inputs, targets)
+'''
+
+
 def _runs(uri: str) -> tuple[MlflowClient, list]:
     client = MlflowClient(tracking_uri=uri)
     return client, client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
 
 
 def _split(runs: list) -> tuple[list, list]:
-    parents = [run for run in runs if run.data.tags.get("axoexp.sweep") == "parent"]
+    parents = [run for run in runs if run.data.tags.get(names.SWEEP_ROLE) == "parent"]
     return parents, [run for run in runs if run not in parents]
 
 
@@ -48,22 +68,31 @@ def test_sweep_is_a_parent_run_with_named_children(tmp_path: Path) -> None:
     assert parent.info.run_name == "sweep population.neurons=2,3 run.measured_updates=3"
     assert sorted(child.info.run_name for child in children) == [
         "population.neurons=2,run.measured_updates=3", "population.neurons=3,run.measured_updates=3"]
-    assert {child.data.tags["mlflow.parentRunId"] for child in children} == {parent.info.run_id}
-    sweep_dir = Path(parent.data.tags["sweep.dir"])
+    assert {child.data.tags[names.PARENT_RUN_ID] for child in children} == {parent.info.run_id}
+    sweep_dir = Path(parent.data.tags[names.SWEEP_DIR])
     assert (sweep_dir / "mlflow_parent_run_id").read_text().strip() == parent.info.run_id
     assert all((sweep_dir / str(n) / "result.json").is_file() for n in (0, 1))
 
 
 def test_failing_job_fails_the_parent_but_keeps_the_others(tmp_path: Path) -> None:
-    result = run_cli("-m", "population.neurons=0,2,3", "run.measured_updates=3", cwd=tmp_path)
-    assert result.returncode == 1, "Hydra exits 1 when a job failed"
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "flaky.py").write_text(FAILING_EXECUTOR)
+    result = run_cli("-m", "executor=eager,flaky", "population.neurons=0,2", "run.measured_updates=3",
+                     cwd=tmp_path)
+    assert result.returncode == 1, "a sweep in which a job failed exits 1"
+    assert "axoexp: invalid experiment config: population.neurons=0: must be at least 1" in result.stderr
     _, runs = _runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
     (parent,), children = _split(runs)
     assert parent.info.status == "FAILED"
-    assert parent.data.tags["axoexp.failure"].startswith("1 of 3 child runs did not finish")
-    statuses = {child.info.run_name.split(",")[0]: child.info.status for child in children}
-    assert statuses == {"population.neurons=0": "FAILED", "population.neurons=2": "FINISHED",
-                        "population.neurons=3": "FINISHED"}
+    assert parent.data.tags[names.FAILURE] == (
+        "1 of 2 child runs did not finish; 2 jobs were refused before creating a run (tags axoexp.refused.*)")
+    refused = sorted(value for key, value in parent.data.tags.items() if key.startswith(names.REFUSED_PREFIX))
+    assert [value.split(":")[0] for value in refused] == [
+        "executor=eager,population.neurons=0,run.measured_updates=3",
+        "executor=flaky,population.neurons=0,run.measured_updates=3"]
+    statuses = {child.info.run_name: child.info.status for child in children}
+    assert statuses == {"executor=eager,population.neurons=2,run.measured_updates=3": "FINISHED",
+                        "executor=flaky,population.neurons=2,run.measured_updates=3": "FAILED"}
 
 
 def test_rerunning_a_sweep_reuses_finished_runs_unless_told_not_to(tmp_path: Path) -> None:
@@ -76,7 +105,7 @@ def test_rerunning_a_sweep_reuses_finished_runs_unless_told_not_to(tmp_path: Pat
     parents, children = _split(runs)
     assert len(parents) == 2 and len(children) == 2, "the second sweep created no new job runs"
     second = max(parents, key=lambda run: run.info.start_time)
-    reused = {key: value for key, value in second.data.tags.items() if key.startswith("axoexp.reused.")}
+    reused = {key: value for key, value in second.data.tags.items() if key.startswith(names.REUSED_PREFIX)}
     assert sorted(reused.values()) == sorted(child.info.run_id for child in children)
 
     forced = run_cli(*sweep, "sweep.resume=false", cwd=tmp_path)
@@ -91,12 +120,12 @@ def test_joblib_launcher_runs_each_job_in_its_own_process(tmp_path: Path) -> Non
     _, runs = _runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
     (parent,), children = _split(runs)
     assert parent.info.status == "FINISHED" and len(children) == 2
-    assert {child.data.tags["mlflow.parentRunId"] for child in children} == {parent.info.run_id}
-    launcher_pid = parent.data.tags["process.pid"]
-    assert all(child.data.tags["process.pid"] != launcher_pid for child in children)
+    assert {child.data.tags[names.PARENT_RUN_ID] for child in children} == {parent.info.run_id}
+    launcher_pid = parent.data.tags[names.PROCESS_PID]
+    assert all(child.data.tags[names.PROCESS_PID] != launcher_pid for child in children)
 
 
-def test_report_tabulates_speedups_and_logs_a_plot_to_the_parent(tmp_path: Path) -> None:
+def test_report_tabulates_a_sweep_and_logs_a_plot_to_the_parent(tmp_path: Path) -> None:
     (tmp_path / "plugins").mkdir()
     (tmp_path / "plugins" / "sleepy.py").write_text(SLOW_EXECUTOR)
     sweep = run_cli("-m", "executor=eager,sleepy", "population.neurons=2,3", "run.measured_updates=5",
@@ -105,15 +134,29 @@ def test_report_tabulates_speedups_and_logs_a_plot_to_the_parent(tmp_path: Path)
     report = subprocess.run([sys.executable, "-m", "axoexp.report", "--out", str(tmp_path / "r.png")],
                             cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert report.returncode == 0, report.stderr
-    rows = [line.split() for line in report.stdout.splitlines() if line.startswith("(")]
-    assert len(rows) == 4
-    for row in rows:  # shape takes 3 tokens: "(2," "12," "4)"
-        executor, speedup = row[3], float(row[7].rstrip("x"))
-        assert speedup == 1.0 if executor == "eager" else speedup < 1.0, row
+    rows = [line.split() for line in report.stdout.splitlines() if line[:1].isdigit()]
+    assert sorted((row[0], row[1], row[2]) for row in rows) == [
+        ("2x12x4", "eager", "FINISHED"), ("2x12x4", "sleepy", "FINISHED"),
+        ("3x12x4", "eager", "FINISHED"), ("3x12x4", "sleepy", "FINISHED")]
+    assert all(float(row[5].rstrip("x")) == 1.0 for row in rows if row[1] == "eager")
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     client, runs = _runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
     (parent,), _ = _split(runs)
     assert [a.path for a in client.list_artifacts(parent.info.run_id)] == ["r.png"]
+
+
+def test_report_without_a_sweep_says_so_in_one_line(tmp_path: Path) -> None:
+    report = [sys.executable, "-m", "axoexp.report"]
+    missing = subprocess.run(report, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2
+    assert missing.stderr.strip() == ("axoexp.report: no MLflow store at sqlite:///mlflow.db; "
+                                      "run a sweep first: python -m axoexp -m ...")
+    assert not (tmp_path / "mlflow.db").exists(), "the report creates no store"
+    assert run_cli("run.measured_updates=1", cwd=tmp_path).returncode == 0
+    no_sweep = subprocess.run(report, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert no_sweep.returncode == 2
+    assert no_sweep.stderr.strip().splitlines()[-1] == (
+        "axoexp.report: no sweep in experiment 'axoexp'; run one with python -m axoexp -m ...")
 
 
 def _free_port() -> int:
@@ -163,7 +206,7 @@ def test_sweep_logs_to_an_http_tracking_server(mlflow_server: str, tmp_path: Pat
     (parent,), children = _split(runs)
     assert parent.info.status == "FINISHED" and len(children) == 2
     child = children[0]
-    assert child.data.metrics["update_ms_count"] == 3
+    assert child.data.metrics[names.update_metric("count")] == 3
     assert {a.path for a in client.list_artifacts(child.info.run_id)} == {"config.yaml", "result.json"}
     assert not (tmp_path / "mlflow.db").exists()
 
@@ -179,5 +222,5 @@ def test_dead_tracking_server_fails_fast_and_keeps_results_locally(tmp_path: Pat
     (result_file,) = (tmp_path / "outputs").glob("*/*/result.json")
     offline = result_file.parent / "tracking-offline.json"
     assert offline.is_file() and (result_file.parent / "config.yaml").is_file()
-    assert '"update_ms_count": 3.0' in offline.read_text()
+    assert json.loads(offline.read_text())["metrics"][names.update_metric("count")] == 3.0
     assert os.path.getsize(result_file) > 0

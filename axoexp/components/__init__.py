@@ -1,5 +1,4 @@
-"""Built-in components; importing this package registers them."""
+"""Built-in components: population and workload, losses, optimizers, gradient transforms.
 
-from axoexp.components import gradient_transforms, losses, optimizers, population
-
-__all__ = ["gradient_transforms", "losses", "optimizers", "population"]
+Importing a module registers its components; :mod:`axoexp.plugins` imports them all.
+"""

@@ -7,29 +7,28 @@ reads a value back to the host.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Annotated
 
 import torch
 
-from axoexp.registry import component
-
-GradientTransform = Callable[[], None] | None
+from axoexp.interfaces import GradientTransform
+from axoexp.registry import POSITIVE, component
 
 
 @component("gradient_transform", "none")
 def none(*, parameters: list[torch.nn.Parameter]) -> GradientTransform:
+    """Gradients as backward left them."""
     del parameters
     return None
 
 
 @component("gradient_transform", "clip_norm")
 def clip_norm(
-    *, parameters: list[torch.nn.Parameter], max_norm: float = 1.0, norm_type: float = 2.0
+    *, parameters: list[torch.nn.Parameter],
+    max_norm: Annotated[float, "largest total gradient norm", POSITIVE] = 1.0,
+    norm_type: Annotated[float, "p of the p-norm", POSITIVE] = 2.0,
 ) -> GradientTransform:
     """Scale all gradients together so their total ``norm_type`` norm is at most ``max_norm``."""
-    if max_norm <= 0:
-        raise ValueError(f"gradient_transform.max_norm must be positive, got {max_norm}")
-
     def transform() -> None:
         torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
@@ -37,11 +36,10 @@ def clip_norm(
 
 
 @component("gradient_transform", "clip_value")
-def clip_value(*, parameters: list[torch.nn.Parameter], clip_value: float = 1.0) -> GradientTransform:
+def clip_value(
+    *, parameters: list[torch.nn.Parameter], clip_value: Annotated[float, "largest |gradient element|", POSITIVE] = 1.0,
+) -> GradientTransform:
     """Clamp every gradient element to [-clip_value, clip_value]."""
-    if clip_value <= 0:
-        raise ValueError(f"gradient_transform.clip_value must be positive, got {clip_value}")
-
     def transform() -> None:
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
 

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Annotated
 
 import torch
 import torch.nn.functional as F
 
 from axoexp.components.population import WARMUP_STEPS
-from axoexp.registry import component
-
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+from axoexp.interfaces import LossFn
+from axoexp.registry import NON_NEGATIVE, POSITIVE, component
 
 
 def skip_warmup(loss: LossFn, warmup_steps: int) -> LossFn:
@@ -31,7 +30,7 @@ def skip_warmup(loss: LossFn, warmup_steps: int) -> LossFn:
 
 
 @component("loss", "causal_mse")
-def causal_mse(*, warmup_steps: int = WARMUP_STEPS) -> LossFn:
+def causal_mse(*, warmup_steps: Annotated[int, "leading output steps left out of the loss", NON_NEGATIVE] = WARMUP_STEPS) -> LossFn:
     """Mean squared error over the steps after AxoSim-Lite's warm-up (the first 4 by default)."""
     return skip_warmup(F.mse_loss, warmup_steps)
 
@@ -43,11 +42,9 @@ def mse() -> LossFn:
 
 
 @component("loss", "huber")
-def huber(*, delta: float = 1.0, warmup_steps: int = 0) -> LossFn:
+def huber(*, delta: Annotated[float, "quadratic below, linear above this error", POSITIVE] = 1.0,
+          warmup_steps: Annotated[int, "leading output steps left out (4 makes it causal)", NON_NEGATIVE] = 0) -> LossFn:
     """Huber loss; ``warmup_steps`` > 0 makes it causal like ``causal_mse``."""
-    if delta <= 0:
-        raise ValueError(f"loss.delta must be positive, got {delta}")
-
     def loss(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return F.huber_loss(prediction, target, delta=delta)
 

@@ -4,31 +4,19 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 import torch
 from axosim import AxoSimLite, AxoSimPopulation
 from axosim.checkpoint import load_checkpoint
 from axosim.support_surrogate import SupportP4Config
 
-from axoexp.registry import component
+from axoexp.interfaces import PopulationSetup
+from axoexp.registry import AT_LEAST_ONE, Bounds, component
 
 WARMUP_STEPS = 4
 """AxoSim-Lite forecasts after each 4-step input patch: its first 4 output steps are warm-up."""
-
-
-Batch = tuple[torch.Tensor, torch.Tensor]
-"""Contact inputs (neurons, time, contacts) and targets (neurons, time, outputs)."""
-
-
-@dataclass
-class PopulationSetup:
-    """A population ready to adapt, and fixed-shape batches to adapt it on."""
-
-    module: AxoSimPopulation
-    batches: list[Batch]
-    description: dict[str, object] = field(default_factory=dict)
 
 
 class CheckpointError(ValueError):
@@ -88,22 +76,22 @@ def lite(
     device: torch.device,
     dtype: torch.dtype,
     seed: int,
-    neurons: int = 3,
-    time_steps: int = 12,
-    contacts: int = 4,
-    branches: int = 16,
-    route_features: int = 8,
-    token_dim: int = 8,
-    state_dim: int = 4,
-    morphologies: int = 2,
-    train_behavior: bool = True,
-    train_morphology: bool = True,
-    train_synaptic: bool = True,
-    checkpoint: str | None = None,
-    checkpoint_sha256: str | None = None,
-    batches: int = 4,
-    input_rate: float = 0.2,
-    target_perturbation: float = 0.1,
+    neurons: Annotated[int, "population size", AT_LEAST_ONE] = 3,
+    time_steps: Annotated[int, "native 1 ms steps per update; the first 4 outputs are warm-up", AT_LEAST_ONE] = 12,
+    contacts: Annotated[int, "retained incoming contacts per neuron", AT_LEAST_ONE] = 4,
+    branches: Annotated[int, "model dimension: dendritic branches (ignored with a checkpoint)", AT_LEAST_ONE] = 16,
+    route_features: Annotated[int, "model dimension: routing features (ignored with a checkpoint)", AT_LEAST_ONE] = 8,
+    token_dim: Annotated[int, "model dimension: token width (ignored with a checkpoint)", AT_LEAST_ONE] = 8,
+    state_dim: Annotated[int, "model dimension: recurrent state width (ignored with a checkpoint)", AT_LEAST_ONE] = 4,
+    morphologies: Annotated[int, "model dimension: morphologies (ignored with a checkpoint)", AT_LEAST_ONE] = 2,
+    train_behavior: Annotated[bool, "adapt the behavior bank"] = True,
+    train_morphology: Annotated[bool, "adapt the morphology bank"] = True,
+    train_synaptic: Annotated[bool, "adapt the synaptic efficacies"] = True,
+    checkpoint: Annotated[str | None, "axosim.checkpoint file to load instead of a fresh model"] = None,
+    checkpoint_sha256: Annotated[str | None, "pin: the checkpoint is refused unless its SHA-256 matches"] = None,
+    batches: Annotated[int, "distinct (inputs, targets) batches, cycled", AT_LEAST_ONE] = 4,
+    input_rate: Annotated[float, "Bernoulli spike probability per step and contact", Bounds(0, 1)] = 0.2,
+    target_perturbation: Annotated[float, "std of the teacher's perturbation of every adaptation bank", Bounds(0)] = 0.1,
 ) -> PopulationSetup:
     """An ``AxoSimPopulation`` of AxoSim-Lite neurons and a teacher-generated target stream.
 
@@ -113,12 +101,6 @@ def lite(
     targets are reachable by adapting the banks. With ``checkpoint`` the model dimensions
     come from the checkpoint and ``branches``..``morphologies`` are ignored.
     """
-    for label, value in (("neurons", neurons), ("time_steps", time_steps), ("contacts", contacts),
-                         ("batches", batches)):
-        if value < 1:
-            raise ValueError(f"population.{label} must be at least 1, got {value}")
-    if not 0.0 <= input_rate <= 1.0:
-        raise ValueError(f"population.input_rate must lie in [0, 1], got {input_rate}")
     if not (train_behavior or train_morphology or train_synaptic):
         raise ValueError(
             "population trains no adaptation bank: set at least one of "

@@ -1,6 +1,2 @@
-"""Built-in executors; importing this package registers them."""
-
-from axoexp.executors import compiled, cudagraph, eager, reduce_overhead
-from axoexp.executors.base import Executor
-
-__all__ = ["Executor", "compiled", "cudagraph", "eager", "reduce_overhead"]
+"""Executors: how one update runs. ``base`` defines the contract; each other module
+registers one executor when :mod:`axoexp.plugins` imports it."""

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from typing import ClassVar
 
 import torch
 
-from axoexp.components.gradient_transforms import GradientTransform
-from axoexp.components.losses import LossFn
+from axoexp.interfaces import GradientTransform, LossFn
 
 # The stages one update may contain, for the timing tags.
 UPDATE_STAGES = ("zero_grad", "forward", "loss", "backward", "gradient_transform", "optimizer_step")
@@ -20,8 +18,8 @@ class Executor(ABC):
     """Runs one fixed-shape adaptation update at a time.
 
     ``step`` queues one update and returns its loss as a device tensor without waiting
-    (the caller synchronises); later updates must not overwrite that tensor. ``prepare`` does any one-off work (capture, compilation) and
-    returns how long each phase of it took, in milliseconds. Neither may consume an update:
+    (the caller synchronises); later updates must not overwrite that tensor. ``prepare``
+    does any one-off work (capture, compilation) and returns how long each phase of it took, in milliseconds. Neither may consume an update:
     after ``prepare`` the module and optimizer are as they were.
     """
 
@@ -59,7 +57,7 @@ def eager_update(
     module: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     loss_fn: LossFn,
-    gradient_transform: Callable[[], None] | None,
+    gradient_transform: GradientTransform,
     inputs: torch.Tensor,
     targets: torch.Tensor,
 ) -> torch.Tensor:

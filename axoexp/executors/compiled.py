@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from axoexp.executors.base import Executor
-from axoexp.executors.cudagraph import CudaGraphExecutor
+from axoexp.executors.cudagraph import CudaGraphExecutor, WarmupSteps
 from axoexp.registry import component
 from axoexp.timing import stopwatch, synchronizer
 
@@ -39,7 +39,7 @@ class CompiledCudaGraphExecutor(CudaGraphExecutor):
     and backward whose gradients are discarded) separately from ``capture``.
     """
 
-    def __init__(self, *, warmup_steps: int = 3, **components: object) -> None:
+    def __init__(self, *, warmup_steps: WarmupSteps = 3, **components: object) -> None:
         super().__init__(warmup_steps=warmup_steps, **components)
         self.compiled = torch.compile(
             self.module, backend="inductor", dynamic=False, options={"triton.cudagraphs": False}

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from axosim import CudaGraphAdaptationStep
 
 from axoexp.executors.base import UPDATE_STAGES, Executor
-from axoexp.registry import component
+from axoexp.registry import AT_LEAST_ONE, component
 from axoexp.timing import stopwatch, synchronizer
 
+WarmupSteps = Annotated[int, "eager updates on a side stream before capture (state is restored)", AT_LEAST_ONE]
 CAPTURE_STAGES = ("graph_capture", "module_and_optimizer_state_restore", "synchronize")
 
 
@@ -44,10 +47,8 @@ class CudaGraphExecutor(Executor):
     requires_capturable_optimizer = True
     update_includes = ("input_copy", "graph_replay", *UPDATE_STAGES, "loss_clone", "synchronize")
 
-    def __init__(self, *, warmup_steps: int = 3, **components: object) -> None:
+    def __init__(self, *, warmup_steps: WarmupSteps = 3, **components: object) -> None:
         super().__init__(**components)  # type: ignore[arg-type]
-        if warmup_steps < 1:
-            raise ValueError(f"executor.warmup_steps must be at least 1, got {warmup_steps}")
         self.warmup_steps = warmup_steps
         self.graph_step: CudaGraphAdaptationStep | None = None
 

@@ -1,0 +1,215 @@
+"""The one config schema: structured configs in Hydra's ConfigStore, and their descriptions.
+
+The top level (``device``, ``run``, ``verify``, ...) is :class:`ExperimentConfig`; each group
+option's node is a dataclass made from its factory's signature (:mod:`axoexp.registry`),
+so Hydra type-checks every override at compose time and ``--describe`` explains every key
+from the same source. ``conf/config.yaml`` holds only the defaults list and Hydra settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from axoexp.registry import AT_LEAST_ONE, GROUPS, NON_NEGATIVE, Bounds, Component, Registry
+
+SCHEMA_NAME = "axoexp_schema"
+HELP_NAME = "axoexp_help"
+
+
+def setting(default: Any, help: str, bounds: Bounds | None = None) -> Any:
+    """A config key with its default, one line of help and, for a number, its allowed range."""
+    metadata = {"help": help, "bounds": bounds}
+    if dataclasses.is_dataclass(default) and isinstance(default, type):
+        return field(default_factory=default, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass
+class RunConfig:
+    warmup_updates: int = setting(5, "updates timed and logged before the measured ones, not in the summary",
+                                  NON_NEGATIVE)
+    measured_updates: int = setting(50, "updates in the steady-state summary (median, p10, p90, ...)", AT_LEAST_ONE)
+
+
+@dataclass
+class VerifyConfig:
+    enabled: bool = setting(False, "compare K executor updates with K eager ones from one initial state")
+    updates: int = setting(5, "K, the number of compared updates", AT_LEAST_ONE)
+    loss_atol: float = setting(1e-5, "largest allowed |loss difference| to eager", NON_NEGATIVE)
+    param_atol: float = setting(1e-5, "largest allowed |parameter difference| to eager", NON_NEGATIVE)
+
+
+@dataclass
+class DeterminismConfig:
+    deterministic_algorithms: bool = setting(False, "torch.use_deterministic_algorithms")
+    cudnn_benchmark: bool = setting(False, "torch.backends.cudnn.benchmark")
+    float32_matmul_precision: str = setting("highest", "highest | high | medium (TF32 changes parity)")
+
+
+@dataclass
+class TrackingConfig:
+    uri: Optional[str] = setting(None, "MLflow store; null: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the cwd")
+    experiment: str = setting("axoexp", "MLflow experiment name")
+    run_name: Optional[str] = setting(None, "null: the job's overrides in a sweep, else executor, shape, loss, optimizer, device")
+    http_max_retries: int = setting(2, "HTTP retries to a tracking server (bounded, so a dead one fails in seconds)",
+                                    NON_NEGATIVE)
+    http_timeout_s: int = setting(10, "seconds per HTTP request to a tracking server", AT_LEAST_ONE)
+    http_backoff_factor: int = setting(1, "seconds between HTTP retries, doubling per retry", NON_NEGATIVE)
+
+
+@dataclass
+class SweepConfig:
+    resume: bool = setting(True, "in a multirun, skip a job whose resolved config already has a FINISHED run")
+    parent_run_id: Optional[str] = setting(None, "set by the sweep itself: the MLflow parent run of its jobs")
+
+
+@dataclass
+class ExperimentConfig:
+    population: Any = setting(None, "what adapts, and the workload it adapts to")
+    loss: Any = setting(None, "loss between prediction and targets")
+    optimizer: Any = setting(None, "optimizer over the trainable adaptation banks")
+    gradient_transform: Any = setting(None, "applied between backward and the optimizer step")
+    executor: Any = setting(None, "how one update runs (eager, captured, compiled)")
+    device: str = setting("cpu", "cpu | cuda | cuda:N")
+    dtype: str = setting("float32", "float32 | float64 | bfloat16 | float16")
+    seed: int = setting(0, "seeds the model, the routing, the inputs and the teacher's targets")
+    run: RunConfig = setting(RunConfig, "what is timed")
+    verify: VerifyConfig = setting(VerifyConfig, "parity with eager")
+    determinism: DeterminismConfig = setting(DeterminismConfig, "global torch settings, applied first")
+    tracking: TrackingConfig = setting(TrackingConfig, "where results go")
+    sweep: SweepConfig = setting(SweepConfig, "multirun bookkeeping")
+
+
+CONFIG_SCALARS = (int, float, bool, str)
+
+
+def bounded_keys(cls: type = ExperimentConfig, prefix: str = "") -> dict[str, Bounds]:
+    """Dotted top-level keys that declare an allowed range, with that range."""
+    found: dict[str, Bounds] = {}
+    hints = typing.get_type_hints(cls)
+    for item in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[item.name]):
+            found.update(bounded_keys(hints[item.name], f"{prefix}{item.name}."))
+        elif item.metadata.get("bounds") is not None:
+            found[f"{prefix}{item.name}"] = item.metadata["bounds"]
+    return found
+
+
+def _config_type(annotation: Any, default: Any) -> Any:
+    """The OmegaConf type for a factory annotation: a scalar, Optional scalar, else Any."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        members = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+        if len(members) == 1 and members[0] in CONFIG_SCALARS:
+            return Optional[members[0]]
+        return Any
+    if annotation in CONFIG_SCALARS:
+        return Optional[annotation] if default is None else annotation
+    return Any
+
+
+def node_class(entry: Component) -> type:
+    """A dataclass for a component's config node: ``name``, group settings, factory parameters."""
+    fields: list[tuple[str, Any, Any]] = [("name", str, setting(entry.name, f"the {entry.group} option"))]
+    for key, framework_setting in entry.spec.settings.items():
+        fields.append((key, Any, setting(framework_setting.default, framework_setting.help)))
+    for parameter in entry.documented_parameters():
+        default = parameter.default if parameter.name in entry.defaults() else "???"
+        fields.append((parameter.name, _config_type(parameter.annotation, default),
+                       setting(default, parameter.help, parameter.bounds)))
+    return dataclasses.make_dataclass(f"{entry.group}_{entry.name}", fields)
+
+
+def register_configs(registry: Registry) -> None:
+    """Store the schema, every component's node and the help page in Hydra's ConfigStore."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    store.store(name=SCHEMA_NAME, node=ExperimentConfig)
+    for entry in registry.components():
+        store.store(group=entry.group, name=entry.name, node=node_class(entry))
+    store.store(group="hydra/help", name=HELP_NAME, node=help_node(registry))
+
+
+def _type_name(annotation: Any) -> str:
+    if annotation is Any:
+        return "any"
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return "|".join(_type_name(arg) for arg in typing.get_args(annotation))
+    return "null" if annotation is type(None) else getattr(annotation, "__name__", str(annotation))
+
+
+def _rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    rows = []
+    hints = typing.get_type_hints(cls)
+    for item in dataclasses.fields(cls):
+        key, annotation = f"{prefix}{item.name}", hints[item.name]
+        if dataclasses.is_dataclass(annotation):
+            rows += _rows(annotation, f"{key}.")
+        elif item.name not in GROUPS:
+            default = item.default if item.default is not dataclasses.MISSING else "???"
+            rows.append((key, _type_name(annotation), _show(default), item.metadata.get("help", "")))
+    return rows
+
+
+def _show(value: Any) -> str:
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def describe(registry: Registry) -> str:
+    """Every key: type, default and one line, for the top level and each group option."""
+    lines = ["Top-level keys (key=value):"]
+    lines += _table(_rows(ExperimentConfig))
+    for group, spec in GROUPS.items():
+        lines.append("")
+        lines.append(f"{group} (choose with {group}=NAME; {spec.contract}):")
+        for entry in sorted((e for e in registry.components() if e.group == group), key=lambda e: e.name):
+            origin = "" if entry.source == "builtin" else f"  [from {entry.source}]"
+            summary = (entry.factory.__doc__ or "").strip().splitlines()
+            lines.append(f"  {entry.name}{origin}: {summary[0] if summary else ''}")
+            lines += _table([(f"{group}.{key}", *rest) for key, *rest in _rows(node_class(entry))
+                             if key != "name"], indent="    ")
+    return "\n".join(lines)
+
+
+def _table(rows: list[tuple[str, str, str, str]], indent: str = "  ") -> list[str]:
+    if not rows:
+        return [f"{indent}(no parameters)"]
+    widths = [max(len(row[column]) for row in rows) for column in range(3)]
+    return [f"{indent}{key:<{widths[0]}}  {kind:<{widths[1]}}  {default:<{widths[2]}}  {text}".rstrip()
+            for key, kind, default, text in rows]
+
+
+HELP_TEMPLATE = """${hydra.help.header}
+
+== Groups (group=option) ==
+$APP_CONFIG_GROUPS
+
+== Keys: type, default, what it does ==
+$DESCRIPTION
+
+python -m axoexp --cfg job prints the composed config.
+
+${hydra.help.footer}
+"""
+
+
+def help_node(registry: Registry) -> dict[str, str]:
+    """Hydra's help page, with every key described (``$`` escaped for Hydra's template)."""
+    description = describe(registry).replace("$", "$$")
+    return {
+        "app_name": "axoexp",
+        "header": "axoexp: time and verify fixed-shape adaptation updates of AxoSim populations.\n"
+                  "Usage: python -m axoexp [group=option ...] [key=value ...]   (-m for a sweep)",
+        "footer": "Examples:\n"
+                  "  python -m axoexp executor=cudagraph device=cuda loss=causal_mse verify.enabled=true\n"
+                  "  python -m axoexp -m population.neurons=64,1024 executor=eager,cudagraph device=cuda\n"
+                  "Plugins: *.py files in $$AXOEXP_PLUGINS_DIR (default ./plugins) and the\n"
+                  "'axoexp.plugins' entry-point group add options to these groups.",
+        "template": HELP_TEMPLATE.replace("$DESCRIPTION", description),
+    }

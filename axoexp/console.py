@@ -1,0 +1,29 @@
+"""What a run prints for the person who started it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: importing experiment here would load torch and mlflow early
+    from axoexp.experiment import ExperimentResult
+
+
+def format_result(result: ExperimentResult) -> str:
+    """The human-readable summary printed at the end of a run."""
+    update = result.update
+    lines = [f"{phase:<14}{milliseconds:10.3f} ms" for phase, milliseconds in result.prepare_ms.items()]
+    if result.warmup_ms:
+        lines.append(f"{'first update':<14}{result.warmup_ms[0]:10.3f} ms  (cold, warm-up)")
+    lines.append(
+        f"{'update':<14}{update.median:10.3f} ms  median of {update.count}  "
+        f"(p10 {update.p10:.3f}, p90 {update.p90:.3f}, mean {update.mean:.3f})"
+    )
+    lines.append(f"{'loss':<14}{result.losses[0]:10.4g} -> {result.losses[-1]:.4g}")
+    if result.verification is not None:
+        check = result.verification
+        lines.append(
+            f"{'verify':<14}{'passed' if check.passed else 'FAILED'}: {check.updates} updates vs eager, "
+            f"max |loss diff| {check.max_abs_loss_diff:.2e}, max |param diff| {check.max_abs_param_diff:.2e}"
+        )
+    lines.append(f"{'mlflow run':<14}{result.run_id}  (experiment {result.experiment!r} at {result.tracking_uri})")
+    return "\n".join(lines)

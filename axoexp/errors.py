@@ -1,0 +1,39 @@
+"""The errors axoexp reports to its users; each one's message names what to change."""
+
+from __future__ import annotations
+
+
+class AxoexpError(Exception):
+    """A problem the user can fix; the CLI prints its message, without a traceback."""
+
+    exit_code = 1
+
+
+class ConfigError(AxoexpError, ValueError):
+    """A config that cannot run; the message lists every problem found (key, value, choices)."""
+
+    exit_code = 2
+
+
+class RegistryError(AxoexpError, LookupError):
+    """An unknown group or component name, a duplicate, or a factory that breaks its group's rules."""
+
+    exit_code = 2
+
+
+class PluginLoadError(AxoexpError, ImportError):
+    """A plugin file or entry point that failed to import, or a named plugins directory that is missing."""
+
+    exit_code = 2
+
+
+class VerificationError(AxoexpError):
+    """An executor's updates differ from eager ones by more than the tolerance."""
+
+
+class TrackingUnavailableError(AxoexpError):
+    """The tracking store could not be reached; what was measured is in the output dir."""
+
+
+class NoSweepError(AxoexpError):
+    """The report found no sweep to report on."""

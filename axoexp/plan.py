@@ -1,0 +1,146 @@
+"""Planning: check a composed config before any work and resolve it into a :class:`Plan`.
+
+Every problem that can be found without building anything (unknown names, parameters a
+factory does not take, out-of-range values, a CUDA-only executor on the CPU, a
+non-capturable optimizer under capture) is collected into one :class:`ConfigError`,
+raised before any MLflow run exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from axoexp.config import bounded_keys
+from axoexp.errors import ConfigError, RegistryError
+from axoexp.executors.base import Executor
+from axoexp.interfaces import PopulationSetup
+from axoexp.registry import GROUPS, REGISTRY, Component, Registry
+
+DTYPES = {
+    "float32": torch.float32, "float64": torch.float64,
+    "bfloat16": torch.bfloat16, "float16": torch.float16,
+}
+CAPTURABLE_CHOICES = ("auto", True, False)
+
+
+@dataclass
+class Plan:
+    """A checked config: the components chosen, their parameters, device, dtype, capturable."""
+
+    config: DictConfig
+    device: torch.device
+    dtype: torch.dtype
+    components: dict[str, Component]
+    params: dict[str, dict[str, Any]]
+    capturable: bool
+    registry: Registry
+
+    def build_population(self) -> PopulationSetup:
+        return self.components["population"].build(
+            self.params["population"], device=self.device, dtype=self.dtype, seed=int(self.config.seed)
+        )
+
+    def build_executor(self, module: torch.nn.Module, executor: str | None = None) -> Executor:
+        """Optimizer, gradient transform and executor around ``module`` (a fresh set each call).
+
+        ``executor`` names another executor of the plan's registry (built with its defaults),
+        e.g. ``"eager"`` for a reference; by default the planned one with its parameters.
+        """
+        parameters = list(module.trainable_adaptation_parameters())
+        optimizer = self.components["optimizer"].build(
+            self.params["optimizer"], parameters=parameters, capturable=self.capturable
+        )
+        transform = self.components["gradient_transform"].build(
+            self.params["gradient_transform"], parameters=parameters
+        )
+        chosen = self.components["executor"]
+        entry = chosen if executor is None else self.registry.get("executor", executor)
+        return entry.build(
+            self.params["executor"] if entry is chosen else {},
+            module=module, optimizer=optimizer,
+            loss_fn=self.components["loss"].build(self.params["loss"]),
+            gradient_transform=transform,
+        )
+
+
+def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
+    """Check everything that can be checked before any work; raise one :class:`ConfigError`."""
+    problems: list[str] = []
+    components: dict[str, Component] = {}
+    params: dict[str, dict[str, Any]] = {}
+    settings: dict[str, dict[str, Any]] = {}
+    for group, spec in GROUPS.items():
+        node = OmegaConf.to_container(config[group], resolve=True)
+        assert isinstance(node, dict)
+        name = node.pop("name", None)
+        settings[group] = {key: node.pop(key, setting.default) for key, setting in spec.settings.items()}
+        params[group] = node
+        try:
+            components[group] = registry.get(group, str(name))
+            components[group].check_params(node)
+        except RegistryError as error:
+            problems.append(str(error))
+            continue
+        problems += components[group].value_problems(node)
+
+    for key, bounds in bounded_keys().items():
+        problem = bounds.problem(OmegaConf.select(config, key))
+        if problem:
+            problems.append(f"{key}={OmegaConf.select(config, key)!r}: {problem}")
+    device = _parse_device(str(config.device), problems)
+    dtype = DTYPES.get(str(config.dtype))
+    if dtype is None:
+        problems.append(f"dtype={config.dtype!r} is not supported; choose one of: {', '.join(DTYPES)}")
+    executor = components.get("executor")
+    capturable = False
+    if executor is not None and device is not None:
+        if executor.factory.requires_cuda and device.type != "cuda":
+            problems.append(
+                f"executor={executor.name} needs CUDA, but device={config.device} "
+                f"(CUDA available here: {'yes' if torch.cuda.is_available() else 'no'}); "
+                "use executor=eager, or device=cuda on a machine with a GPU"
+            )
+        capturable = resolve_capturable(settings["optimizer"]["capturable"], executor, device, problems)
+    if problems:
+        raise ConfigError("invalid experiment config: " + (
+            problems[0] if len(problems) == 1 else "".join(f"\n  - {problem}" for problem in problems)))
+    assert device is not None and dtype is not None
+    return Plan(config, device, dtype, components, params, capturable, registry)
+
+
+def _parse_device(value: str, problems: list[str]) -> torch.device | None:
+    try:
+        device = torch.device(value)
+    except RuntimeError:
+        problems.append(f"device={value!r} is not a device; use cpu, cuda or cuda:N")
+        return None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        problems.append(f"device={value} but CUDA is not available here; use device=cpu")
+    elif device.type not in ("cpu", "cuda"):
+        problems.append(f"device={value!r} is not supported; use cpu, cuda or cuda:N")
+    return device
+
+
+def resolve_capturable(setting: object, executor: Component, device: torch.device, problems: list[str]) -> bool:
+    """``auto`` means: capturable exactly when the executor captures the optimizer step."""
+    if setting not in CAPTURABLE_CHOICES:
+        problems.append(f"optimizer.capturable={setting!r}; choose auto, true or false")
+        return False
+    needs = executor.factory.requires_capturable_optimizer
+    if setting is False and needs:
+        problems.append(
+            f"optimizer.capturable=false, but executor={executor.name} captures the optimizer "
+            "step in a CUDA graph, which needs a capturable optimizer; "
+            "set optimizer.capturable=auto (or true)"
+        )
+    if setting is True and device.type != "cuda":
+        problems.append(
+            f"optimizer.capturable=true needs parameters on CUDA, but device={device}; "
+            "set optimizer.capturable=auto (or false)"
+        )
+    return needs if setting == "auto" else bool(setting)
+
