@@ -335,44 +335,14 @@ def regioned_forward(population: Any, spec: Spec, compile_region: Any) -> Any:
 
 
 def import_axoexp() -> dict[str, Any]:
-    """lite, causal_mse, release_autograd_graphs, eager_update, without importing mlflow/hydra.
+    """The axoexp pieces this script uses (``import axoexp`` loads neither mlflow nor hydra)."""
+    from axoexp.components.losses import causal_mse
+    from axoexp.components.population import lite
+    from axoexp.executors.base import eager_update
+    from axoexp.executors.capture import release_autograd_graphs
 
-    ``import axoexp`` pulls in the experiment runner (mlflow, omegaconf: about 1 s per
-    subprocess); these four need only the package's modules, so the package is registered
-    without running its ``__init__``. Falls back to the ordinary import.
-    """
-    import importlib
-    import importlib.util
-    import types
-
-    if "axoexp" not in sys.modules:
-        try:
-            found = importlib.util.find_spec("axoexp")
-            if found is None or not found.submodule_search_locations:
-                raise ImportError("axoexp not found")
-            package = types.ModuleType("axoexp")
-            package.__path__ = list(found.submodule_search_locations)
-            package.__spec__ = found
-            package.__file__ = found.origin
-            sys.modules["axoexp"] = package
-        except Exception:  # noqa: BLE001 - the ordinary import below then decides
-            sys.modules.pop("axoexp", None)
-    try:
-        population = importlib.import_module("axoexp.components.population")
-        losses = importlib.import_module("axoexp.components.losses")
-        cudagraph = importlib.import_module("axoexp.executors.cudagraph")
-        base = importlib.import_module("axoexp.executors.base")
-    except Exception:  # noqa: BLE001
-        for name in [n for n in sys.modules if n == "axoexp" or n.startswith("axoexp.")]:
-            del sys.modules[name]
-        population = importlib.import_module("axoexp.components.population")
-        losses = importlib.import_module("axoexp.components.losses")
-        cudagraph = importlib.import_module("axoexp.executors.cudagraph")
-        base = importlib.import_module("axoexp.executors.base")
-    return {
-        "lite": population.lite, "causal_mse": losses.causal_mse,
-        "release_autograd_graphs": cudagraph.release_autograd_graphs, "eager_update": base.eager_update,
-    }
+    return {"lite": lite, "causal_mse": causal_mse, "release_autograd_graphs": release_autograd_graphs,
+            "eager_update": eager_update}
 
 
 def make_optimizer(module: Any, device_type: str) -> Any:

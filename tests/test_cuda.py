@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from mlflow.tracking import MlflowClient
 from axoexp import names
 from axoexp.errors import ConfigError
 from axoexp.executors.base import eager_update
-from axoexp.executors.cudagraph import ReplayShapeError
+from axoexp.executors.capture import ReplayShapeError
 from axoexp.experiment import run_experiment
 from axoexp.plan import plan_experiment
 from conftest import requires_cuda, run_cli
@@ -127,6 +128,7 @@ def test_cli_cudagraph_run_logs_capture_separately(tmp_path: Path) -> None:
     result = run_cli("executor=cudagraph", "device=cuda", "loss=causal_mse", "verify.enabled=true", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert re.search(r"capture\s+\d+\.\d+ ms", result.stdout)
+    assert "AccumulateGrad" not in result.stderr, "no autograd graph outlives an update across streams"
     assert "verify        passed" in result.stdout
     run_id = re.search(r"mlflow run\s+([0-9a-f]{32})", result.stdout).group(1)
     run = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(run_id)
@@ -135,3 +137,19 @@ def test_cli_cudagraph_run_logs_capture_separately(tmp_path: Path) -> None:
     assert run.data.tags[names.TIMING_UPDATE_INCLUDES].startswith("input_copy,graph_replay")
     assert run.data.tags["gpu.name"] == torch.cuda.get_device_name()
     assert run.data.tags[names.OPTIMIZER_CAPTURABLE] == "true"
+
+
+@pytest.mark.parametrize("executor_name", CAPTURED)
+def test_capture_warns_about_no_stream_mismatch(cuda_plan, executor_name: str) -> None:
+    plan = cuda_plan(f"executor={executor_name}")
+    setup = plan.build_population()
+    executor = plan.build_executor(setup.module)
+    eager_update(setup.module, executor.optimizer, executor.loss_fn, executor.gradient_transform,
+                 *setup.batches[1])  # an eager update on the default stream first, as verify and users do
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        executor.prepare(*setup.batches[0])
+        for index in range(3):
+            executor.step(*setup.batches[index % len(setup.batches)])
+        torch.cuda.synchronize()
+    assert not [w for w in caught if "stream does not match" in str(w.message)], [str(w.message) for w in caught]

@@ -1,0 +1,120 @@
+"""Whole-update CUDA-graph capture that consumes no update and keeps no autograd graph alive.
+
+It does what ``axosim.CudaGraphAdaptationStep.capture`` does — warm-up updates on a side
+stream, capture of zero_grad, forward, loss, backward, gradient transform and optimizer
+step, then module and optimizer state restored in place — with one difference: warm-up and
+capture run on the same stream, and no warm-up autograd graph survives into the capture.
+A surviving graph (AxoSim-Lite keeps its last output, and with it the graph) would keep each
+parameter's gradient accumulator from the warm-up stream alive into the capture, which
+autograd reports as "The AccumulateGrad node's stream does not match ..." on every run.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from axoexp.interfaces import GradientTransform, LossFn
+
+OptimizerSnapshot = dict[torch.nn.Parameter, dict[str, Any]]
+
+
+class ReplayShapeError(ValueError):
+    """Replay inputs whose shape or dtype differ from the captured ones."""
+
+
+def release_autograd_graphs(module: torch.nn.Module) -> None:
+    """Detach tensors that module attributes keep with an autograd graph (e.g. Lite's last output)."""
+    for submodule in module.modules():
+        for name, value in list(vars(submodule).items()):
+            if isinstance(value, torch.Tensor) and value.grad_fn is not None:
+                setattr(submodule, name, value.detach())
+
+
+def _snapshot(optimizer: torch.optim.Optimizer) -> OptimizerSnapshot:
+    return {parameter: {key: value.detach().clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value)
+                        for key, value in state.items()}
+            for parameter, state in optimizer.state.items()}
+
+
+def _restore(optimizer: torch.optim.Optimizer, snapshot: OptimizerSnapshot) -> None:
+    """Put the state back in place (the graph holds these tensors); state that warm-up created
+    is zeroed, which equals fresh state for Adam, AdamW and SGD without dampening."""
+    for parameter, state in optimizer.state.items():
+        saved = snapshot.get(parameter, {})
+        for key, value in state.items():
+            if key not in saved:
+                if isinstance(value, torch.Tensor):
+                    value.zero_()
+                elif isinstance(value, (int, float)):
+                    state[key] = type(value)(0)
+            elif isinstance(value, torch.Tensor):
+                value.copy_(saved[key])
+            else:
+                state[key] = copy.deepcopy(saved[key])
+
+
+def _update(module: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn,
+            transform: GradientTransform, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    optimizer.zero_grad(set_to_none=False)
+    loss = loss_fn(module(inputs), targets)
+    loss.backward()
+    if transform is not None:
+        transform()
+    optimizer.step()
+    return loss.detach()
+
+
+@dataclass
+class CapturedUpdate:
+    """A captured update: copy the batch into static buffers, replay, return a copy of the loss."""
+
+    graph: torch.cuda.CUDAGraph
+    static_inputs: torch.Tensor
+    static_targets: torch.Tensor
+    static_loss: torch.Tensor
+
+    def __call__(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        for role, given, static in (("inputs", inputs, self.static_inputs), ("targets", targets, self.static_targets)):
+            if given.shape != static.shape or given.dtype != static.dtype:
+                problem = (f"{role} must have shape {tuple(static.shape)}" if given.shape != static.shape
+                           else f"{role} must have dtype {static.dtype}")
+                raise ReplayShapeError(
+                    f"{problem}: got inputs {tuple(inputs.shape)} {inputs.dtype} and targets "
+                    f"{tuple(targets.shape)} {targets.dtype}; the graph was captured for inputs "
+                    f"{tuple(self.static_inputs.shape)} {self.static_inputs.dtype} and targets "
+                    f"{tuple(self.static_targets.shape)} {self.static_targets.dtype}")
+        self.static_inputs.copy_(inputs, non_blocking=True)
+        self.static_targets.copy_(targets, non_blocking=True)
+        self.graph.replay()
+        return self.static_loss.clone()
+
+
+def capture_update(module: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn,
+                   transform: GradientTransform, example_inputs: torch.Tensor, example_targets: torch.Tensor,
+                   *, warmup_steps: int) -> CapturedUpdate:
+    """Capture one whole update for these shapes; module and optimizer end as they began."""
+    module_state = {key: value.detach().clone() for key, value in module.state_dict().items()}
+    optimizer_state = _snapshot(optimizer)
+    static_inputs, static_targets = example_inputs.clone(), example_targets.clone()
+    release_autograd_graphs(module)
+    stream = torch.cuda.Stream(example_inputs.device)
+    stream.wait_stream(torch.cuda.current_stream(example_inputs.device))
+    with torch.cuda.stream(stream):
+        for _ in range(warmup_steps):
+            _update(module, optimizer, loss_fn, transform, static_inputs, static_targets)
+            release_autograd_graphs(module)  # no warm-up graph (nor its accumulators) outlives its update
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        static_loss = _update(module, optimizer, loss_fn, transform, static_inputs, static_targets)
+    release_autograd_graphs(module)
+    torch.cuda.current_stream(example_inputs.device).wait_stream(stream)
+    torch.cuda.synchronize(example_inputs.device)
+    module.load_state_dict(module_state, strict=True)
+    _restore(optimizer, optimizer_state)
+    optimizer.zero_grad(set_to_none=False)
+    torch.cuda.synchronize(example_inputs.device)
+    return CapturedUpdate(graph, static_inputs, static_targets, static_loss)
