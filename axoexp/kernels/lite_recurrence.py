@@ -1,0 +1,387 @@
+"""AxoSim-Lite's P4 recurrence as one Triton launch forward and one backward, float32.
+
+Per neuron (row) and P4 block ``b``, with the adaptation cache ``c`` split as axosim
+packs it (token offset/gain, decay delta, state gain/offset, output gain/offset):
+
+    a_b = (x_b + c.token_offset) * (1 + c.token_gain)                 adapted token (K)
+    p_b = tanh(W_in a_b + W_rec s_{b-1} + state_bias + c.state_offset)   proposal (S)
+    d   = sigmoid(shared_decay_logit + c.decay_delta)                  decay, constant in b
+    s_b = d * s_{b-1} + (1 - d) * p_b * (1 + c.state_gain)              s_{-1} = 0
+    y_b = (W_out s_b + out_bias + W_skip a_b) * (1 + c.output_gain) + c.output_offset
+
+which is ``AdaptiveSupportP4Surrogate.step_token`` unrolled over all blocks. Neurons are
+independent, so a program owns ``BLOCK_N`` of them and loops over the blocks with the state
+in registers. Every per-block tensor is time-major, ``(blocks, neurons, width)``: a step's
+loads and stores are contiguous across the program's neurons, and each step prefetches the
+next step's inputs so their load latency overlaps the arithmetic. The forward saves each
+``s_b``; the backward walks the blocks in reverse, recomputes ``a_b``, ``p_b`` and the
+pre-gain output from the saved states, carries ``dL/ds_b`` in registers, accumulates the
+cache gradients per neuron in registers and writes them once.
+
+The neuron's own weights are constants here: axoexp adapts only the per-neuron banks, so
+``lite_recurrence`` refuses weights that require grad rather than drop their gradients.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from axosim import AxoSimLite
+
+INTERPRETED: bool = triton.knobs.runtime.interpret
+"""Whether the kernels were built for Triton's CPU interpreter (``TRITON_INTERPRET=1`` at import)."""
+
+NUM_WARPS = 1
+"""One warp per program: on an H200 (triton 3.6) 16 neurons on one warp ran forward and
+backward fastest of BLOCK_N 4..128 x 1..8 warps at 8k..1M neurons (backward up to 2x
+faster than 4 warps)."""
+
+
+@triton.jit
+def _tanh(z):
+    """tanh from ``exp`` alone (libdevice is unavailable in the interpreter).
+
+    (1 - e) / (1 + e) with e = exp(-2|z|) cancels for small |z|, so below 1/16 the odd
+    series z - z^3/3 + 2 z^5/15 is used (truncation error < 4e-9 relative there).
+    """
+    magnitude = tl.abs(z)
+    e = tl.exp(-2.0 * magnitude)
+    square = magnitude * magnitude
+    series = magnitude * (1.0 + square * (-1.0 / 3.0 + square * (2.0 / 15.0)))
+    value = tl.where(magnitude < 0.0625, series, (1.0 - e) / (1.0 + e))
+    return tl.where(z < 0.0, -value, value)
+
+
+@triton.jit
+def _matvec(vectors, matrix):
+    """``vectors @ matrix.T`` for (BLOCK_N, IN) vectors and an (OUT, IN) matrix, in registers."""
+    return tl.sum(vectors[:, None, :] * matrix[None, :, :], axis=2)
+
+
+@triton.jit
+def _matvec_t(vectors, matrix):
+    """``vectors @ matrix`` for (BLOCK_N, OUT) vectors and an (OUT, IN) matrix, in registers."""
+    return tl.sum(vectors[:, :, None] * matrix[None, :, :], axis=1)
+
+
+@triton.jit
+def _load_matrix(pointer, rows, columns, ROWS: tl.constexpr, COLUMNS: tl.constexpr):
+    """A row-major (rows, columns) matrix zero-padded to (ROWS, COLUMNS)."""
+    r = tl.arange(0, ROWS)
+    c = tl.arange(0, COLUMNS)
+    mask = (r < rows)[:, None] & (c < columns)[None, :]
+    return tl.load(pointer + r[:, None] * columns + c[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def _load_vector(pointer, width, WIDTH: tl.constexpr):
+    """A vector zero-padded to WIDTH, shaped (1, WIDTH) to broadcast over neurons."""
+    c = tl.arange(0, WIDTH)
+    return tl.load(pointer + c, mask=c < width, other=0.0)[None, :]
+
+
+@triton.jit
+def _lite_forward_kernel(
+    tokens, cache, input_weight, recurrent_weight, state_bias, decay_logit,
+    output_weight, output_bias, skip_weight, outputs, states,
+    neurons, blocks,
+    TOKEN: tl.constexpr, STATE: tl.constexpr, OUTPUT: tl.constexpr,
+    TOKEN_PAD: tl.constexpr, STATE_PAD: tl.constexpr, OUTPUT_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr, STORE_STATES: tl.constexpr,
+):
+    """One program runs every P4 block for BLOCK_N neurons; see the module docstring."""
+    CACHE: tl.constexpr = 2 * TOKEN + 3 * STATE + 2 * OUTPUT
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    population = tl.cast(neurons, tl.int64)  # int64 row arithmetic: no overflow at scale
+    row_ok = (rows < neurons)[:, None]
+    k = tl.arange(0, TOKEN_PAD)[None, :]
+    s = tl.arange(0, STATE_PAD)[None, :]
+    o = tl.arange(0, OUTPUT_PAD)[None, :]
+    k_ok = row_ok & (k < TOKEN)
+    s_ok = row_ok & (s < STATE)
+    o_ok = row_ok & (o < OUTPUT)
+
+    # Padded lanes load zeros, so their adapted token, proposal and state stay exactly 0.
+    w_in = _load_matrix(input_weight, STATE, TOKEN, STATE_PAD, TOKEN_PAD)
+    w_rec = _load_matrix(recurrent_weight, STATE, STATE, STATE_PAD, STATE_PAD)
+    w_out = _load_matrix(output_weight, OUTPUT, STATE, OUTPUT_PAD, STATE_PAD)
+    w_skip = _load_matrix(skip_weight, OUTPUT, TOKEN, OUTPUT_PAD, TOKEN_PAD)
+    bias = _load_vector(state_bias, STATE, STATE_PAD)
+    head_bias = _load_vector(output_bias, OUTPUT, OUTPUT_PAD)
+
+    row_cache = cache + rows[:, None] * CACHE
+    token_offset = tl.load(row_cache + k, mask=k_ok, other=0.0)
+    token_scale = 1.0 + tl.load(row_cache + TOKEN + k, mask=k_ok, other=0.0)
+    decay = tl.sigmoid(
+        _load_vector(decay_logit, STATE, STATE_PAD)
+        + tl.load(row_cache + 2 * TOKEN + s, mask=s_ok, other=0.0)
+    )
+    state_scale = 1.0 + tl.load(row_cache + 2 * TOKEN + STATE + s, mask=s_ok, other=0.0)
+    state_shift = bias + tl.load(row_cache + 2 * TOKEN + 2 * STATE + s, mask=s_ok, other=0.0)
+    output_scale = 1.0 + tl.load(row_cache + 2 * TOKEN + 3 * STATE + o, mask=o_ok, other=0.0)
+    output_offset = tl.load(
+        row_cache + 2 * TOKEN + 3 * STATE + OUTPUT + o, mask=o_ok, other=0.0
+    )
+
+    # ``index``: row of (block, neuron) in the time-major (blocks * neurons, width) views.
+    # Each iteration prefetches the next block's token, so its load latency overlaps
+    # this block's arithmetic instead of stalling the sequential chain.
+    end = blocks * population
+    index = rows[:, None]
+    token = tl.load(tokens + index * TOKEN + k, mask=k_ok, other=0.0)
+    state = tl.zeros((BLOCK_N, STATE_PAD), dtype=tl.float32)
+    for _ in range(blocks):
+        following = index + population
+        next_token = tl.load(
+            tokens + following * TOKEN + k, mask=k_ok & (following < end), other=0.0
+        )
+        adapted = (token + token_offset) * token_scale
+        proposal = _tanh(_matvec(adapted, w_in) + _matvec(state, w_rec) + state_shift)
+        state = decay * state + (1.0 - decay) * (proposal * state_scale)
+        head = _matvec(state, w_out) + head_bias + _matvec(adapted, w_skip)
+        tl.store(outputs + index * OUTPUT + o, head * output_scale + output_offset, mask=o_ok)
+        if STORE_STATES:
+            tl.store(states + index * STATE + s, state, mask=s_ok)
+        index = following
+        token = next_token
+
+
+@triton.jit
+def _lite_backward_kernel(
+    tokens, cache, input_weight, recurrent_weight, state_bias, decay_logit,
+    output_weight, output_bias, skip_weight, states, grad_outputs,
+    grad_tokens, grad_cache,
+    neurons, blocks,
+    TOKEN: tl.constexpr, STATE: tl.constexpr, OUTPUT: tl.constexpr,
+    TOKEN_PAD: tl.constexpr, STATE_PAD: tl.constexpr, OUTPUT_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr, STORE_TOKEN_GRAD: tl.constexpr,
+):
+    """Reverse-time adjoint of ``_lite_forward_kernel`` from its saved states.
+
+    With g = dL/ds_b (from later blocks plus this block's output):
+        dL/du_b = dL/dy_b * (1 + output_gain),  u_b the pre-gain output
+        g      += W_out^T dL/du_b
+        dL/dz_b = g * (1 - d) * (1 + state_gain) * (1 - p_b^2)
+        dL/da_b = W_skip^T dL/du_b + W_in^T dL/dz_b
+        dL/ds_{b-1} = d * g + W_rec^T dL/dz_b
+    The decay gradient is accumulated as sum_b g * (s_{b-1} - q_b), q_b = p_b (1 + state_gain),
+    and multiplied by sigmoid' = d (1 - d) once at the end, since d does not depend on b.
+    """
+    CACHE: tl.constexpr = 2 * TOKEN + 3 * STATE + 2 * OUTPUT
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    population = tl.cast(neurons, tl.int64)  # int64 row arithmetic: no overflow at scale
+    row_ok = (rows < neurons)[:, None]
+    k = tl.arange(0, TOKEN_PAD)[None, :]
+    s = tl.arange(0, STATE_PAD)[None, :]
+    o = tl.arange(0, OUTPUT_PAD)[None, :]
+    k_ok = row_ok & (k < TOKEN)
+    s_ok = row_ok & (s < STATE)
+    o_ok = row_ok & (o < OUTPUT)
+
+    w_in = _load_matrix(input_weight, STATE, TOKEN, STATE_PAD, TOKEN_PAD)
+    w_rec = _load_matrix(recurrent_weight, STATE, STATE, STATE_PAD, STATE_PAD)
+    w_out = _load_matrix(output_weight, OUTPUT, STATE, OUTPUT_PAD, STATE_PAD)
+    w_skip = _load_matrix(skip_weight, OUTPUT, TOKEN, OUTPUT_PAD, TOKEN_PAD)
+    bias = _load_vector(state_bias, STATE, STATE_PAD)
+    head_bias = _load_vector(output_bias, OUTPUT, OUTPUT_PAD)
+
+    row_cache = cache + rows[:, None] * CACHE
+    token_offset = tl.load(row_cache + k, mask=k_ok, other=0.0)
+    token_scale = 1.0 + tl.load(row_cache + TOKEN + k, mask=k_ok, other=0.0)
+    decay = tl.sigmoid(
+        _load_vector(decay_logit, STATE, STATE_PAD)
+        + tl.load(row_cache + 2 * TOKEN + s, mask=s_ok, other=0.0)
+    )
+    state_scale = 1.0 + tl.load(row_cache + 2 * TOKEN + STATE + s, mask=s_ok, other=0.0)
+    state_shift = bias + tl.load(row_cache + 2 * TOKEN + 2 * STATE + s, mask=s_ok, other=0.0)
+    output_scale = 1.0 + tl.load(row_cache + 2 * TOKEN + 3 * STATE + o, mask=o_ok, other=0.0)
+
+    grad_token_offset = tl.zeros((BLOCK_N, TOKEN_PAD), dtype=tl.float32)
+    grad_token_gain = tl.zeros((BLOCK_N, TOKEN_PAD), dtype=tl.float32)
+    grad_decay = tl.zeros((BLOCK_N, STATE_PAD), dtype=tl.float32)
+    grad_state_gain = tl.zeros((BLOCK_N, STATE_PAD), dtype=tl.float32)
+    grad_state_offset = tl.zeros((BLOCK_N, STATE_PAD), dtype=tl.float32)
+    grad_output_gain = tl.zeros((BLOCK_N, OUTPUT_PAD), dtype=tl.float32)
+    grad_output_offset = tl.zeros((BLOCK_N, OUTPUT_PAD), dtype=tl.float32)
+    grad_state = tl.zeros((BLOCK_N, STATE_PAD), dtype=tl.float32)
+
+    # From the last block down; each iteration prefetches the earlier block's token,
+    # output gradient and the state before it (s_{b-2}), as the forward prefetches tokens.
+    index = ((blocks - 1) * population + rows)[:, None]
+    state = tl.load(states + index * STATE + s, mask=s_ok, other=0.0)
+    previous = tl.load(
+        states + (index - population) * STATE + s, mask=s_ok & (index >= population), other=0.0
+    )
+    token = tl.load(tokens + index * TOKEN + k, mask=k_ok, other=0.0)
+    grad_output = tl.load(grad_outputs + index * OUTPUT + o, mask=o_ok, other=0.0)
+    for _ in range(blocks):
+        earlier = index - population
+        next_token = tl.load(tokens + earlier * TOKEN + k, mask=k_ok & (earlier >= 0), other=0.0)
+        next_grad_output = tl.load(
+            grad_outputs + earlier * OUTPUT + o, mask=o_ok & (earlier >= 0), other=0.0
+        )
+        next_previous = tl.load(
+            states + (earlier - population) * STATE + s,
+            mask=s_ok & (earlier >= population),
+            other=0.0,
+        )
+        shifted = token + token_offset
+        adapted = shifted * token_scale
+        proposal = _tanh(_matvec(adapted, w_in) + _matvec(previous, w_rec) + state_shift)
+        head = _matvec(state, w_out) + head_bias + _matvec(adapted, w_skip)
+
+        grad_output_offset += grad_output
+        grad_output_gain += grad_output * head
+        grad_head = grad_output * output_scale
+        grad_state += _matvec_t(grad_head, w_out)
+
+        grad_decay += grad_state * (previous - proposal * state_scale)
+        grad_scaled = grad_state * (1.0 - decay)
+        grad_state_gain += grad_scaled * proposal
+        grad_argument = grad_scaled * state_scale * (1.0 - proposal * proposal)
+        grad_state_offset += grad_argument
+
+        grad_adapted = _matvec_t(grad_head, w_skip) + _matvec_t(grad_argument, w_in)
+        grad_token = grad_adapted * token_scale
+        grad_token_offset += grad_token
+        grad_token_gain += grad_adapted * shifted
+        if STORE_TOKEN_GRAD:
+            tl.store(grad_tokens + index * TOKEN + k, grad_token, mask=k_ok)
+
+        grad_state = decay * grad_state + _matvec_t(grad_argument, w_rec)
+        index = earlier
+        state = previous
+        previous = next_previous
+        token = next_token
+        grad_output = next_grad_output
+
+    row_grad = grad_cache + rows[:, None] * CACHE
+    tl.store(row_grad + k, grad_token_offset, mask=k_ok)
+    tl.store(row_grad + TOKEN + k, grad_token_gain, mask=k_ok)
+    tl.store(row_grad + 2 * TOKEN + s, grad_decay * decay * (1.0 - decay), mask=s_ok)
+    tl.store(row_grad + 2 * TOKEN + STATE + s, grad_state_gain, mask=s_ok)
+    tl.store(row_grad + 2 * TOKEN + 2 * STATE + s, grad_state_offset, mask=s_ok)
+    tl.store(row_grad + 2 * TOKEN + 3 * STATE + o, grad_output_gain, mask=o_ok)
+    tl.store(row_grad + 2 * TOKEN + 3 * STATE + OUTPUT + o, grad_output_offset, mask=o_ok)
+
+
+def default_block_n(token_dim: int, state_dim: int, outputs: int) -> int:
+    """Neurons per program: 16 (measured best with ``NUM_WARPS``), halved while the widest
+    (neurons, rows, columns) broadcast product of the in-register matrix-vector products
+    would exceed 1024 values, 32 a thread, so large widths do not spill registers."""
+    token, state, output = (triton.next_power_of_2(width) for width in (token_dim, state_dim, outputs))
+    widest = max(state * token, state * state, output * state, output * token)
+    block_n = 16
+    while block_n > 1 and block_n * widest > 1024:
+        block_n //= 2
+    return block_n
+
+
+def _weights(neuron: AxoSimLite) -> tuple[torch.Tensor, ...]:
+    """The neuron's shared weights in the kernels' argument order."""
+    return (
+        neuron.support_input.weight, neuron.support_recurrent.weight, neuron.state_bias,
+        neuron.shared_decay_logit, neuron.output_head.weight, neuron.output_head.bias,
+        neuron.skip_head.weight,
+    )
+
+
+def _launch_config(tokens: torch.Tensor, weights: tuple[torch.Tensor, ...],
+                   block_n: int) -> tuple[tuple[int], dict[str, int]]:
+    """Grid and constexprs: both depend on shapes only (CUDA-graph capturable)."""
+    token_dim = tokens.shape[2]
+    state_dim = weights[0].shape[0]
+    outputs = weights[4].shape[0]
+    constants = {
+        "TOKEN": token_dim, "STATE": state_dim, "OUTPUT": outputs,
+        "TOKEN_PAD": triton.next_power_of_2(token_dim),
+        "STATE_PAD": triton.next_power_of_2(state_dim),
+        "OUTPUT_PAD": triton.next_power_of_2(outputs),
+        "BLOCK_N": block_n,
+    }
+    return (triton.cdiv(tokens.shape[1], block_n),), constants
+
+
+class LiteRecurrence(torch.autograd.Function):
+    """Autograd for the fused recurrence: gradients for ``tokens`` and ``cache`` only."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx,
+        tokens: torch.Tensor,
+        cache: torch.Tensor,
+        block_n: int,
+        store_states: bool,
+        *weights: torch.Tensor,
+    ) -> torch.Tensor:
+        blocks, neurons, _ = tokens.shape
+        outputs = tokens.new_empty(blocks, neurons, weights[4].shape[0])
+        # Without a backward the states are not stored and ``outputs`` stands in as the pointer.
+        states = (tokens.new_empty(blocks, neurons, weights[0].shape[0])
+                  if store_states else outputs)
+        grid, constants = _launch_config(tokens, weights, block_n)
+        if neurons:  # CUDA refuses an empty grid
+            _lite_forward_kernel[grid](
+                tokens, cache, *weights, outputs, states, neurons, blocks,
+                STORE_STATES=store_states, num_warps=NUM_WARPS, **constants,
+            )
+        if store_states:
+            ctx.save_for_backward(tokens, cache, states, *weights)
+        ctx.block_n = block_n
+        return outputs
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx, grad_outputs: torch.Tensor,
+    ) -> tuple[torch.Tensor | None, ...]:
+        tokens, cache, states, *weights = ctx.saved_tensors
+        blocks, neurons, _ = tokens.shape
+        need_tokens, need_cache = ctx.needs_input_grad[:2]
+        grad_tokens = torch.empty_like(tokens) if need_tokens else None
+        grad_cache = torch.empty_like(cache)
+        # Without a token gradient the kernel stores none; ``tokens`` stands in as the pointer.
+        grid, constants = _launch_config(tokens, tuple(weights), ctx.block_n)
+        if neurons:
+            _lite_backward_kernel[grid](
+                tokens, cache, *weights, states, grad_outputs.contiguous(),
+                tokens if grad_tokens is None else grad_tokens, grad_cache, neurons, blocks,
+                STORE_TOKEN_GRAD=need_tokens, num_warps=NUM_WARPS, **constants,
+            )
+        return (grad_tokens, grad_cache if need_cache else None, None, None,
+                *(None for _ in weights))
+
+
+def lite_recurrence(
+    neuron: AxoSimLite,
+    tokens: torch.Tensor,
+    cache: torch.Tensor,
+    *,
+    block_n: int | None = None,
+) -> torch.Tensor:
+    """Run ``neuron.step_token`` over every P4 block in one launch, differentiably.
+
+    ``tokens``: (blocks, neurons, token_dim) projected P4 tokens, time-major; ``cache``:
+    (neurons, cache_width) adaptation cache. Returns the (blocks, neurons, 4 * outputs)
+    forecasts, time-major, float32. Gradients reach ``tokens`` and ``cache``; a neuron
+    weight that requires grad (with grad mode on) is refused.
+    """
+    weights = tuple(weight.contiguous() for weight in _weights(neuron))
+    if tokens.dtype != torch.float32 or cache.dtype != torch.float32 or any(
+        weight.dtype != torch.float32 for weight in weights
+    ):
+        raise TypeError("the fused AxoSim-Lite recurrence runs float32 only")
+    blocks, neurons, token_dim = tokens.shape
+    if token_dim != neuron.config.token_dim or blocks < 1:
+        raise ValueError(f"tokens must have shape (blocks >= 1, neurons, {neuron.config.token_dim})")
+    if tuple(cache.shape) != (neurons, neuron.cache_width):
+        raise ValueError(f"cache must have shape {(neurons, neuron.cache_width)}")
+    grad = torch.is_grad_enabled()
+    if grad and any(weight.requires_grad for weight in weights):
+        raise ValueError("the fused AxoSim-Lite recurrence gives no gradient to neuron weights")
+    if block_n is None:
+        block_n = default_block_n(token_dim, weights[0].shape[0], weights[4].shape[0])
+    store_states = grad and (tokens.requires_grad or cache.requires_grad)
+    return LiteRecurrence.apply(
+        tokens.contiguous(), cache.contiguous(), block_n, store_states, *weights
+    )

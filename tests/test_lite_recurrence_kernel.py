@@ -1,0 +1,149 @@
+"""The fused AxoSim-Lite kernels against autograd through axosim's own forward.
+
+Without a GPU the kernels run on the CPU in Triton's interpreter. Triton fixes that mode
+when it is imported (its own library functions are decorated then), so
+``TRITON_INTERPRET=1`` is set for the whole process before anything imports triton; on a
+machine with CUDA it is left alone (interpreting would break the compiled Triton kernels
+of the GPU tests in the same session) and the same checks run the compiled kernels on GPU.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU:
+    os.environ["TRITON_INTERPRET"] = "1"
+pytest.importorskip("triton", reason="the fused AxoSim-Lite kernels need Triton")
+
+from axoexp.components.population import lite  # noqa: E402
+from axoexp.kernels import fused_population_forward, lite_recurrence, unsupported_reason  # noqa: E402,I001
+
+if not ON_GPU and not lite_recurrence.INTERPRETED:
+    pytest.skip("triton was imported before TRITON_INTERPRET=1 could be set in this process",
+                allow_module_level=True)
+
+DEVICE = torch.device("cuda" if ON_GPU else "cpu")
+BANKS = ("behavior", "morphology", "synaptic")
+
+
+def _population(*, neurons: int, time_steps: int, contacts: int, seed: int,
+                trained: tuple[str, ...] = BANKS, **dims: int):
+    setup = lite(
+        device=DEVICE, dtype=torch.float32, seed=seed, neurons=neurons,
+        time_steps=time_steps, contacts=contacts, batches=1,
+        **{f"train_{bank}": bank in trained for bank in BANKS}, **dims,
+    )
+    return setup.module, setup.batches[0][0]
+
+
+def _assert_matches(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """Equal to float32 rounding: 1e-5 relative, elementwise or to the tensor's largest value."""
+    scale = expected.abs().max().item()
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5 * scale + 1e-30)
+
+
+def _forward_backward(population, inputs: torch.Tensor, run) -> tuple[torch.Tensor, list]:
+    """``run``'s output and the gradients of a fixed random projection of it."""
+    population.zero_grad(set_to_none=True)
+    output = run(population, inputs)
+    weights = torch.randn(output.shape, generator=torch.Generator().manual_seed(7)).to(DEVICE)
+    if output.requires_grad:
+        (output * weights).sum().backward()
+    return output.detach(), [
+        None if parameter.grad is None else parameter.grad.clone()
+        for parameter in population.adaptation_parameters()
+    ]
+
+
+def _check(population, inputs: torch.Tensor, **options: int) -> None:
+    eager_output, eager_grads = _forward_backward(population, inputs, lambda p, x: p(x))
+    eager_kept = population.neuron.base_soma_prediction.detach().clone()
+    fused_output, fused_grads = _forward_backward(
+        population, inputs, lambda p, x: fused_population_forward(p, x, **options)
+    )
+    _assert_matches(fused_output, eager_output)
+    _assert_matches(population.neuron.base_soma_prediction.detach(), eager_kept)
+    for parameter, fused, eager in zip(
+        population.adaptation_parameters(), fused_grads, eager_grads, strict=True
+    ):
+        assert (fused is None) == (eager is None) == (not parameter.requires_grad)
+        if eager is not None:
+            _assert_matches(fused, eager)
+
+
+@pytest.mark.parametrize(
+    ("neurons", "time_steps", "contacts", "seed", "trained", "block_n"),
+    [
+        (1, 8, 2, 0, BANKS, None),
+        (3, 12, 4, 1, BANKS, 2),  # ragged: blocks of 2 + 1 neurons
+        (5, 16, 2, 2, ("behavior",), 4),  # ragged: 4 + 1
+        (7, 12, 4, 3, ("morphology", "synaptic"), 4),  # ragged: 4 + 3
+        (5, 10, 3, 4, ("synaptic",), None),  # time not a multiple of 4: a partial last patch
+        (4, 6, 2, 5, ("behavior", "morphology"), None),  # one block, every forecast cut off
+        (3, 16, 2, 11, BANKS, None),
+        (5, 8, 4, 12, ("behavior", "synaptic"), 2),  # ragged: 2 + 2 + 1
+        (7, 16, 2, 13, BANKS, None),
+        (1, 12, 4, 14, ("morphology",), None),
+    ],
+)
+def test_matches_eager_output_and_gradients(
+    neurons: int, time_steps: int, contacts: int, seed: int,
+    trained: tuple[str, ...], block_n: int | None,
+) -> None:
+    population, inputs = _population(
+        neurons=neurons, time_steps=time_steps, contacts=contacts, seed=seed, trained=trained
+    )
+    _check(population, inputs, block_n=block_n)
+
+
+def test_widths_that_are_not_powers_of_two() -> None:
+    population, inputs = _population(
+        neurons=7, time_steps=12, contacts=3, seed=6, token_dim=6, state_dim=3
+    )
+    _check(population, inputs, block_n=4)
+
+
+def test_shorter_than_one_patch_gives_zeros_without_a_graph() -> None:
+    population, inputs = _population(neurons=3, time_steps=3, contacts=2, seed=7)
+    output = fused_population_forward(population, inputs)
+    assert output.shape == (3, 3, 2) and not output.requires_grad
+    assert torch.equal(output, population(inputs))
+
+
+def test_inference_without_grad_matches_eager() -> None:
+    population, inputs = _population(neurons=5, time_steps=12, contacts=2, seed=8)
+    with torch.no_grad():
+        _assert_matches(fused_population_forward(population, inputs, block_n=4),
+                        population(inputs))
+
+
+def test_unsupported_reasons() -> None:
+    population, inputs = _population(neurons=2, time_steps=8, contacts=2, seed=9)
+    assert unsupported_reason(population, torch.float32) is None
+    assert "float32" in unsupported_reason(population, torch.float64)
+    assert "AxoSimPopulation" in unsupported_reason(population.neuron, torch.float32)
+    as_double = copy.deepcopy(population).double()
+    assert "float64" in unsupported_reason(as_double, torch.float32)
+    with pytest.raises(ValueError, match="float32"):
+        fused_population_forward(as_double, inputs.double())
+    population.neuron.state_bias.requires_grad_(True)
+    assert "state_bias" in unsupported_reason(population, torch.float32)
+    with pytest.raises(ValueError, match="neuron weights"):
+        fused_population_forward(population, inputs)
+
+
+def test_recurrence_refuses_trainable_neuron_weights() -> None:
+    population, _ = _population(neurons=2, time_steps=8, contacts=2, seed=10)
+    neuron = population.neuron
+    tokens = torch.zeros(2, 2, neuron.config.token_dim, device=DEVICE)
+    cache = torch.zeros(2, neuron.cache_width, device=DEVICE)
+    neuron.skip_head.weight.requires_grad_(True)
+    with pytest.raises(ValueError, match="no gradient to neuron weights"):
+        lite_recurrence.lite_recurrence(neuron, tokens, cache)
+    with torch.no_grad():
+        assert lite_recurrence.lite_recurrence(neuron, tokens, cache).shape == (2, 2, 8)
