@@ -84,6 +84,7 @@ def _execute(plan: Plan, tracker: RunLog, tracking_uri: str, observers: Sequence
     with window(observers, PREPARE):
         prepare_ms = executor.prepare(*setup.batches[0])
     tracker.log_metrics({names.phase_metric(phase): value for phase, value in prepare_ms.items()})
+    tracker.set_tags(executor.prepared_tags)
     warmup, measured = measure_updates(executor, setup.batches, config.run.warmup_updates,
                                        config.run.measured_updates, tracker, observers)
 

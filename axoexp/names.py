@@ -44,6 +44,8 @@ TIMING_CLOCK = "timing.clock"
 TIMING_UPDATE_INCLUDES = "timing.update.includes"
 TIMING_UPDATE_EXCLUDES = "timing.update.excludes"
 TIMING_UPDATE_INPUTS = "timing.update.inputs"
+COMPILE_CACHE = "compile.cache"  # cold | warm | in-process: where the compiled graphs came from
+COMPILE_CACHE_DIR = "compile.cache_dir"
 
 
 def component_tag(group: str) -> str:

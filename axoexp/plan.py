@@ -105,6 +105,13 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
                 "use executor=eager, or device=cuda on a machine with a GPU"
             )
         capturable = resolve_capturable(settings["optimizer"]["capturable"], executor, device, problems)
+    if executor is not None and dtype is not None and "population" in components:
+        refusal = executor.factory.refusal(population=components["population"].name, dtype=dtype)
+        if refusal:
+            able = [entry.name for entry in registry.components() if entry.group == "executor"
+                    and not entry.factory.refusal(population=components["population"].name, dtype=dtype)]
+            problems.append(f"executor={executor.name} cannot run this experiment: {refusal}; "
+                            f"executors that can: {', '.join(sorted(able))}")
     if problems:
         raise ConfigError("invalid experiment config: " + (
             problems[0] if len(problems) == 1 else "".join(f"\n  - {problem}" for problem in problems)))

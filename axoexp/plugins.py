@@ -26,7 +26,8 @@ DEFAULT_PLUGINS_DIR = "plugins"
 BUILTIN_MODULES = (
     "axoexp.components.population", "axoexp.components.losses", "axoexp.components.optimizers",
     "axoexp.components.gradient_transforms", "axoexp.executors.eager", "axoexp.executors.cudagraph",
-    "axoexp.executors.compiled", "axoexp.executors.reduce_overhead",
+    "axoexp.executors.compiled", "axoexp.executors.reduce_overhead", "axoexp.executors.regional",
+    "axoexp.executors.fused",
 )
 
 _loaded_sources: set[str] = set()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import date
 from pathlib import Path
 from types import SimpleNamespace
@@ -38,8 +38,10 @@ from axoexp.timing import LatencySummary, stopwatch, synchronizer
 from axoexp.verification import verify_parity
 
 BARE = "bare_helper"
-CHECKED = ("cudagraph", "compiled_cudagraph", "reduce_overhead")  # parity to eager is measured
+CHECKED = ("cudagraph", "compiled_cudagraph", "reduce_overhead", "regional_cudagraph",
+           "fused_cudagraph")  # parity to eager is measured
 VARIANTS = (BARE, "eager", *CHECKED)
+OPTION_SEPARATOR = "@"  # a variant NAME@key=value,key=value sets executor options, e.g. regional_cudagraph@tokens_per_region=4
 PROFILED_UPDATES = 20
 PARITY_UPDATES = 5
 
@@ -56,13 +58,16 @@ class Row:
     speedup_vs_eager: float | None = None
     ratio_vs_bare: float | None = None
     parity_max_abs_param_diff: float | None = None
+    tags: dict[str, str] = field(default_factory=dict)  # what prepare learned, e.g. compile.cache
 
 
-def make_plan(executor: str, shape: tuple[int, int, int], overrides: list[str]) -> Plan:
+def make_plan(variant: str, shape: tuple[int, int, int], overrides: list[str]) -> Plan:
     neurons, time_steps, contacts = shape
+    executor, _, options = variant.partition(OPTION_SEPARATOR)
+    executor_options = [f"executor.{option}" for option in options.split(",") if option]
     with initialize_config_module(config_module="axoexp.conf", version_base="1.3"):
         config = compose("config", overrides=[
-            "device=cuda", f"executor={executor}", f"population.neurons={neurons}",
+            "device=cuda", f"executor={executor}", *executor_options, f"population.neurons={neurons}",
             f"population.time_steps={time_steps}", f"population.contacts={contacts}", *overrides,
         ])
     return plan_experiment(config)
@@ -88,7 +93,7 @@ def device_ms_per_update(variant: Any, setup: Any) -> float:
 
 
 def bench_shape(shape: tuple[int, int, int], args: argparse.Namespace) -> list[Row]:
-    chosen = [name for name in VARIANTS if name in args.variants]
+    chosen = list(dict.fromkeys(args.variants))
     plans = {name: make_plan("cudagraph" if name == BARE else name, shape, args.override)
              for name in {"eager", *chosen}}
     setup = plans["eager"].build_population()
@@ -103,7 +108,7 @@ def bench_shape(shape: tuple[int, int, int], args: argparse.Namespace) -> list[R
         else:
             variants[name] = plans[name].build_executor(module)
             prepared[name] = variants[name].prepare(*setup.batches[0])
-        if name in CHECKED:  # from the freshly prepared executor, so nothing is compiled twice
+        if name.partition(OPTION_SEPARATOR)[0] in CHECKED:  # from the prepared executor: compiled once
             check = verify_parity(plans[name].build_executor, name, pristine, setup.batches, PARITY_UPDATES,
                                   1e-6, 1e-6, prepared=variants[name])
             parity[name] = check.max_abs_param_diff
@@ -122,7 +127,8 @@ def bench_shape(shape: tuple[int, int, int], args: argparse.Namespace) -> list[R
         summary = LatencySummary.of(samples[name])
         rows[name] = Row(label, name, summary.median, summary.p10, summary.p90,
                          device_ms_per_update(variants[name], setup), prepared[name],
-                         parity_max_abs_param_diff=parity.get(name))
+                         parity_max_abs_param_diff=parity.get(name),
+                         tags=dict(getattr(variants[name], "prepared_tags", {})))
     for row in rows.values():
         if "eager" in rows:
             row.speedup_vs_eager = rows["eager"].median_ms / row.median_ms
@@ -147,8 +153,8 @@ def markdown(rows: list[Row], environment: dict[str, str], args: argparse.Namesp
         f"overrides: {' '.join(args.override) or 'none'}.",
         "",
         "| shape (n x t x c) | variant | median ms | p10 | p90 | device ms | compile ms | capture ms "
-        "| vs eager | / bare | parity max abs dparam |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| vs eager | / bare | parity max abs dparam | compile cache |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in rows:
         speedup = _cell(row.speedup_vs_eager, ".2f") + ("x" if row.speedup_vs_eager else "")
@@ -156,16 +162,25 @@ def markdown(rows: list[Row], environment: dict[str, str], args: argparse.Namesp
             f"| {row.shape} | {row.variant} | {row.median_ms:.3f} | {row.p10_ms:.3f} | {row.p90_ms:.3f} "
             f"| {row.device_ms:.3f} | {_cell(row.prepare_ms.get('compile'), '.0f')} "
             f"| {_cell(row.prepare_ms.get('capture'), '.1f')} | {speedup} "
-            f"| {_cell(row.ratio_vs_bare, '.3f')} | {_cell(row.parity_max_abs_param_diff, '.1e')} |"
+            f"| {_cell(row.ratio_vs_bare, '.3f')} | {_cell(row.parity_max_abs_param_diff, '.1e')} "
+            f"| {row.tags.get('compile.cache', '')} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _variant(text: str) -> str:
+    if text.partition(OPTION_SEPARATOR)[0] not in VARIANTS:
+        raise argparse.ArgumentTypeError(f"unknown variant {text!r}; choose from {', '.join(VARIANTS)}")
+    return text
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", nargs="+", default=["3x12x4", "64x256x32", "1024x64x32"])
-    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
-                        help="eager is always built (it makes the population); ratios need their baseline")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), type=_variant,
+                        help=f"any of {', '.join(VARIANTS)}, optionally NAME{OPTION_SEPARATOR}key=value,... "
+                             "for executor options; eager is always built (it makes the population); "
+                             "ratios need their baseline")
     parser.add_argument("--updates", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=20)
@@ -193,7 +208,7 @@ def main() -> None:
     if ratios:
         print(f"cudagraph executor / bare helper, worst shape: {max(ratios):.3f} (target <= 1.05)")
     for row in rows:
-        if row.variant in ("compiled_cudagraph", "reduce_overhead") and row.ratio_vs_bare:
+        if row.variant != "cudagraph" and row.variant.partition(OPTION_SEPARATOR)[0] in CHECKED and row.ratio_vs_bare:
             print(f"{row.variant} speedup over bare helper at {row.shape}: {1 / row.ratio_vs_bare:.2f}x")
 
 

@@ -19,6 +19,8 @@ from axoexp.plugins import load_plugins
 from axoexp.registry import Registry
 
 REPO = Path(__file__).resolve().parents[1]
+if not torch.cuda.is_available():  # before anything imports triton: it fixes the mode at import
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # the fused kernels then run in Triton's CPU interpreter
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 

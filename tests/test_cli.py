@@ -37,7 +37,7 @@ def test_cudagraph_on_cpu_exits_at_once_suggesting_eager(tmp_path: Path) -> None
 def test_help_lists_every_group_and_option(tmp_path: Path) -> None:
     result = run_cli("--help", cwd=tmp_path)
     assert result.returncode == 0
-    for line in ("executor: compiled_cudagraph, cudagraph, eager, reduce_overhead", "gradient_transform: clip_norm, clip_value, none",
+    for line in ("executor: compiled_cudagraph, cudagraph, eager, fused_cudagraph, reduce_overhead, regional_cudagraph", "gradient_transform: clip_norm, clip_value, none",
                  "loss: causal_mse, huber, mse", "optimizer: adam, adamw, sgd", "population: lite"):
         assert line in result.stdout
 
@@ -65,7 +65,7 @@ def test_shipped_example_plugin_is_found_in_plugins_of_the_cwd(tmp_path: Path) -
     ("optimizer.lr=abc", "optimizer.lr=abc: Value 'abc' of type 'str' could not be converted to Float"),
     ("population.neurons=0", "invalid experiment config: population.neurons=0: must be at least 1"),
     ("executor=graphs", "executor=graphs: no such option; valid executor options: compiled_cudagraph, "
-                        "cudagraph, eager, reduce_overhead"),
+                        "cudagraph, eager, fused_cudagraph, reduce_overhead, regional_cudagraph"),
 ])
 def test_user_errors_exit_2_with_one_line_and_no_run(tmp_path: Path, override: str, message: str) -> None:
     result = run_cli(override, cwd=tmp_path)

@@ -110,12 +110,17 @@ def test_seeded_runs_repeat_their_losses_exactly(make_config) -> None:
     (["optimizer.capturable=true"], "optimizer.capturable=true needs parameters on CUDA, but device=cpu"),
     (["dtype=float8"], "dtype='float8' is not supported; choose one of: float32, float64, bfloat16, float16"),
     (["device=tpu0"], "device='tpu0' is not a device; use cpu, cuda or cuda:N"),
-    (["executor.name=graphs"], "unknown executor 'graphs'; valid executor names: compiled_cudagraph, cudagraph, eager, reduce_overhead"),
+    (["executor.name=graphs"], "unknown executor 'graphs'; valid executor names: compiled_cudagraph, cudagraph, "
+                               "eager, fused_cudagraph, reduce_overhead, regional_cudagraph"),
     (["+loss.gamma=2"], "loss=causal_mse does not accept 'gamma'; its parameters are: warmup_steps"),
     (["run.measured_updates=0"], "run.measured_updates=0: must be at least 1"),
     (["population.neurons=0"], "population.neurons=0: must be at least 1"),
     (["optimizer.lr=0"], "optimizer.lr=0.0: must be greater than 0"),
     (["population.input_rate=1.5"], "population.input_rate=1.5: must lie in [0, 1]"),
+    (["executor=fused_cudagraph", "dtype=float64"],
+     "executor=fused_cudagraph cannot run this experiment: the fused kernel runs float32, not dtype=float64; "
+     "executors that can: compiled_cudagraph, cudagraph, eager, reduce_overhead, regional_cudagraph"),
+    (["executor=fused_cudagraph"], "executor=fused_cudagraph needs CUDA, but device=cpu"),
 ])
 def test_bad_config_fails_early_with_a_clear_message(make_config, client, overrides, message) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -128,7 +133,8 @@ def test_cudagraph_needs_a_capturable_optimizer(make_config) -> None:
         run_experiment(make_config("executor=cudagraph", "optimizer.capturable=false"))
 
 
-@pytest.mark.parametrize("executor_name", ["cudagraph", "compiled_cudagraph", "reduce_overhead"])
+@pytest.mark.parametrize("executor_name", ["cudagraph", "compiled_cudagraph", "reduce_overhead",
+                                           "regional_cudagraph", "fused_cudagraph"])
 def test_executors_with_one_off_work_refuse_to_step_before_prepare(make_config, executor_name: str) -> None:
     plan = plan_experiment(make_config())  # built directly, bypassing the CUDA check; nothing runs
     setup = plan.build_population()

@@ -1,23 +1,20 @@
 """The fused AxoSim-Lite kernels against autograd through axosim's own forward.
 
 Without a GPU the kernels run on the CPU in Triton's interpreter. Triton fixes that mode
-when it is imported (its own library functions are decorated then), so
-``TRITON_INTERPRET=1`` is set for the whole process before anything imports triton; on a
-machine with CUDA it is left alone (interpreting would break the compiled Triton kernels
-of the GPU tests in the same session) and the same checks run the compiled kernels on GPU.
+when it is imported (its own library functions are decorated then), so conftest sets
+``TRITON_INTERPRET=1`` for the whole process before anything imports triton; on a machine
+with CUDA it is left alone (interpreting would break the compiled Triton kernels of the GPU
+tests in the same session) and the same checks run the compiled kernels on the GPU.
 """
 
 from __future__ import annotations
 
 import copy
-import os
 
 import pytest
 import torch
 
-ON_GPU = torch.cuda.is_available()
-if not ON_GPU:
-    os.environ["TRITON_INTERPRET"] = "1"
+ON_GPU = torch.cuda.is_available()  # without CUDA, conftest has set TRITON_INTERPRET=1
 pytest.importorskip("triton", reason="the fused AxoSim-Lite kernels need Triton")
 
 from axoexp.components.population import lite  # noqa: E402

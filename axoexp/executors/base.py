@@ -39,6 +39,15 @@ class Executor(ABC):
         self.optimizer = optimizer
         self.loss_fn = loss_fn
         self.gradient_transform = gradient_transform
+        self.prepared_tags: dict[str, str] = {}
+        """Facts ``prepare`` learned, logged as run tags (e.g. whether a compile cache was warm)."""
+
+    @classmethod
+    def refusal(cls, *, population: str, dtype: torch.dtype) -> str | None:
+        """Why this executor cannot run a plan with this population option and dtype (checked
+        while planning, before any work), or ``None``."""
+        del population, dtype
+        return None
 
     def prepare_includes(self) -> dict[str, tuple[str, ...]]:
         """For each phase ``prepare`` times, the stages that phase contains."""

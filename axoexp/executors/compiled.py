@@ -12,7 +12,7 @@ from axoexp.timing import stopwatch, synchronizer
 COMPILE_STAGES = ("dynamo_trace", "inductor_codegen", "forward", "loss", "backward", "grad_reset", "synchronize")
 
 
-def _forward_backward_without_update(
+def forward_backward_without_update(
     executor: Executor, module: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor
 ) -> None:
     """Run forward and backward (compiling both graphs) and drop the gradients: no update.
@@ -51,7 +51,7 @@ class CompiledCudaGraphExecutor(CudaGraphExecutor):
     def prepare(self, example_inputs: torch.Tensor, example_targets: torch.Tensor) -> dict[str, float]:
         phases: dict[str, float] = {}
         with stopwatch(synchronizer(example_inputs.device), phases, "compile"):
-            _forward_backward_without_update(self, self.compiled, example_inputs, example_targets)
+            forward_backward_without_update(self, self.compiled, example_inputs, example_targets)
         with stopwatch(synchronizer(example_inputs.device), phases, "capture"):
             self.graph_step = self.capture(self.compiled, example_inputs, example_targets)
         return phases

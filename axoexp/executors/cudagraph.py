@@ -39,10 +39,14 @@ class CudaGraphExecutor(Executor):
         warmup = f"{self.warmup_steps}x_warmup_update({'+'.join(UPDATE_STAGES)})_on_side_stream"
         return {"capture": ("static_buffer_copy", warmup, *CAPTURE_STAGES)}
 
+    def captured_forward(self) -> torch.nn.Module:
+        """The forward the graph captures: the population itself here."""
+        return self.module
+
     def prepare(self, example_inputs: torch.Tensor, example_targets: torch.Tensor) -> dict[str, float]:
         phases: dict[str, float] = {}
         with stopwatch(synchronizer(example_inputs.device), phases, "capture"):
-            self.graph_step = self.capture(self.module, example_inputs, example_targets)
+            self.graph_step = self.capture(self.captured_forward(), example_inputs, example_targets)
         return phases
 
     def capture(self, module: torch.nn.Module, example_inputs: torch.Tensor,

@@ -1,4 +1,5 @@
-"""``AxoSimPopulation.forward`` with its P4 recurrence replaced by the fused Triton kernels.
+"""``AxoSimPopulation.forward`` with a replaceable P4 recurrence (the fused Triton kernels, or
+compiled regions of ``step_token`` calls).
 
 Everything before and after the recurrence is the population's own torch code (contact
 summaries, runtime coefficients) or a copy of axosim's few lines around its rollout (the
@@ -9,8 +10,10 @@ float32 rounding. No host syncs, no data-dependent shapes: CUDA-graph capturable
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import itertools
+from collections.abc import Callable
 
 import torch
 from axosim import AxoSimLite, AxoSimPopulation
@@ -53,47 +56,64 @@ def unsupported_reason(population: nn.Module, dtype: torch.dtype) -> str | None:
     return None
 
 
+Recurrence = Callable[[AxoSimLite, torch.Tensor, torch.Tensor], torch.Tensor]
+"""``recurrence(neuron, tokens, cache)``: ``step_token`` over every P4 block. ``tokens`` is
+(blocks, neurons, token_dim), time-major; ``cache`` the (neurons, cache_width) adaptation
+cache; the result the (blocks, neurons, 4 * outputs) forecasts, time-major."""
+
+
+def lite_tokens(population: AxoSimPopulation, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Everything before the recurrence: time-major P4 tokens and the adaptation cache.
+
+    (blocks, neurons, token_dim) tokens of the whole P4 patches (``time - time % 4`` steps;
+    ``blocks`` may be 0) and the (neurons, cache_width) cache, by the population's own code.
+    """
+    neuron = population.neuron
+    patch = neuron.patch_size
+    summaries = population._contact_summaries(inputs)
+    neurons, time_steps, features = summaries.shape
+    blocks = time_steps // patch
+    tokens = neuron.input_projection(
+        summaries[:, :blocks * patch].reshape(neurons, blocks, patch * features))
+    return tokens.transpose(0, 1).contiguous(), population._runtime_coefficients()
+
+
+def assemble_output(neuron: AxoSimLite, forecast: torch.Tensor, time_steps: int) -> torch.Tensor:
+    """Everything after the recurrence, as axosim does it: four warm-up zeros, then block
+    ``b``'s forecast at steps ``4 b + 4 .. 4 b + 7``, cut at ``time_steps``; the neuron keeps
+    the output's soma channel as ``base_soma_prediction``."""
+    patch, outputs = neuron.patch_size, neuron.config.output_dim
+    blocks, neurons, _ = forecast.shape
+    forecast = forecast.transpose(0, 1).reshape(neurons, blocks * patch, outputs)
+    output = torch.cat((forecast.new_zeros(neurons, patch, outputs), forecast[:, : time_steps - patch]), dim=1)
+    neuron.base_soma_prediction = output[..., 1:2]
+    return output
+
+
+def population_forward(population: AxoSimPopulation, inputs: torch.Tensor, recurrence: Recurrence) -> torch.Tensor:
+    """``population(inputs)`` with ``recurrence`` running the P4 blocks: (neurons, time,
+    contacts) contact inputs to (neurons, time, outputs) predictions, differentiable in the
+    adaptation banks."""
+    neuron = population.neuron
+    tokens, cache = lite_tokens(population, inputs)
+    if tokens.shape[0] == 0:  # fewer than 4 steps: all warm-up, as in axosim
+        output = inputs.new_zeros(inputs.shape[0], inputs.shape[1], neuron.config.output_dim)
+        neuron.base_soma_prediction = output[..., 1:2]
+        return output
+    return assemble_output(neuron, recurrence(neuron, tokens, cache), inputs.shape[1])
+
+
 def fused_population_forward(
     population: AxoSimPopulation,
     inputs: torch.Tensor,
     *,
     block_n: int | None = None,
 ) -> torch.Tensor:
-    """``population(inputs)`` with the recurrence fused: (neurons, time, contacts) contact
-    inputs to (neurons, time, outputs) predictions, differentiable in the adaptation banks.
-
-    As in axosim, only whole P4 patches run (``time - time % 4`` steps), block ``b``'s
-    forecast fills steps ``4 b + 4 .. 4 b + 7`` (cut at ``time``), and the first four
-    steps are zeros. ``block_n`` overrides the kernel's neurons per program.
-    """
+    """``population(inputs)`` with the recurrence in the fused Triton kernels (float32);
+    ``block_n`` overrides the kernel's neurons per program."""
     reason = unsupported_reason(population, inputs.dtype)
     if reason is not None:
         raise ValueError(reason)
     from axoexp.kernels.lite_recurrence import lite_recurrence
 
-    neuron = population.neuron
-    patch = neuron.patch_size
-    outputs = neuron.config.output_dim
-    summaries = population._contact_summaries(inputs)
-    neurons, time_steps, features = summaries.shape
-    full_steps = time_steps - time_steps % patch
-    if full_steps < patch:
-        output = summaries.new_zeros(neurons, time_steps, outputs)
-    else:
-        blocks = full_steps // patch
-        tokens = neuron.input_projection(
-            summaries[:, :full_steps].reshape(neurons, blocks, patch * features)
-        )
-        forecast = lite_recurrence(
-            neuron,
-            tokens.transpose(0, 1).contiguous(),
-            population._runtime_coefficients(),
-            block_n=block_n,
-        )
-        forecast = forecast.transpose(0, 1).reshape(neurons, full_steps, outputs)
-        output = torch.cat(
-            (summaries.new_zeros(neurons, patch, outputs), forecast[:, : time_steps - patch]),
-            dim=1,
-        )
-    neuron.base_soma_prediction = output[..., 1:2]
-    return output
+    return population_forward(population, inputs, functools.partial(lite_recurrence, block_n=block_n))

@@ -1,0 +1,60 @@
+"""AxoSim-Lite's recurrence as one hand-fused Triton kernel, and the whole update captured."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+from axosim import AxoSimPopulation
+
+from axoexp.executors.base import UPDATE_STAGES
+from axoexp.executors.cudagraph import CudaGraphExecutor, WarmupSteps
+from axoexp.kernels.lite_population import fused_population_forward, unsupported_reason
+from axoexp.registry import component
+
+SUPPORTED_POPULATIONS = ("lite",)
+
+
+class FusedLiteForward(torch.nn.Module):
+    """``population(inputs)`` with the P4 recurrence in the fused kernels (same parameters)."""
+
+    def __init__(self, population: AxoSimPopulation) -> None:
+        super().__init__()
+        self.population = population
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return fused_population_forward(self.population, inputs)
+
+
+@component("executor", "fused_cudagraph")
+class FusedCudaGraphExecutor(CudaGraphExecutor):
+    """The forward's P4 recurrence runs as one Triton launch (backward: one more, in reverse
+    order) for every block of neurons; contact summaries, loss, gradient transform and
+    optimizer step stay torch; the whole update is captured in one CUDA graph. float32,
+    AxoSim-Lite populations, adaptation banks only."""
+
+    update_includes = ("input_copy", "graph_replay", *UPDATE_STAGES, "loss_clone", "synchronize")
+
+    def __init__(self, *, warmup_steps: WarmupSteps = 3, **components: object) -> None:
+        super().__init__(warmup_steps=warmup_steps, **components)
+        self.fused = FusedLiteForward(self.module)  # type: ignore[arg-type]
+
+    @classmethod
+    def refusal(cls, *, population: str, dtype: torch.dtype) -> str | None:
+        if population not in SUPPORTED_POPULATIONS:
+            return (f"the fused kernel runs AxoSim-Lite populations ({', '.join(SUPPORTED_POPULATIONS)}), "
+                    f"not population={population}")
+        if dtype != torch.float32:
+            return f"the fused kernel runs float32, not dtype={str(dtype).removeprefix('torch.')}"
+        if importlib.util.find_spec("triton") is None:
+            return "Triton is not installed (pip install triton)"
+        return None
+
+    def captured_forward(self) -> torch.nn.Module:
+        return self.fused
+
+    def prepare(self, example_inputs: torch.Tensor, example_targets: torch.Tensor) -> dict[str, float]:
+        reason = unsupported_reason(self.module, example_inputs.dtype)
+        if reason is not None:  # what planning cannot see, e.g. a checkpoint's model
+            raise ValueError(f"executor=fused_cudagraph cannot run this population: {reason}")
+        return super().prepare(example_inputs, example_targets)

@@ -1,0 +1,121 @@
+"""Regional compilation: compile a few ``step_token`` calls once, reuse them for every block.
+
+Compiling the whole population unrolls AxoSim-Lite's Python loop over its P4 blocks, so
+compile time grows with the number of time steps (about 2 minutes at 256 steps).
+Here inductor compiles one region of ``tokens_per_region`` consecutive ``step_token`` calls
+(forward and backward) and the code before the loop (contact summaries, token projection,
+adaptation cache); the loop over regions stays Python, and the whole update is then captured
+in one CUDA graph, so the Python never runs again. Compile time no longer depends on the
+number of time steps, and a persistent inductor cache makes a second process with the same
+shapes (another job of a sweep, a verification copy) skip code generation.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import torch
+from axosim import AxoSimLite, AxoSimPopulation
+
+from axoexp import names
+from axoexp.executors.compiled import COMPILE_STAGES, forward_backward_without_update
+from axoexp.executors.cudagraph import CudaGraphExecutor, WarmupSteps
+from axoexp.kernels.lite_population import assemble_output, lite_tokens
+from axoexp.registry import AT_LEAST_ONE, component
+from axoexp.timing import stopwatch, synchronizer
+
+CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+DEFAULT_CACHE = Path.home() / ".cache" / "axoexp" / "inductor"
+RECOMPILE_LIMIT = 64  # one graph per region shape; a process may time many shapes
+
+
+def run_tokens(neuron: AxoSimLite, tokens: torch.Tensor, state: torch.Tensor,
+               cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``step_token`` over (k, neurons, token_dim) time-major tokens: (k, neurons, 4 * outputs)
+    forecasts and the last state. This is the region inductor compiles."""
+    forecasts = []
+    for token in tokens.unbind(0):
+        prediction, state = neuron.step_token(token, state, adaptation_cache=cache)
+        forecasts.append(prediction.reshape(prediction.shape[0], -1))
+    return torch.stack(forecasts), state
+
+
+class RegionalLiteForward(torch.nn.Module):
+    """``population(inputs)`` with compiled regions (same parameters, same outputs)."""
+
+    def __init__(self, population: AxoSimPopulation, tokens_per_region: int, compile_edges: bool) -> None:
+        super().__init__()
+        self.population = population
+        self.tokens_per_region = tokens_per_region
+        self.region = torch.compile(run_tokens, dynamic=False, fullgraph=True)
+        self.prologue = torch.compile(lite_tokens, dynamic=False, fullgraph=True) if compile_edges else lite_tokens
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        neuron = self.population.neuron
+        tokens, cache = self.prologue(self.population, inputs)
+        # A leaf that requires grad: every region then sees a state that requires grad, so one
+        # graph serves the first region too (its own gradient is computed and dropped).
+        state = torch.zeros(tokens.shape[1], neuron.config.state_dim, device=tokens.device,
+                            dtype=tokens.dtype, requires_grad=True)
+        forecasts = []
+        for chunk in tokens.split(self.tokens_per_region, dim=0):
+            forecast, state = self.region(neuron, chunk, state, cache)
+            forecasts.append(forecast)
+        return assemble_output(neuron, torch.cat(forecasts), inputs.shape[1])
+
+
+def compile_counters() -> dict[str, int]:
+    """Inductor's and AOTAutograd's cache hits and misses so far in this process."""
+    from torch._dynamo.utils import counters
+
+    return {"hit": counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"],
+            "miss": counters["inductor"]["fxgraph_cache_miss"] + counters["aot_autograd"]["autograd_cache_miss"]}
+
+
+@component("executor", "regional_cudagraph")
+class RegionalCudaGraphExecutor(CudaGraphExecutor):
+    """Inductor-compiled regions of ``tokens_per_region`` P4 blocks (and the code before the
+    loop), then the whole update captured in one CUDA graph. ``prepare`` reports ``compile``
+    (tracing, code generation or cache load) apart from ``capture``; tag ``compile.cache``
+    says whether the persistent inductor cache already held every compiled graph."""
+
+    def __init__(
+        self, *, warmup_steps: WarmupSteps = 3,
+        tokens_per_region: Annotated[int, "P4 blocks (4 time steps each) per compiled region", AT_LEAST_ONE] = 8,
+        compile_edges: Annotated[bool, "also compile the code before the block loop"] = True,
+        cache_dir: Annotated[str | None, "inductor cache, shared by jobs of the same shape; "
+                                         "null: $TORCHINDUCTOR_CACHE_DIR, else ~/.cache/axoexp/inductor"] = None,
+        **components: object,
+    ) -> None:
+        super().__init__(warmup_steps=warmup_steps, **components)
+        self.cache_dir = cache_dir
+        self.regional = RegionalLiteForward(self.module, tokens_per_region, compile_edges)  # type: ignore[arg-type]
+
+    @classmethod
+    def refusal(cls, *, population: str, dtype: torch.dtype) -> str | None:
+        if population != "lite":
+            return f"its regions are AxoSim-Lite's step_token calls, not population={population}'s"
+        return None
+
+    def prepare_includes(self) -> dict[str, tuple[str, ...]]:
+        return {"compile": COMPILE_STAGES, **super().prepare_includes()}
+
+    def captured_forward(self) -> torch.nn.Module:
+        return self.regional
+
+    def prepare(self, example_inputs: torch.Tensor, example_targets: torch.Tensor) -> dict[str, float]:
+        if self.cache_dir is not None or CACHE_ENV not in os.environ:
+            os.environ[CACHE_ENV] = str(Path(self.cache_dir or DEFAULT_CACHE).expanduser())
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+        before = compile_counters()
+        phases: dict[str, float] = {}
+        with stopwatch(synchronizer(example_inputs.device), phases, "compile"):
+            forward_backward_without_update(self, self.regional, example_inputs, example_targets)
+        after = compile_counters()
+        misses, hits = after["miss"] - before["miss"], after["hit"] - before["hit"]
+        self.prepared_tags = {names.COMPILE_CACHE: "cold" if misses else "warm" if hits else "in-process",
+                              names.COMPILE_CACHE_DIR: os.environ[CACHE_ENV]}
+        phases.update(super().prepare(example_inputs, example_targets))
+        return phases
