@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from axoexp.executors.base import Executor
+from axoexp.executors.capture import release_autograd_graphs
 from axoexp.executors.cudagraph import CudaGraphExecutor, WarmupSteps
 from axoexp.registry import component
 from axoexp.timing import stopwatch, synchronizer
@@ -22,18 +23,20 @@ def forward_backward_without_update(
     legacy default stream would make the later capture depend on that stream, which CUDA
     forbids.
     """
+    release_autograd_graphs(module)  # an earlier update's graph would pin its accumulators' stream
     stream = torch.cuda.Stream(inputs.device)
     stream.wait_stream(torch.cuda.current_stream(inputs.device))
     with torch.cuda.stream(stream):
         executor.loss_fn(module(inputs), targets).backward()
         executor.optimizer.zero_grad(set_to_none=False)
     torch.cuda.current_stream(inputs.device).wait_stream(stream)
+    release_autograd_graphs(module)
 
 
 @component("executor", "compiled_cudagraph")
 class CompiledCudaGraphExecutor(CudaGraphExecutor):
     """Inductor-compiled forward (static shapes, no cudagraph trees), then the whole update
-    captured in one CUDA graph with axosim's helper, exactly as ``cudagraph`` does.
+    captured in one CUDA graph exactly as ``cudagraph`` does.
 
     ``prepare`` reports ``compile`` (tracing and code generation, triggered by one forward
     and backward whose gradients are discarded) separately from ``capture``.
