@@ -1,22 +1,19 @@
 """The names axoexp logs under, one vocabulary for the runs, the report, the sweep and the tests.
 
-MLflow's own names come from MLflow's constants. Metrics are milliseconds unless named otherwise.
+MLflow's own names are spelled here rather than imported, because importing MLflow costs
+over a second and the modules that name things (executors, plans) must load fast for
+``--help``; tests/test_names.py checks them against MLflow's constants. Metrics are
+milliseconds unless named otherwise.
 """
 
 from __future__ import annotations
 
-from mlflow.environment_variables import (
-    MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR, MLFLOW_HTTP_REQUEST_BACKOFF_JITTER, MLFLOW_HTTP_REQUEST_MAX_RETRIES,
-    MLFLOW_HTTP_REQUEST_TIMEOUT,
-)
-from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
-
-# --- tags: MLflow's
-PARENT_RUN_ID = MLFLOW_PARENT_RUN_ID
-HTTP_MAX_RETRIES_ENV = MLFLOW_HTTP_REQUEST_MAX_RETRIES.name
-HTTP_TIMEOUT_ENV = MLFLOW_HTTP_REQUEST_TIMEOUT.name
-HTTP_BACKOFF_FACTOR_ENV = MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR.name
-HTTP_BACKOFF_JITTER_ENV = MLFLOW_HTTP_REQUEST_BACKOFF_JITTER.name
+# --- MLflow's own (checked against mlflow.utils.mlflow_tags and mlflow.environment_variables)
+PARENT_RUN_ID = "mlflow.parentRunId"
+HTTP_MAX_RETRIES_ENV = "MLFLOW_HTTP_REQUEST_MAX_RETRIES"
+HTTP_TIMEOUT_ENV = "MLFLOW_HTTP_REQUEST_TIMEOUT"
+HTTP_BACKOFF_FACTOR_ENV = "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"
+HTTP_BACKOFF_JITTER_ENV = "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER"
 
 # --- tags: run status and bookkeeping
 FAILURE = "axoexp.failure"

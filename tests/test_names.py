@@ -1,0 +1,21 @@
+"""The MLflow names axoexp spells itself are MLflow's own."""
+
+from __future__ import annotations
+
+from mlflow import environment_variables
+from mlflow.utils import mlflow_tags
+
+from axoexp import names
+
+
+def test_mlflow_names_match_mlflow_constants() -> None:
+    assert names.PARENT_RUN_ID == mlflow_tags.MLFLOW_PARENT_RUN_ID
+    assert names.HTTP_MAX_RETRIES_ENV == environment_variables.MLFLOW_HTTP_REQUEST_MAX_RETRIES.name
+    assert names.HTTP_TIMEOUT_ENV == environment_variables.MLFLOW_HTTP_REQUEST_TIMEOUT.name
+    assert names.HTTP_BACKOFF_FACTOR_ENV == environment_variables.MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR.name
+    assert names.HTTP_BACKOFF_JITTER_ENV == environment_variables.MLFLOW_HTTP_REQUEST_BACKOFF_JITTER.name
+
+
+def test_shape_label_is_neurons_by_time_steps_by_contacts() -> None:
+    assert names.shape_label(64, 256, 32) == "64x256x32"
+    assert names.shape_size("64x256x32") == 64 * 256 * 32 and names.shape_size("?") == 0
