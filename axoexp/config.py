@@ -73,6 +73,9 @@ class TrackingConfig:
 class SweepConfig:
     resume: bool = setting(True, "in a multirun, skip a job whose resolved config already has a FINISHED run")
     parent_run_id: Optional[str] = setting(None, "set by the sweep itself: the MLflow parent run of its jobs")
+    repeats: int = setting(1, "in a multirun, run each job this many times as separate child runs "
+                           "(the report pools them)", AT_LEAST_ONE)
+    repeat: int = setting(0, "set by the sweep itself: which of the sweep.repeats runs this job is", NON_NEGATIVE)
 
 
 @dataclass
