@@ -33,6 +33,7 @@ from axoexp import names
 from axoexp.errors import ContentionError
 from axoexp.measure import MEASURED, PREPARE, WARMUP, WINDOWS, Observer
 from axoexp.runtime import allowed_cpus
+from axoexp.tracking import RunLog
 
 GUARDED = (PREPARE, WARMUP, MEASURED)
 CPU_OTHER_THRESHOLD = 0.10
@@ -108,8 +109,9 @@ class GpuProbe:
         index = device.index if device.index is not None else torch.cuda.current_device()
         uuid = str(torch.cuda.get_device_properties(index).uuid)
         try:
-            self.handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
-        except pynvml.NVMLError:
+            self.handle = pynvml.nvmlDeviceGetHandleByUUID(
+                (uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}").encode())
+        except (pynvml.NVMLError, TypeError):
             self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         self.reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
             pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
@@ -161,8 +163,6 @@ class WindowContention:
     """What one window saw."""
 
     window: str
-    wall_s: float
-    cpu_other_fraction: float  # of the allowed CPUs' capacity
     kinds: list[str]
     detail: str
     metrics: dict[str, float]
@@ -171,7 +171,7 @@ class WindowContention:
 
 @dataclass
 class ContentionGuard(Observer):
-    """Samples CPU and GPU at the boundaries of each window; judges prepare, warm-up and measured."""
+    """Samples CPU and GPU at the boundaries of the prepare, warm-up and measured windows, and judges each."""
 
     device: torch.device
     cpus: list[int] = field(default_factory=allowed_cpus)
@@ -182,9 +182,13 @@ class ContentionGuard(Observer):
         self._start: dict[str, tuple[CpuSample, GpuSample | None]] = {}
 
     def window_started(self, window: str, planned_updates: int) -> None:
+        if window not in GUARDED:
+            return
         self._start[window] = (CpuSample.take(self.cpus), self.gpu.take() if self.gpu else None)
 
     def window_finished(self, window: str, completed_updates: int) -> None:
+        if window not in GUARDED:
+            return
         end_cpu, end_gpu = CpuSample.take(self.cpus), self.gpu.take() if self.gpu else None
         start_cpu, start_gpu = self._start.pop(window)
         self.windows.append(self._judge(window, start_cpu, end_cpu, start_gpu, end_gpu))
@@ -195,7 +199,7 @@ class ContentionGuard(Observer):
         capacity = wall * len(self.cpus)
         other = max((end.allowed_busy_s - start.allowed_busy_s) - (end.own_s - start.own_s), 0.0)
         kinds, details = [], []
-        if window in GUARDED and other > CPU_OTHER_THRESHOLD * capacity + TICK_S * len(self.cpus):
+        if other > CPU_OTHER_THRESHOLD * capacity + TICK_S * len(self.cpus):
             kinds.append(CPU)
             details.append(f"other processes used {other / capacity:.0%} of the {len(self.cpus)} allowed CPUs "
                            f"({other:.2f} CPU-s in {wall:.2f} s)")
@@ -208,10 +212,10 @@ class ContentionGuard(Observer):
             sharing = max(start_gpu.other_processes, end_gpu.other_processes)
             reasons = (start_gpu.throttle_reasons | end_gpu.throttle_reasons)
             slowing = [label for bit, label in THROTTLE_REASONS.items() if reasons & bit]
-            if window in GUARDED and sharing:
+            if sharing:
                 kinds.append(GPU_SHARED)
                 details.append(f"{sharing} other compute process(es) on the GPU")
-            if window in GUARDED and slowing:
+            if slowing:
                 kinds.append(GPU_THROTTLED)
                 details.append(f"GPU clocks reduced ({', '.join(slowing)})")
             metrics.update(gpu_other_processes=float(sharing), gpu_sm_clock_mhz=end_gpu.sm_clock_mhz,
@@ -221,7 +225,7 @@ class ContentionGuard(Observer):
                            f"gpu_{index}_memory_usage_percentage": end_gpu.memory_percent,
                            f"gpu_{index}_utilization_percentage": end_gpu.utilization_percent,
                            f"gpu_{index}_power_usage_watts": end_gpu.power_w})
-        return WindowContention(window, wall, other / capacity, kinds,
+        return WindowContention(window, kinds,
                                 f"{window}: {'; '.join(details)}" if details else "", metrics, system)
 
     @property
@@ -237,7 +241,7 @@ class ContentionGuard(Observer):
     def detail(self) -> str:
         return " | ".join(seen.detail for seen in self.windows if seen.detail) or "nothing seen"
 
-    def log_to(self, tracker: Any) -> None:
+    def log_to(self, tracker: RunLog) -> None:
         """Tags, per-window metrics and system metrics (step = window index), and a console warning."""
         tracker.set_tags({names.TIMING_CONTENTION: self.verdict(), names.TIMING_CONTENTION_DETAIL: self.detail()})
         tracker.log_metrics({names.contention_metric(seen.window, figure): value
