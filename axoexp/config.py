@@ -14,7 +14,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from axoexp.registry import AT_LEAST_ONE, GROUPS, NON_NEGATIVE, Bounds, Component, Registry
+from axoexp.registry import AT_LEAST_ONE, GROUPS, NON_NEGATIVE, POSITIVE, Bounds, Component, Registry
 
 SCHEMA_NAME = "axoexp_schema"
 HELP_NAME = "axoexp_help"
@@ -33,6 +33,14 @@ class RunConfig:
     warmup_updates: int = setting(5, "updates timed and logged before the measured ones, not in the summary",
                                   NON_NEGATIVE)
     measured_updates: int = setting(50, "updates in the steady-state summary (median, p10, p90, ...)", AT_LEAST_ONE)
+    threads: Optional[int] = setting(None, "torch intra-op threads; null: the CPUs this process may use, "
+                                     "at most 16 (logged resolved)", AT_LEAST_ONE)
+    min_time_s: float = setting(0.0, "measure past measured_updates until the measured updates add up to this "
+                                "many seconds and IQR/median <= 0.1; 0: off", NON_NEGATIVE)
+    max_time_s: float = setting(60.0, "with min_time_s: stop measuring after this many seconds, stable or not",
+                                POSITIVE)
+    require_quiet: bool = setting(False, "end the run FAILED (keeping what it measured) when timing.contention "
+                                  "is not none")
 
 
 @dataclass
@@ -65,6 +73,9 @@ class TrackingConfig:
 class SweepConfig:
     resume: bool = setting(True, "in a multirun, skip a job whose resolved config already has a FINISHED run")
     parent_run_id: Optional[str] = setting(None, "set by the sweep itself: the MLflow parent run of its jobs")
+    repeats: int = setting(1, "in a multirun, run each job this many times as separate child runs "
+                           "(the report pools them)", AT_LEAST_ONE)
+    repeat: int = setting(0, "set by the sweep itself: which of the sweep.repeats runs this job is", NON_NEGATIVE)
 
 
 @dataclass

@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import torch
+
 from axoexp import names
 from axoexp.executors.base import NOT_TIMED, Executor
 from axoexp.interfaces import PopulationSetup
 from axoexp.plan import Plan
-from axoexp.timing import CLOCK
+from axoexp.timing import CLOCK, DEVICE_CLOCK
 from axoexp.tracking import config_digest
 
 BANKS = ("behavior_adapter", "morphology_adapter", "synaptic_log_efficacy")
@@ -51,14 +53,16 @@ def workload_tags(setup: PopulationSetup, plan: Plan) -> dict[str, str]:
     return tags
 
 
-def timing_tags(executor: Executor) -> dict[str, str]:
-    """What the update timing and each one-off phase include."""
+def timing_tags(executor: Executor, device: torch.device | None = None) -> dict[str, str]:
+    """What the update timing (and on CUDA its device clock) and each one-off phase include."""
     tags = {
         names.TIMING_CLOCK: CLOCK,
         names.TIMING_UPDATE_INCLUDES: ",".join(executor.update_includes),
         names.TIMING_UPDATE_EXCLUDES: ",".join(NOT_TIMED),
         names.TIMING_UPDATE_INPUTS: "batches already resident on the run device, cycled",
     }
+    if device is not None and device.type == "cuda":
+        tags[names.TIMING_DEVICE_CLOCK] = DEVICE_CLOCK
     for phase, stages in executor.prepare_includes().items():
         tags[names.timing_includes_tag(phase)] = ",".join(stages)
     return tags

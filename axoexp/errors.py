@@ -37,3 +37,7 @@ class TrackingUnavailableError(AxoexpError):
 
 class NoSweepError(AxoexpError):
     """The report found no sweep to report on."""
+
+
+class ContentionError(AxoexpError):
+    """``run.require_quiet=true`` and something competed for the machine while the run was timed."""

@@ -9,13 +9,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from axoexp import describe, metadata, names
+from axoexp.contention import ContentionGuard
 from axoexp.measure import PREPARE, VERIFY, Observer, measure_updates, window
 from axoexp.plan import Plan, plan_experiment
 from axoexp.registry import REGISTRY, Registry
-from axoexp.runtime import configure_determinism
+from axoexp.runtime import configure_determinism, configure_threads
 from axoexp.timing import LatencySummary
 from axoexp.tracking import RunLog, configure_tracking, flatten, tracked_run
 from axoexp.verification import Verification, verify_parity
@@ -36,6 +38,10 @@ class ExperimentResult:
     losses: list[float]
     description: dict[str, Any]
     verification: Verification | None = None
+    device_update: LatencySummary | None = None  # CUDA-event clock of the measured updates (CUDA only)
+    host_overhead_ms: float | None = None  # median of host minus device time per measured update
+    contention: str = "none"  # tag timing.contention
+    threads: int = 0  # torch intra-op threads (run.threads, resolved)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, default=str)
@@ -53,18 +59,21 @@ def run_experiment(
     """
     plan = plan_experiment(config, registry)
     configure_determinism(config.determinism)
+    threads = configure_threads(config.run.threads)
     tracking_uri = configure_tracking(config.tracking)
     container = OmegaConf.to_container(config, resolve=True)
     assert isinstance(container, dict)
     run_name = config.tracking.run_name or run_name or describe.default_run_name(plan)
     with tracked_run(tracking_uri, config.tracking.experiment, run_name, describe.run_tags(plan, container),
                      offline_dir=output_dir) as tracker:
-        tracker.log_params(flatten(container))
+        tracker.log_params({**flatten(container), names.RUN_THREADS_PARAM: threads.count})
+        tracker.set_tags(threads.tags())
         tracker.log_text(OmegaConf.to_yaml(config, resolve=True), "config.yaml")
         tracker.set_tags(metadata.collect(plan.device))
         if output_dir is not None:
             tracker.set_tags({names.OUTPUT_DIR: str(output_dir)})
         result = _execute(plan, tracker, tracking_uri, observers)
+        result.threads = threads.count
         if output_dir is not None:
             path = output_dir / RESULT_FILE
             path.write_text(result.to_json())
@@ -79,14 +88,22 @@ def _execute(plan: Plan, tracker: RunLog, tracking_uri: str, observers: Sequence
     tracker.set_tags(describe.workload_tags(setup, plan))
     pristine = copy.deepcopy(setup.module) if config.verify.enabled else None
     executor = plan.build_executor(setup.module)
-    tracker.set_tags(describe.timing_tags(executor))
+    tracker.set_tags(describe.timing_tags(executor, plan.device))
 
-    with window(observers, PREPARE):
-        prepare_ms = executor.prepare(*setup.batches[0])
-    tracker.log_metrics({names.phase_metric(phase): value for phase, value in prepare_ms.items()})
-    tracker.set_tags(executor.prepared_tags)
-    warmup, measured = measure_updates(executor, setup.batches, config.run.warmup_updates,
-                                       config.run.measured_updates, tracker, observers)
+    guard = ContentionGuard(plan.device)
+    observers = (*observers, guard)  # last: its samples lie closest to the timed updates
+    try:
+        with window(observers, PREPARE):
+            prepare_ms = executor.prepare(*setup.batches[0])
+        tracker.log_metrics({names.phase_metric(phase): value for phase, value in prepare_ms.items()})
+        tracker.set_tags(executor.prepared_tags)
+        warmup, measured = measure_updates(executor, setup.batches, config.run.warmup_updates,
+                                           config.run.measured_updates, tracker, observers,
+                                           config.run.min_time_s, config.run.max_time_s)
+    finally:
+        guard.log_to(tracker)
+    if config.run.require_quiet:
+        guard.raise_if_contended()
 
     verification = None
     if pristine is not None:
@@ -102,4 +119,8 @@ def _execute(plan: Plan, tracker: RunLog, tracking_uri: str, observers: Sequence
         prepare_ms=prepare_ms, update=LatencySummary.of(measured.latencies_ms),
         warmup_ms=warmup.latencies_ms, losses=warmup.losses + measured.losses,
         description=setup.description, verification=verification,
+        device_update=LatencySummary.of(measured.device_ms) if measured.device_ms else None,
+        host_overhead_ms=float(np.median(np.subtract(measured.latencies_ms, measured.device_ms)))
+        if measured.device_ms else None,
+        contention=guard.verdict(),
     )

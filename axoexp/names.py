@@ -75,7 +75,7 @@ FIRST_UPDATE = "first_update_ms"
 MEASURED_COMPLETED = "measured_updates_completed"
 LOSS_INITIAL = "loss_initial"
 LOSS_FINAL = "loss_final"
-UPDATE_STATS = ("count", "median", "p10", "p90", "mean", "min", "max")
+UPDATE_STATS = ("count", "median", "p10", "p90", "mean", "min", "max", "rel_iqr")
 
 
 def update_metric(stat: str) -> str:
@@ -107,3 +107,33 @@ def shape_size(label: str) -> int:
     """Neurons x time steps x contacts of a :func:`shape_label`, for ordering (0 if unreadable)."""
     parts = label.split("x")
     return int(parts[0]) * int(parts[1]) * int(parts[2]) if len(parts) == 3 and all(p.isdigit() for p in parts) else 0
+
+
+# --- timing you can defend: threads, device clock, contention, noise, repeats
+RUN_THREADS_PARAM = "run.threads"  # logged resolved (the config's null means "auto")
+RUNTIME_THREADS = "runtime.threads"  # how run.threads was chosen
+RUNTIME_CPU_AFFINITY = "runtime.cpu_affinity"  # the CPUs this process may run on, e.g. 0-15
+TIMING_DEVICE_CLOCK = "timing.device_clock"  # what update_device_ms covers (CUDA runs only)
+TIMING_CONTENTION = "timing.contention"  # "none" or a comma list: cpu, gpu-shared, gpu-throttled
+TIMING_CONTENTION_DETAIL = "timing.contention.detail"  # what was seen, per window
+TIMING_NOISE = "timing.noise"  # "low" or "high" (axoexp.statistics.NOISE_THRESHOLD)
+TIMING_ADAPTIVE = "timing.adaptive"  # why run.min_time_s stopped measuring
+SWEEP_REPEAT_PARAM = "sweep.repeat"
+UPDATE_DEVICE_SERIES = "update_device_ms"  # CUDA-event time of every update (step = update index)
+UPDATE_REL_IQR = update_metric("rel_iqr")  # IQR / median of the measured updates
+HOST_OVERHEAD_MEDIAN = "host_overhead_ms_median"  # median over measured updates of host - device time
+
+
+def device_metric(stat: str) -> str:
+    """A statistic of the measured updates' device clock, e.g. ``update_device_ms_median``."""
+    return f"update_device_ms_{stat}"
+
+
+def contention_metric(window: str, figure: str) -> str:
+    """A contention figure of one window, e.g. ``contention_measured_cpu_other``."""
+    return f"contention_{window}_{figure}"
+
+
+def system_metric(figure: str) -> str:
+    """A system figure under MLflow's own prefix, so the UI's system-metrics tab shows it."""
+    return f"system/{figure}"

@@ -91,6 +91,9 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
         problem = bounds.problem(OmegaConf.select(config, key))
         if problem:
             problems.append(f"{key}={OmegaConf.select(config, key)!r}: {problem}")
+    if config.run.min_time_s > config.run.max_time_s:
+        problems.append(f"run.min_time_s={config.run.min_time_s!r} exceeds run.max_time_s={config.run.max_time_s!r}, "
+                        "the cap on adaptive measuring; raise run.max_time_s or lower run.min_time_s")
     device = _parse_device(str(config.device), problems)
     dtype = DTYPES.get(str(config.dtype))
     if dtype is None:

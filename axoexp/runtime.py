@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 from omegaconf import DictConfig
+
+from axoexp import names
+
+MAX_AUTO_THREADS = 16
+"""``run.threads=null`` uses the CPUs this process may run on, at most this many: the updates
+axoexp times are small, and past 16 threads intra-op parallelism mostly adds synchronisation."""
 
 
 def configure_determinism(determinism: DictConfig) -> None:
@@ -15,3 +22,49 @@ def configure_determinism(determinism: DictConfig) -> None:
     torch.use_deterministic_algorithms(bool(determinism.deterministic_algorithms))
     torch.backends.cudnn.benchmark = bool(determinism.cudnn_benchmark)
     torch.set_float32_matmul_precision(str(determinism.float32_matmul_precision))
+
+
+def allowed_cpus() -> list[int]:
+    """The CPUs in this process's affinity mask (all online CPUs where there is no mask)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def cpu_list(cpus: list[int]) -> str:
+    """``[0, 1, 2, 3, 8]`` as ``0-3,8``."""
+    runs: list[list[int]] = []
+    for cpu in sorted(cpus):
+        if runs and cpu == runs[-1][-1] + 1:
+            runs[-1].append(cpu)
+        else:
+            runs.append([cpu])
+    return ",".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
+
+
+@dataclass(frozen=True)
+class Threads:
+    """The intra-op thread count a run uses, and why."""
+
+    count: int
+    cpus: list[int]
+    how: str
+
+    def tags(self) -> dict[str, str]:
+        return {names.RUNTIME_THREADS: f"{self.count} ({self.how})", names.RUNTIME_CPU_AFFINITY: cpu_list(self.cpus)}
+
+
+def configure_threads(threads: int | None) -> Threads:
+    """``torch.set_num_threads``: ``threads``, or with ``None`` one per allowed CPU, at most
+    :data:`MAX_AUTO_THREADS`, so torch's pool never oversubscribes the CPUs the process may use.
+
+    Inter-op threads are left alone: the updates use no inter-op parallelism, and torch
+    refuses to change them once a process has used them (a sweep runs many jobs in one).
+    """
+    cpus = allowed_cpus()
+    if threads is None:
+        count, how = min(len(cpus), MAX_AUTO_THREADS), f"auto: {len(cpus)} CPUs allowed, at most {MAX_AUTO_THREADS}"
+    else:
+        count, how = int(threads), "run.threads"
+    torch.set_num_threads(count)
+    return Threads(count, cpus, how)

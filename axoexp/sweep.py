@@ -27,6 +27,7 @@ from axoexp.tracking import UNREACHABLE, config_digest, configure_tracking, expe
 
 PARENT_FILE = "mlflow_parent_run_id"
 PARENT_OVERRIDE_KEY = "sweep.parent_run_id"
+REPEAT_OVERRIDE_KEY = "sweep.repeat"
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ class MlflowSweepCallback(Callback):
         uri = configure_tracking(config.tracking)
         overrides = list(config.hydra.overrides.task)
         sweep_dir = Path(str(config.hydra.sweep.dir))
+        with read_write(config.hydra.overrides), open_dict(config.hydra.overrides):
+            add_repeats(config)  # also without a parent run
         client = MlflowClient(tracking_uri=uri)
         try:
             run = client.create_run(
@@ -92,6 +95,16 @@ class MlflowSweepCallback(Callback):
         client.set_terminated(parent, status="FAILED")
 
 
+def add_repeats(config: DictConfig) -> None:
+    """``sweep.repeats=N``: the sweep gets the override ``sweep.repeat=0,...,N-1``, first, so the
+    sweeper varies it slowest: every job runs once, then every job again, and drift during the
+    sweep hits every job alike. Each repetition is a child run of its own (param ``sweep.repeat``)."""
+    repeats = int(config.sweep.repeats)
+    task = config.hydra.overrides.task
+    if repeats > 1 and not any(str(item).lstrip("+~").startswith(f"{REPEAT_OVERRIDE_KEY}=") for item in task):
+        task.insert(0, f"{REPEAT_OVERRIDE_KEY}={','.join(map(str, range(repeats)))}")
+
+
 def note_refused_job(config: DictConfig, job_number: int, job_name: str, error: Exception) -> None:
     """Record on the parent a job that failed before creating its run (e.g. a bad value)."""
     if not config.sweep.parent_run_id:
@@ -107,7 +120,7 @@ def reused_run(config: DictConfig, job_number: int) -> str | None:
     """Resume: the earlier FINISHED run this job can reuse, recorded on the sweep's parent.
 
     ``None`` when ``sweep.resume`` is off or no run with this resolved config's digest
-    (tag ``axoexp.config_hash``) finished before; the job then runs.
+    (tag ``axoexp.config_hash``) and this ``sweep.repeat`` finished before; the job then runs.
     """
     if not config.sweep.resume:
         return None
@@ -118,7 +131,8 @@ def reused_run(config: DictConfig, job_number: int) -> str | None:
     try:
         run = newest_run(client, config.tracking.experiment,
                          f"tags.`{names.CONFIG_HASH}` = '{config_digest(container)}' "
-                         "and attributes.status = 'FINISHED'")
+                         "and attributes.status = 'FINISHED'"
+                         f" and params.`{names.SWEEP_REPEAT_PARAM}` = '{config.sweep.repeat}'")
     except UNREACHABLE:
         return None
     if run is None:

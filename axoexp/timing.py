@@ -1,4 +1,4 @@
-"""Host-clock timing around device synchronisation, and latency summaries."""
+"""Host-clock timing around device synchronisation, the CUDA-event device clock, and latency summaries."""
 
 from __future__ import annotations
 
@@ -10,7 +10,15 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from axoexp.statistics import rel_iqr
+
 CLOCK = "time.perf_counter_ns on the host; the device is synchronised before the clock starts and before it stops"
+DEVICE_CLOCK = (
+    "CUDA events recorded on the current stream right before and right after executor.step, inside the host clock: "
+    "the GPU time from the first to the last work the update queued on that stream (for a CUDA graph replay, the "
+    "whole graph), including gaps in which the GPU waited for the host to queue more; read after the window"
+)
+EventPair = tuple[torch.cuda.Event, torch.cuda.Event]
 
 
 def synchronizer(device: torch.device) -> Callable[[], None]:
@@ -18,6 +26,25 @@ def synchronizer(device: torch.device) -> Callable[[], None]:
     if device.type == "cuda":
         return lambda: torch.cuda.synchronize(device)
     return lambda: None
+
+
+def device_events(device: torch.device, count: int) -> list[EventPair] | None:
+    """``count`` pairs of timing events on ``device`` (``None`` off CUDA), each recorded once and
+    synchronised here, so that no CUDA event is created inside a timed update."""
+    if device.type != "cuda":
+        return None
+    stream = torch.cuda.current_stream(device)
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(count)]
+    for begin, end in pairs:
+        begin.record(stream)
+        end.record(stream)
+    torch.cuda.synchronize(device)
+    return pairs
+
+
+def elapsed_ms(pairs: list[EventPair] | None, count: int) -> list[float]:
+    """Device time (ms) between each of the first ``count`` pairs' events, once they have completed."""
+    return [begin.elapsed_time(end) for begin, end in (pairs or [])[:count]]
 
 
 @contextmanager
@@ -41,6 +68,7 @@ class LatencySummary:
     mean: float
     min: float
     max: float
+    rel_iqr: float  # (p75 - p25) / median
 
     @classmethod
     def of(cls, samples_ms: list[float]) -> LatencySummary:
@@ -51,6 +79,7 @@ class LatencySummary:
         return cls(
             count=len(values), median=float(median), p10=float(p10), p90=float(p90),
             mean=float(values.mean()), min=float(values.min()), max=float(values.max()),
+            rel_iqr=rel_iqr(values),
         )
 
     def as_metrics(self, metric_name: Callable[[str], str]) -> dict[str, float]:

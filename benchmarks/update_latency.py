@@ -5,7 +5,10 @@
 For each shape (neurons x time_steps x contacts) every variant adapts its own copy of one
 population on the same batches. Steady-state latency is the host clock around each update
 and a device synchronise (as in ``python -m axoexp``), over ``--rounds`` interleaved rounds
-of ``--updates`` updates (in rotating order) after ``--warmup`` untimed ones. Device time
+of ``--updates`` updates (in rotating order) after ``--warmup`` untimed ones. The device
+clock is the median of CUDA-event time around the same updates (as ``update_device_ms`` in
+``python -m axoexp``: from the update's first to its last GPU work on the stream, gaps
+included), and host overhead the median of host minus device time per update. GPU busy time
 per update is the sum of all GPU activity (kernels, copies, memsets) that torch.profiler
 records over 20 updates. Parity is max |parameter difference| to eager after 5 updates from
 one state, taken from each axoexp executor right after its preparation, so the compiled
@@ -23,6 +26,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import torch
 from axosim import CudaGraphAdaptationStep
 from hydra import compose, initialize_config_module
@@ -53,7 +57,9 @@ class Row:
     median_ms: float
     p10_ms: float
     p90_ms: float
-    device_ms: float
+    device_ms: float  # GPU busy: profiler-summed activity per update
+    device_clock_ms: float  # median CUDA-event time around each timed update
+    host_overhead_ms: float  # median of host minus device-clock time per timed update
     prepare_ms: dict[str, float]
     speedup_vs_eager: float | None = None
     ratio_vs_bare: float | None = None
@@ -114,6 +120,7 @@ def bench_shape(shape: tuple[int, int, int], args: argparse.Namespace) -> list[R
             parity[name] = check.max_abs_param_diff
         run_updates(variants[name], setup.batches, args.warmup, 0, UpdateTrace())
     samples: dict[str, list[float]] = {name: [] for name in chosen}
+    device_samples: dict[str, list[float]] = {name: [] for name in chosen}
     order = list(chosen)
     for _ in range(args.rounds):  # the order rotates each round, so drift hits every variant alike
         order = order[1:] + order[:1]
@@ -121,13 +128,15 @@ def bench_shape(shape: tuple[int, int, int], args: argparse.Namespace) -> list[R
             trace = UpdateTrace()
             run_updates(variants[name], setup.batches, args.updates, 0, trace)
             samples[name] += trace.latencies_ms
+            device_samples[name] += trace.device_ms
     label = shape_label(*shape)
     rows = {}
     for name in chosen:
         summary = LatencySummary.of(samples[name])
+        overhead = np.subtract(samples[name], device_samples[name])
         rows[name] = Row(label, name, summary.median, summary.p10, summary.p90,
-                         device_ms_per_update(variants[name], setup), prepared[name],
-                         parity_max_abs_param_diff=parity.get(name),
+                         device_ms_per_update(variants[name], setup), float(np.median(device_samples[name])),
+                         float(np.median(overhead)), prepared[name], parity_max_abs_param_diff=parity.get(name),
                          tags=dict(getattr(variants[name], "prepared_tags", {})))
     for row in rows.values():
         if "eager" in rows:
@@ -152,14 +161,15 @@ def markdown(rows: list[Row], environment: dict[str, str], args: argparse.Namesp
         f"{args.rounds} rounds (rotating order) x {args.updates} updates per variant after {args.warmup} warm-up; "
         f"overrides: {' '.join(args.override) or 'none'}.",
         "",
-        "| shape (n x t x c) | variant | median ms | p10 | p90 | device ms | compile ms | capture ms "
-        "| vs eager | / bare | parity max abs dparam | compile cache |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| shape (n x t x c) | variant | median ms | p10 | p90 | device clock ms | host overhead ms "
+        "| GPU busy ms | compile ms | capture ms | vs eager | / bare | parity max abs dparam | compile cache |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in rows:
         speedup = _cell(row.speedup_vs_eager, ".2f") + ("x" if row.speedup_vs_eager else "")
         lines.append(
             f"| {row.shape} | {row.variant} | {row.median_ms:.3f} | {row.p10_ms:.3f} | {row.p90_ms:.3f} "
+            f"| {row.device_clock_ms:.3f} | {row.host_overhead_ms:.3f} "
             f"| {row.device_ms:.3f} | {_cell(row.prepare_ms.get('compile'), '.0f')} "
             f"| {_cell(row.prepare_ms.get('capture'), '.1f')} | {speedup} "
             f"| {_cell(row.ratio_vs_bare, '.3f')} | {_cell(row.parity_max_abs_param_diff, '.1e')} "

@@ -156,3 +156,27 @@ def test_capture_warns_about_no_stream_mismatch(cuda_plan, executor_name: str) -
             executor.step(*setup.batches[index % len(setup.batches)])
         torch.cuda.synchronize()
     assert not [w for w in caught if "stream does not match" in str(w.message)], [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize("executor_name", ("eager", "cudagraph"))
+def test_every_cuda_run_logs_device_clock_and_host_overhead(make_config, executor_name: str) -> None:
+    from axoexp.timing import DEVICE_CLOCK
+
+    result = run_experiment(make_config("device=cuda", f"executor={executor_name}",
+                                        "run.warmup_updates=3", "run.measured_updates=20"))
+    client = MlflowClient(result.tracking_uri)
+    run = client.get_run(result.run_id)
+    metrics = run.data.metrics
+    assert run.data.tags[names.TIMING_DEVICE_CLOCK] == DEVICE_CLOCK
+    median, p10, p90 = (metrics[names.device_metric(stat)] for stat in ("median", "p10", "p90"))
+    assert 0 < p10 <= median <= p90
+    assert result.device_update is not None and result.device_update.median == pytest.approx(median)
+    # the host clock encloses both events, so host minus device is non-negative up to clock granularity
+    assert metrics[names.HOST_OVERHEAD_MEDIAN] >= -0.01
+    host = {m.step: m.value for m in client.get_metric_history(run.info.run_id, names.UPDATE_SERIES)}
+    device = {m.step: m.value for m in client.get_metric_history(run.info.run_id, names.UPDATE_DEVICE_SERIES)}
+    assert sorted(device) == sorted(host) == list(range(23))
+    assert all(device[step] <= host[step] + 0.01 for step in host)
+    assert metrics[names.contention_metric("measured", "gpu_sm_clock_mhz")] > 0
+    assert names.system_metric(f"gpu_{torch.cuda.current_device()}_memory_usage_megabytes") in metrics
+    assert re.fullmatch(r"none|[a-z-]+(,[a-z-]+)*", run.data.tags[names.TIMING_CONTENTION])

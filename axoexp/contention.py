@@ -1,0 +1,260 @@
+"""The contention guard: was anything else competing for the machine while a window was timed?
+
+:class:`ContentionGuard` is an :class:`~axoexp.measure.Observer`. It samples at the start and
+end of each timed window (``prepare``, ``warmup``, ``measured``) and never inside one:
+
+- ``cpu``: CPU time that other processes used on the CPUs this process may run on (busy
+  time of those CPUs from ``/proc/stat`` through psutil, minus this process's and its
+  children's own CPU time). Seen when it exceeds :data:`CPU_OTHER_THRESHOLD` of those CPUs'
+  capacity over the window, plus one clock tick per CPU (the counters' resolution).
+- ``gpu-shared`` (CUDA): another compute process on the run's GPU at either end of the window.
+- ``gpu-throttled`` (CUDA): a clock-reducing reason (power cap, thermal or hardware slowdown)
+  at either end of the window; idle and application-clock settings are not reasons.
+
+The SM clock, temperature and the figures above are logged as metrics per window, and the
+same boundary samples give MLflow-style system metrics (``system/...``, step = window index),
+so nothing samples while an update is timed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+import torch
+
+from axoexp import names
+from axoexp.errors import ContentionError
+from axoexp.measure import MEASURED, PREPARE, WARMUP, WINDOWS, Observer
+from axoexp.runtime import allowed_cpus
+from axoexp.tracking import RunLog
+
+GUARDED = (PREPARE, WARMUP, MEASURED)
+CPU_OTHER_THRESHOLD = 0.10
+"""Other processes' share of the allowed CPUs' capacity above which a window counts as contended."""
+TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+CPU, GPU_SHARED, GPU_THROTTLED = "cpu", "gpu-shared", "gpu-throttled"
+NONE = "none"
+THROTTLE_REASONS = {  # NVML clocks-event reasons that slow a kernel; idle (0x1), app clocks (0x2),
+    0x4: "sw-power-cap", 0x8: "hw-slowdown",  # sync boost (0x10) and display clocks (0x100) do not
+    0x20: "sw-thermal", 0x40: "hw-thermal", 0x80: "hw-power-brake",
+}
+
+log = logging.getLogger(__name__)
+
+
+def _busy_seconds(times: Any) -> float:
+    """Busy time of one CPU as psutil's cpu_percent counts it: all but idle and iowait
+    (guest time is already inside user time on Linux)."""
+    total = sum(times) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
+    return total - times.idle - getattr(times, "iowait", 0.0)
+
+
+def own_cpu_seconds() -> float:
+    """CPU time of this process, its reaped children and its live descendants (e.g. compile workers)."""
+    seconds = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        usage = resource.getrusage(who)
+        seconds += usage.ru_utime + usage.ru_stime
+    for child in psutil.Process().children(recursive=True):
+        try:
+            times = child.cpu_times()
+        except psutil.Error:
+            continue
+        seconds += times.user + times.system
+    return seconds
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    wall_s: float
+    allowed_busy_s: float  # summed over the CPUs this process may use
+    all_busy_s: float  # summed over every CPU (for system/cpu_utilization_percentage)
+    own_s: float
+
+    @classmethod
+    def take(cls, cpus: list[int]) -> CpuSample:
+        per_cpu = psutil.cpu_times(percpu=True)
+        busy = [_busy_seconds(times) for times in per_cpu]
+        allowed = sum(busy[cpu] for cpu in cpus if cpu < len(busy))
+        return cls(time.monotonic(), allowed, sum(busy), own_cpu_seconds())
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    other_processes: int
+    sm_clock_mhz: float
+    temperature_c: float
+    throttle_reasons: int
+    memory_used_mb: float
+    memory_percent: float
+    utilization_percent: float
+    power_w: float
+
+
+class GpuProbe:
+    """NVML readings of the run's GPU (found by UUID, so CUDA_VISIBLE_DEVICES cannot mislead)."""
+
+    def __init__(self, device: torch.device) -> None:
+        import pynvml
+
+        self.nvml = pynvml
+        pynvml.nvmlInit()
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        uuid = str(torch.cuda.get_device_properties(index).uuid)
+        try:
+            self.handle = pynvml.nvmlDeviceGetHandleByUUID(
+                (uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}").encode())
+        except (pynvml.NVMLError, TypeError):
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        self.reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+            pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+
+    def _read(self, call: Callable[[], Any], default: Any) -> Any:
+        try:
+            return call()
+        except self.nvml.NVMLError:
+            return default
+
+    def other_processes(self) -> int:
+        """Compute processes on the GPU other than this one. In a container NVML may list host
+        PIDs, so when our PID is absent one listed process is taken to be this one."""
+        pids = {process.pid for process in self._read(
+            lambda: self.nvml.nvmlDeviceGetComputeRunningProcesses(self.handle), [])}
+        ours = os.getpid()
+        return len(pids - {ours}) if ours in pids else max(len(pids) - 1, 0)
+
+    def take(self) -> GpuSample:
+        nvml, handle = self.nvml, self.handle
+        memory = self._read(lambda: nvml.nvmlDeviceGetMemoryInfo(handle), None)
+        utilization = self._read(lambda: nvml.nvmlDeviceGetUtilizationRates(handle), None)
+        return GpuSample(
+            other_processes=self.other_processes(),
+            sm_clock_mhz=float(self._read(lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM), "nan")),
+            temperature_c=float(self._read(
+                lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU), "nan")),
+            throttle_reasons=int(self._read(lambda: self.reasons(handle), 0)),
+            memory_used_mb=memory.used / 1e6 if memory else float("nan"),
+            memory_percent=memory.used / memory.total * 100 if memory else float("nan"),
+            utilization_percent=float(utilization.gpu) if utilization else float("nan"),
+            power_w=float(self._read(lambda: nvml.nvmlDeviceGetPowerUsage(handle), "nan")) / 1000,
+        )
+
+
+def gpu_probe(device: torch.device) -> GpuProbe | None:
+    """A probe of ``device`` where it is a CUDA GPU and NVML works; else ``None`` (with a warning on CUDA)."""
+    if device.type != "cuda":
+        return None
+    try:
+        return GpuProbe(device)
+    except Exception as error:  # noqa: BLE001 - no NVML (missing package, library or driver): CPU figures only
+        log.warning("contention guard: no NVML readings of %s (%s); only CPU contention is checked", device, error)
+        return None
+
+
+@dataclass
+class WindowContention:
+    """What one window saw."""
+
+    window: str
+    kinds: list[str]
+    detail: str
+    metrics: dict[str, float]
+    system: dict[str, float]
+
+
+@dataclass
+class ContentionGuard(Observer):
+    """Samples CPU and GPU at the boundaries of the prepare, warm-up and measured windows, and judges each."""
+
+    device: torch.device
+    cpus: list[int] = field(default_factory=allowed_cpus)
+    windows: list[WindowContention] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.gpu = gpu_probe(self.device)
+        self._start: dict[str, tuple[CpuSample, GpuSample | None]] = {}
+
+    def window_started(self, window: str, planned_updates: int) -> None:
+        if window not in GUARDED:
+            return
+        self._start[window] = (CpuSample.take(self.cpus), self.gpu.take() if self.gpu else None)
+
+    def window_finished(self, window: str, completed_updates: int) -> None:
+        if window not in GUARDED:
+            return
+        end_cpu, end_gpu = CpuSample.take(self.cpus), self.gpu.take() if self.gpu else None
+        start_cpu, start_gpu = self._start.pop(window)
+        self.windows.append(self._judge(window, start_cpu, end_cpu, start_gpu, end_gpu))
+
+    def _judge(self, window: str, start: CpuSample, end: CpuSample,
+               start_gpu: GpuSample | None, end_gpu: GpuSample | None) -> WindowContention:
+        wall = max(end.wall_s - start.wall_s, 1e-9)
+        capacity = wall * len(self.cpus)
+        other = max((end.allowed_busy_s - start.allowed_busy_s) - (end.own_s - start.own_s), 0.0)
+        kinds, details = [], []
+        if other > CPU_OTHER_THRESHOLD * capacity + TICK_S * len(self.cpus):
+            kinds.append(CPU)
+            details.append(f"other processes used {other / capacity:.0%} of the {len(self.cpus)} allowed CPUs "
+                           f"({other:.2f} CPU-s in {wall:.2f} s)")
+        metrics = {"cpu_other": other / capacity, "wall_s": wall}
+        all_busy = (end.all_busy_s - start.all_busy_s) / (wall * (psutil.cpu_count() or 1))
+        system = {"cpu_utilization_percentage": min(all_busy, 1.0) * 100}  # tick rounding can pass 100
+        memory = psutil.virtual_memory()
+        system.update(system_memory_usage_megabytes=memory.used / 1e6, system_memory_usage_percentage=memory.percent)
+        if start_gpu is not None and end_gpu is not None:
+            sharing = max(start_gpu.other_processes, end_gpu.other_processes)
+            reasons = (start_gpu.throttle_reasons | end_gpu.throttle_reasons)
+            slowing = [label for bit, label in THROTTLE_REASONS.items() if reasons & bit]
+            if sharing:
+                kinds.append(GPU_SHARED)
+                details.append(f"{sharing} other compute process(es) on the GPU")
+            if slowing:
+                kinds.append(GPU_THROTTLED)
+                details.append(f"GPU clocks reduced ({', '.join(slowing)})")
+            metrics.update(gpu_other_processes=float(sharing), gpu_sm_clock_mhz=end_gpu.sm_clock_mhz,
+                           gpu_temperature_c=end_gpu.temperature_c, gpu_throttle_reasons=float(reasons))
+            index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+            system.update({f"gpu_{index}_memory_usage_megabytes": end_gpu.memory_used_mb,
+                           f"gpu_{index}_memory_usage_percentage": end_gpu.memory_percent,
+                           f"gpu_{index}_utilization_percentage": end_gpu.utilization_percent,
+                           f"gpu_{index}_power_usage_watts": end_gpu.power_w})
+        return WindowContention(window, kinds,
+                                f"{window}: {'; '.join(details)}" if details else "", metrics, system)
+
+    @property
+    def kinds(self) -> list[str]:
+        """What was seen in any guarded window, in a fixed order."""
+        seen = {kind for seen in self.windows for kind in seen.kinds}
+        return [kind for kind in (CPU, GPU_SHARED, GPU_THROTTLED) if kind in seen]
+
+    def verdict(self) -> str:
+        """``none`` or a comma list, the value of tag ``timing.contention``."""
+        return ",".join(self.kinds) or NONE
+
+    def detail(self) -> str:
+        return " | ".join(seen.detail for seen in self.windows if seen.detail) or "nothing seen"
+
+    def log_to(self, tracker: RunLog) -> None:
+        """Tags, per-window metrics and system metrics (step = window index), and a console warning."""
+        tracker.set_tags({names.TIMING_CONTENTION: self.verdict(), names.TIMING_CONTENTION_DETAIL: self.detail()})
+        tracker.log_metrics({names.contention_metric(seen.window, figure): value
+                             for seen in self.windows for figure, value in seen.metrics.items()})
+        for seen in self.windows:
+            tracker.log_metrics({names.system_metric(figure): value for figure, value in seen.system.items()},
+                                step=WINDOWS.index(seen.window))
+        if self.kinds:
+            log.warning("timing.contention=%s: the timings of this run were disturbed (%s)",
+                        self.verdict(), self.detail())
+
+    def raise_if_contended(self) -> None:
+        if self.kinds:
+            raise ContentionError(
+                f"timing.contention={self.verdict()} and run.require_quiet=true: {self.detail()}; "
+                "what was measured is logged; rerun on a quiet machine or set run.require_quiet=false")

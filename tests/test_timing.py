@@ -1,0 +1,251 @@
+"""Timing you can defend: threads, contention, noise, adaptive measuring, bootstrap intervals, repeats.
+
+No test here compares two measured times: busy processes make contention certain, and the
+statistics are checked on series whose answers are known by construction.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from axoexp import names
+from axoexp.errors import ConfigError
+from axoexp.executors.eager import EagerExecutor
+from axoexp.experiment import run_experiment
+from axoexp.measure import WINDOWS
+from axoexp.plan import plan_experiment
+from axoexp.registry import Registry
+from axoexp.report import build_rows, format_table
+from axoexp.runtime import MAX_AUTO_THREADS, allowed_cpus, configure_threads, cpu_list
+from axoexp.statistics import NOISE_THRESHOLD, median_ratio_interval, noise_verdict, rel_iqr
+from conftest import run_cli
+from test_sweeps import SLOW_EXECUTOR
+
+CONTENTION_VALUE = re.compile(r"^(none|[a-z-]+(,[a-z-]+)*)$")
+
+
+# --- statistics on series with known answers
+
+
+def test_constant_series_give_a_degenerate_interval_at_the_exact_ratio() -> None:
+    interval = median_ratio_interval([[10.0] * 40], [[2.5] * 25])
+    assert (interval.estimate, interval.low, interval.high) == (4.0, 4.0, 4.0)
+
+
+def test_repeats_of_unequal_length_are_pooled() -> None:
+    interval = median_ratio_interval([[6.0] * 10, [6.0] * 7], [[2.0] * 5, [2.0] * 12, [2.0] * 3])
+    assert (interval.estimate, interval.low, interval.high) == (3.0, 3.0, 3.0)
+
+
+def test_bootstrap_interval_is_seeded_and_brackets_the_estimate() -> None:
+    eager = [[10.0 + (index % 7) * 0.5 for index in range(60)], [11.0 + (index % 5) * 0.3 for index in range(60)]]
+    fast = [[2.0 + (index % 3) * 0.1 for index in range(60)], [2.2 + (index % 4) * 0.1 for index in range(60)]]
+    first, again = median_ratio_interval(eager, fast), median_ratio_interval(eager, fast)
+    assert first == again, "same series and seed, same interval"
+    assert first.low < first.estimate < first.high
+    assert median_ratio_interval(eager, fast, seed=1).estimate == first.estimate
+    narrow = median_ratio_interval(eager, fast, confidence=0.5)
+    assert first.low <= narrow.low <= narrow.high <= first.high
+
+
+def test_relative_iqr_and_noise_verdict() -> None:
+    assert rel_iqr([1, 2, 3, 4, 5]) == pytest.approx(2 / 3)
+    assert rel_iqr([7.0] * 9) == 0.0
+    assert noise_verdict(NOISE_THRESHOLD) == "low" and noise_verdict(NOISE_THRESHOLD * 1.01) == "high"
+
+
+# --- threads
+
+
+def test_thread_count_defaults_to_the_allowed_cpus_capped_and_can_be_set() -> None:
+    before = torch.get_num_threads()
+    try:
+        auto = configure_threads(None)
+        assert auto.count == min(len(allowed_cpus()), MAX_AUTO_THREADS) == torch.get_num_threads()
+        assert configure_threads(1).count == 1 == torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    assert cpu_list([0, 1, 2, 3, 8, 10, 11]) == "0-3,8,10-11"
+
+
+# --- a quiet run's format (the machine may be busy, so no verdict is asserted)
+
+
+def test_run_logs_threads_contention_noise_and_system_metrics(make_config, client) -> None:
+    result = run_experiment(make_config("run.warmup_updates=2", "run.measured_updates=10", "run.threads=1"))
+    run = client.get_run(result.run_id)
+    tags, metrics = run.data.tags, run.data.metrics
+    assert run.data.params[names.RUN_THREADS_PARAM] == "1" and result.threads == 1
+    assert tags[names.RUNTIME_CPU_AFFINITY] == cpu_list(sorted(os.sched_getaffinity(0)))
+    assert CONTENTION_VALUE.match(tags[names.TIMING_CONTENTION]), tags[names.TIMING_CONTENTION]
+    assert tags[names.TIMING_CONTENTION] == result.contention
+    assert tags[names.TIMING_CONTENTION_DETAIL]
+    for window in ("prepare", "warmup", "measured"):
+        assert 0 <= metrics[names.contention_metric(window, "cpu_other")] <= 1.5
+        assert metrics[names.contention_metric(window, "wall_s")] > 0
+    history = client.get_metric_history(run.info.run_id, names.system_metric("cpu_utilization_percentage"))
+    assert sorted(metric.step for metric in history) == [WINDOWS.index(w) for w in ("prepare", "warmup", "measured")]
+    assert names.system_metric("system_memory_usage_megabytes") in metrics
+    assert metrics[names.UPDATE_REL_IQR] >= 0
+    assert tags[names.TIMING_NOISE] == noise_verdict(metrics[names.UPDATE_REL_IQR])
+    assert names.TIMING_DEVICE_CLOCK not in tags and names.HOST_OVERHEAD_MEDIAN not in metrics, "CPU: no device clock"
+
+
+def test_unset_threads_are_logged_resolved(make_config, client) -> None:
+    before = torch.get_num_threads()
+    try:
+        result = run_experiment(make_config("run.warmup_updates=0", "run.measured_updates=2"))
+    finally:
+        torch.set_num_threads(before)
+    params = client.get_run(result.run_id).data.params
+    assert params[names.RUN_THREADS_PARAM] == str(min(len(allowed_cpus()), MAX_AUTO_THREADS))
+
+
+# --- adaptive measuring
+
+
+class AlternatingSleeps(EagerExecutor):
+    """No update, only 1 ms or 20 ms of sleep in turn: IQR / median stays far above 0.1 by
+    construction, however busy the machine."""
+
+    calls = 0
+
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        time.sleep(0.001 if self.calls % 2 else 0.020)
+        return torch.zeros(())
+
+
+def test_adaptive_measuring_stops_at_the_cap_when_the_median_never_settles(
+        make_config, client, registry: Registry) -> None:
+    registry.register("executor", "alternating", AlternatingSleeps, source="tests/test_timing.py")
+    config = make_config("executor.name=alternating", "run.warmup_updates=0", "run.measured_updates=4",
+                         "run.min_time_s=0.05", "run.max_time_s=0.4")
+    result = run_experiment(config, registry=registry)
+    run = client.get_run(result.run_id)
+    assert run.data.tags[names.TIMING_ADAPTIVE].startswith("stopped at run.max_time_s=0.4")
+    assert run.data.tags[names.TIMING_NOISE] == "high"
+    completed = run.data.metrics[names.MEASURED_COMPLETED]
+    assert completed > 4 and run.data.metrics[names.update_metric("count")] == completed
+    assert names.PARTIAL not in run.data.tags
+    assert len(client.get_metric_history(run.info.run_id, names.UPDATE_SERIES)) == completed
+
+
+def test_min_time_above_the_cap_is_refused_before_any_run(make_config) -> None:
+    with pytest.raises(ConfigError, match=r"run.min_time_s=5.0 exceeds run.max_time_s=1.0"):
+        plan_experiment(make_config("run.min_time_s=5", "run.max_time_s=1"))
+
+
+# --- the report's intervals and pooled repeats, from runs with known series
+
+
+def _run_with_series(client: MlflowClient, experiment: str, executor: str, series: list[float],
+                     repeat: int, warmup: list[float]) -> str:
+    run = client.create_run(experiment, run_name=f"executor={executor}",
+                            tags={names.component_tag("executor"): executor, names.SHAPE: "2x12x4"})
+    run_id = run.info.run_id
+    for key, value in {"executor.name": executor, "population.neurons": "2", "run.warmup_updates": len(warmup),
+                       names.SWEEP_REPEAT_PARAM: repeat}.items():
+        client.log_param(run_id, key, str(value))
+    for step, value in enumerate(warmup + series):
+        client.log_metric(run_id, names.UPDATE_SERIES, value, step=step)
+    client.log_metric(run_id, names.UPDATE_MEDIAN, sorted(series)[len(series) // 2])
+    client.set_terminated(run_id, status="FINISHED")
+    return run_id
+
+
+def test_report_pools_repeats_and_gives_each_speedup_an_interval(client: MlflowClient) -> None:
+    experiment = client.create_experiment("intervals")
+    warmup = [100.0, 50.0]  # slow warm-up updates, which must not count
+    runs = [_run_with_series(client, experiment, "eager", [8.0] * 20, repeat, warmup) for repeat in (0, 1)]
+    runs += [_run_with_series(client, experiment, "fast", [2.0] * 20, repeat, warmup) for repeat in (0, 1)]
+    rows = build_rows([client.get_run(run_id) for run_id in runs], client)
+    by_executor = {row.executor: row for row in rows}
+    assert len(rows) == 2 and all(row.repeats == 2 for row in rows)
+    fast = by_executor["fast"]
+    assert (fast.median_ms, fast.speedup_vs_eager, fast.speedup_low, fast.speedup_high) == (2.0, 4.0, 4.0, 4.0)
+    assert set(fast.run_ids) == set(runs[2:])
+    assert (by_executor["eager"].speedup_low, by_executor["eager"].speedup_high) == (1.0, 1.0)
+    table = format_table(rows)
+    assert "[4, 4]" in table and "95% interval" in table
+    without_series = build_rows([client.get_run(run_id) for run_id in runs])
+    assert all(math.isnan(row.speedup_low) for row in without_series if row.executor == "fast")
+
+
+# --- a busy machine (slow: real processes)
+
+
+@pytest.fixture
+def busy_cpus():
+    """More CPU-bound processes than this process may use CPUs, each ending by itself within 3 minutes."""
+    count = len(allowed_cpus()) + 1
+    code = "import time\ndeadline = time.time() + 180\nwhile time.time() < deadline:\n    pass\n"
+    processes = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(count)]
+    try:
+        time.sleep(0.5)
+        yield processes
+    finally:
+        for process in processes:
+            process.kill()
+        for process in processes:
+            process.wait(timeout=30)
+
+
+def _only_run(tmp_path: Path):
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
+    return run
+
+
+@pytest.mark.slow
+def test_a_run_under_load_says_so_and_require_quiet_fails_it(tmp_path: Path, busy_cpus) -> None:
+    measured = ("run.warmup_updates=2", "run.measured_updates=30")
+    (tmp_path / "warn").mkdir()
+    loaded = run_cli(*measured, cwd=tmp_path / "warn")
+    assert loaded.returncode == 0, loaded.stderr
+    assert "timing.contention=cpu" in loaded.stdout + loaded.stderr, "a console warning names it"
+    run = _only_run(tmp_path / "warn")
+    assert "cpu" in run.data.tags[names.TIMING_CONTENTION].split(",")
+    assert "other processes used" in run.data.tags[names.TIMING_CONTENTION_DETAIL]
+    assert run.data.metrics[names.contention_metric("measured", "cpu_other")] > 0
+
+    (tmp_path / "quiet").mkdir()
+    refused = run_cli(*measured, "run.require_quiet=true", cwd=tmp_path / "quiet")
+    assert refused.returncode == 1
+    assert "run.require_quiet=true" in refused.stderr and "timing.contention=cpu" in refused.stderr
+    run = _only_run(tmp_path / "quiet")
+    assert run.info.status == "FAILED"
+    assert run.data.tags[names.FAILURE].startswith("ContentionError: timing.contention=cpu")
+    assert run.data.metrics[names.update_metric("count")] == 30 and run.data.metrics[names.UPDATE_MEDIAN] > 0
+
+
+@pytest.mark.slow
+def test_sweep_repeats_are_child_runs_that_the_report_pools(tmp_path: Path) -> None:
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "sleepy.py").write_text(SLOW_EXECUTOR)
+    sweep = run_cli("-m", "sweep.repeats=2", "executor=eager,sleepy", "run.measured_updates=5", cwd=tmp_path)
+    assert sweep.returncode == 0, sweep.stderr
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
+    children = [run for run in runs if run.data.tags.get(names.SWEEP_ROLE) != "parent"]
+    assert sorted((run.data.params["executor.name"], run.data.params[names.SWEEP_REPEAT_PARAM]) for run in children) \
+        == [("eager", "0"), ("eager", "1"), ("sleepy", "0"), ("sleepy", "1")]
+    assert all("repeat" not in run.info.run_name for run in children), "repeats share their job's name"
+    report = subprocess.run([sys.executable, "-m", "axoexp.report", "--out", str(tmp_path / "r.png")],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stderr
+    rows = {line.split()[1]: line for line in report.stdout.splitlines() if line[:1].isdigit()}
+    assert sorted(rows) == ["eager", "sleepy"]
+    low, high = map(float, re.search(r"\[([\d.e+-]+), ([\d.e+-]+)\]\s+2\s", rows["sleepy"]).groups())
+    speedup = float(rows["sleepy"].split()[5].rstrip("x"))
+    assert low <= speedup <= high
