@@ -37,3 +37,11 @@ class TrackingUnavailableError(AxoexpError):
 
 class NoSweepError(AxoexpError):
     """The report found no sweep to report on."""
+
+
+class LeaseError(AxoexpError):
+    """A device cannot be leased at all: no such GPU, more CPUs than the process may use, no lock directory."""
+
+
+class LeaseTimeoutError(LeaseError):
+    """Another job held the device for longer than ``run.lease_timeout_s``."""

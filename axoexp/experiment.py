@@ -12,6 +12,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from axoexp import describe, metadata, names
+from axoexp.lease import device_lease
 from axoexp.measure import PREPARE, VERIFY, Observer, measure_updates, window
 from axoexp.plan import Plan, plan_experiment
 from axoexp.registry import REGISTRY, Registry
@@ -64,7 +65,10 @@ def run_experiment(
         tracker.set_tags(metadata.collect(plan.device))
         if output_dir is not None:
             tracker.set_tags({names.OUTPUT_DIR: str(output_dir)})
-        result = _execute(plan, tracker, tracking_uri, observers)
+        with device_lease(plan.device, cpus=config.run.lease_cpus, timeout_s=config.run.lease_timeout_s) as lease:
+            tracker.set_tags(lease.tags())  # held alone from build through verify (axoexp.lease)
+            result = _execute(plan, tracker, tracking_uri, observers)
+        tracker.set_tags(lease.tags())
         if output_dir is not None:
             path = output_dir / RESULT_FILE
             path.write_text(result.to_json())
