@@ -158,12 +158,12 @@ def hold(requests: Sequence[SlotRequest], *, timeout_s: float,
         if held is not None:
             break
         waited = time.monotonic() - start
-        wanted = "; ".join(_describe(request, directory) for request in requests)
-        if waited >= timeout_s:
-            raise LeaseTimeoutError(
-                f"no device lease after {waited:.0f} s (run.lease_timeout_s={timeout_s:g}): {wanted}; "
-                "run fewer jobs at once, or wait longer")
-        if not reported:
+        if waited >= timeout_s or not reported:
+            wanted = "; ".join(_describe(request, directory) for request in requests)
+            if waited >= timeout_s:
+                raise LeaseTimeoutError(
+                    f"no device lease after {waited:.0f} s (run.lease_timeout_s={timeout_s:g}): {wanted}; "
+                    "run fewer jobs at once, or wait longer")
             print(f"axoexp: waiting up to {timeout_s:g} s (run.lease_timeout_s) for a device lease: {wanted}",
                   file=sys.stderr, flush=True)
             reported = True
