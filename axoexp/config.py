@@ -41,6 +41,10 @@ class RunConfig:
                                 POSITIVE)
     require_quiet: bool = setting(False, "end the run FAILED (keeping what it measured) when timing.contention "
                                   "is not none")
+    lease_timeout_s: float = setting(600.0, "seconds a job waits for its device lease (GPU or CPU set) before "
+                                     "failing; 0: fail at once if another job holds it", NON_NEGATIVE)
+    lease_cpus: Optional[int] = setting(None, "CPUs a job leases and is pinned to; null: all it may use on "
+                                        "device=cpu, none on cuda", AT_LEAST_ONE)
 
 
 @dataclass
@@ -139,6 +143,9 @@ def register_configs(registry: Registry) -> None:
     """Store the schema, every component's node and the help page in Hydra's ConfigStore."""
     from hydra.core.config_store import ConfigStore
 
+    from axoexp.lease import register_resolvers
+
+    register_resolvers()  # used by the launcher presets, conf/hydra/launcher/*.yaml
     store = ConfigStore.instance()
     store.store(name=SCHEMA_NAME, node=ExperimentConfig)
     for entry in registry.components():

@@ -41,3 +41,11 @@ class NoSweepError(AxoexpError):
 
 class ContentionError(AxoexpError):
     """``run.require_quiet=true`` and something competed for the machine while the run was timed."""
+
+
+class LeaseError(AxoexpError):
+    """A device cannot be leased at all: no such GPU, more CPUs than the process may use, no lock directory."""
+
+
+class LeaseTimeoutError(LeaseError):
+    """Another job held the device for longer than ``run.lease_timeout_s``."""

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from axoexp import describe, metadata, names
 from axoexp.contention import ContentionGuard
+from axoexp.lease import device_lease
 from axoexp.measure import PREPARE, VERIFY, Observer, measure_updates, window
 from axoexp.plan import Plan, plan_experiment
 from axoexp.registry import REGISTRY, Registry
@@ -59,21 +60,26 @@ def run_experiment(
     """
     plan = plan_experiment(config, registry)
     configure_determinism(config.determinism)
-    threads = configure_threads(config.run.threads)
     tracking_uri = configure_tracking(config.tracking)
     container = OmegaConf.to_container(config, resolve=True)
     assert isinstance(container, dict)
     run_name = config.tracking.run_name or run_name or describe.default_run_name(plan)
     with tracked_run(tracking_uri, config.tracking.experiment, run_name, describe.run_tags(plan, container),
                      offline_dir=output_dir) as tracker:
-        tracker.log_params({**flatten(container), names.RUN_THREADS_PARAM: threads.count})
-        tracker.set_tags(threads.tags())
+        params = flatten(container)
+        del params[names.RUN_THREADS_PARAM]  # logged once resolved, inside the lease
+        tracker.log_params(params)
         tracker.log_text(OmegaConf.to_yaml(config, resolve=True), "config.yaml")
         tracker.set_tags(metadata.collect(plan.device))
         if output_dir is not None:
             tracker.set_tags({names.OUTPUT_DIR: str(output_dir)})
-        result = _execute(plan, tracker, tracking_uri, observers)
-        result.threads = threads.count
+        with device_lease(plan.device, cpus=config.run.lease_cpus, timeout_s=config.run.lease_timeout_s) as lease:
+            threads = configure_threads(config.run.threads)  # after the lease pinned this process's CPUs
+            tracker.log_params({names.RUN_THREADS_PARAM: threads.count})
+            tracker.set_tags({**lease.tags(), **threads.tags()})  # held alone from build through verify
+            result = _execute(plan, tracker, tracking_uri, observers)
+            result.threads = threads.count
+        tracker.set_tags(lease.tags())
         if output_dir is not None:
             path = output_dir / RESULT_FILE
             path.write_text(result.to_json())

@@ -44,6 +44,13 @@ TIMING_UPDATE_INPUTS = "timing.update.inputs"
 COMPILE_CACHE = "compile.cache"  # cold | warm | in-process: where the compiled graphs came from
 COMPILE_CACHE_DIR = "compile.cache_dir"
 
+# --- tags: the device lease a run held while it built, timed and verified (axoexp.lease)
+LEASE_DEVICE = "lease.device"  # "cuda:0 GPU-<uuid>", or "cpu"
+LEASE_CPUS = "lease.cpus"  # the CPUs the run was pinned to, e.g. "0,1" ("" when not pinned)
+LEASE_WAITED_S = "lease.waited_s"  # seconds it waited for the lease
+LEASE_ACQUIRED_AT = "lease.acquired_at"  # Unix time the lease was taken
+LEASE_RELEASED_AT = "lease.released_at"  # Unix time it was given back
+
 
 def component_tag(group: str) -> str:
     """The tag holding the option chosen for ``group``, e.g. ``component.executor``."""

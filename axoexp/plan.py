@@ -18,6 +18,7 @@ from axoexp.config import bounded_keys
 from axoexp.errors import ConfigError, RegistryError
 from axoexp.executors.base import Executor
 from axoexp.interfaces import PopulationSetup
+from axoexp.lease import available_cpus
 from axoexp.registry import GROUPS, REGISTRY, Component, Registry
 
 DTYPES = {
@@ -94,6 +95,9 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
     if config.run.min_time_s > config.run.max_time_s:
         problems.append(f"run.min_time_s={config.run.min_time_s!r} exceeds run.max_time_s={config.run.max_time_s!r}, "
                         "the cap on adaptive measuring; raise run.max_time_s or lower run.min_time_s")
+    lease_cpus = config.run.lease_cpus
+    if isinstance(lease_cpus, int) and lease_cpus > len(available_cpus()):
+        problems.append(f"run.lease_cpus={lease_cpus}: this process may use only {len(available_cpus())} CPUs")
     device = _parse_device(str(config.device), problems)
     dtype = DTYPES.get(str(config.dtype))
     if dtype is None:

@@ -21,6 +21,10 @@ def test_wheel_install_composes_configs_outside_the_checkout(tmp_path: Path) -> 
         check=True, capture_output=True, timeout=300,
     )
     (wheel,) = (tmp_path / "dist").glob("axoexp-*.whl")
+    import zipfile
+
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    assert {f"axoexp/conf/hydra/launcher/{preset}.yaml" for preset in ("parallel", "slurm", "ray_devices")} <= shipped
     site = tmp_path / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],

@@ -91,7 +91,7 @@ def test_run_logs_threads_contention_noise_and_system_metrics(make_config, clien
     assert tags[names.TIMING_CONTENTION] == result.contention
     assert tags[names.TIMING_CONTENTION_DETAIL]
     for window in ("prepare", "warmup", "measured"):
-        assert 0 <= metrics[names.contention_metric(window, "cpu_other")] <= 1.5
+        assert metrics[names.contention_metric(window, "cpu_other")] >= 0  # no bound: a 1 ms window sees 10 ms ticks
         assert metrics[names.contention_metric(window, "wall_s")] > 0
     history = client.get_metric_history(run.info.run_id, names.system_metric("cpu_utilization_percentage"))
     assert sorted(metric.step for metric in history) == [WINDOWS.index(w) for w in ("prepare", "warmup", "measured")]
