@@ -70,8 +70,10 @@ def timing_includes_tag(phase: str) -> str:
 
 
 # --- metrics
-UPDATE_SERIES = "update_ms"  # one value per update, warm-up included (step = update index)
-LOSS_SERIES = "loss"
+# Series: one value per update, warm-up included (step = update index). Their own section in the
+# MLflow UI's charts ("per_update/"), so no one reads the last sample as the run's latency.
+UPDATE_SERIES = "per_update/latency_ms"
+LOSS_SERIES = "per_update/loss"
 FIRST_UPDATE = "first_update_ms"
 MEASURED_COMPLETED = "measured_updates_completed"
 LOSS_INITIAL = "loss_initial"
