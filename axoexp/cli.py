@@ -36,6 +36,7 @@ def hydra_app(config: DictConfig) -> float | None:
     from axoexp import sweep
     from axoexp.console import format_result
     from axoexp.experiment import run_experiment
+    from axoexp.progress import run_observers
 
     load_plugins()  # a no-op here; in a launcher's worker process the registry starts empty
     hydra_config = HydraConfig.get()
@@ -48,7 +49,9 @@ def hydra_app(config: DictConfig) -> float | None:
                   f"{previous} (sweep.resume=false runs it again)", flush=True)
             return None
     try:
-        result = run_experiment(config, Path(hydra_config.runtime.output_dir), run_name=job_name)
+        in_this_terminal = hydra_config.mode != RunMode.MULTIRUN or "BasicLauncher" in hydra_config.launcher._target_
+        result = run_experiment(config, Path(hydra_config.runtime.output_dir), run_name=job_name,
+                                observers=run_observers(config.run.progress, in_this_terminal))
     except AxoexpError as error:
         if hydra_config.mode == RunMode.MULTIRUN:
             if isinstance(error, ConfigError):  # it made no run: the parent records why

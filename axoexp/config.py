@@ -33,6 +33,7 @@ class RunConfig:
     warmup_updates: int = setting(5, "updates timed and logged before the measured ones, not in the summary",
                                   NON_NEGATIVE)
     measured_updates: int = setting(50, "updates in the steady-state summary (median, p10, p90, ...)", AT_LEAST_ONE)
+    progress: bool = setting(True, "live progress on stderr when it is a terminal, redrawn only between timed updates")
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,6 +22,8 @@ from axoexp.tracking import RunLog, configure_tracking, flatten, tracked_run
 from axoexp.verification import Verification, verify_parity
 
 RESULT_FILE = "result.json"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -59,6 +62,8 @@ def run_experiment(
     run_name = config.tracking.run_name or run_name or describe.default_run_name(plan)
     with tracked_run(tracking_uri, config.tracking.experiment, run_name, describe.run_tags(plan, container),
                      offline_dir=output_dir) as tracker:
+        log.info("MLflow run %s (%s) in experiment %r at %s", tracker.run_id, run_name,
+                 config.tracking.experiment, tracking_uri)
         tracker.log_params(flatten(container))
         tracker.log_text(OmegaConf.to_yaml(config, resolve=True), "config.yaml")
         tracker.set_tags(metadata.collect(plan.device))
@@ -84,6 +89,8 @@ def _execute(plan: Plan, tracker: RunLog, tracking_uri: str, observers: Sequence
     with window(observers, PREPARE):
         prepare_ms = executor.prepare(*setup.batches[0])
     tracker.log_metrics({names.phase_metric(phase): value for phase, value in prepare_ms.items()})
+    if prepare_ms:
+        log.info("prepare: %s", ", ".join(f"{phase} {ms:.1f} ms" for phase, ms in prepare_ms.items()))
     warmup, measured = measure_updates(executor, setup.batches, config.run.warmup_updates,
                                        config.run.measured_updates, tracker, observers)
 

@@ -98,7 +98,8 @@ CAPTURE = phase_metric("capture")
 
 # --- params
 EXECUTOR_PARAM_PREFIX = "executor."
-NOT_MEASUREMENT_PARAM_PREFIXES = ("tracking.", "sweep.")  # where results go, not what was measured
+# where results go and how a run is watched, not what was measured
+NOT_MEASUREMENT_PARAM_PREFIXES = ("tracking.", "sweep.", "run.progress")
 
 
 def shape_label(neurons: object, time_steps: object, contacts: object) -> str:

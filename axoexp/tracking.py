@@ -41,9 +41,11 @@ def configure_tracking(tracking: DictConfig) -> str:
 
 
 def config_digest(config: Mapping[str, Any]) -> str:
-    """SHA-256 of a resolved config without its ``tracking`` and ``sweep`` settings,
-    which say where and how results go, not what is measured."""
+    """SHA-256 of a resolved config without its ``tracking`` and ``sweep`` settings and
+    ``run.progress``, which say where results go and how a run is watched, not what is measured."""
     measured = {key: value for key, value in config.items() if key not in ("tracking", "sweep")}
+    if isinstance(measured.get("run"), Mapping):
+        measured["run"] = {key: value for key, value in measured["run"].items() if key != "progress"}
     return hashlib.sha256(json.dumps(measured, sort_keys=True, default=str).encode()).hexdigest()
 
 
