@@ -22,6 +22,7 @@ from axoexp.tracking import RunLog, configure_tracking, flatten, tracked_run
 from axoexp.verification import Verification, verify_parity
 
 RESULT_FILE = "result.json"
+HYDRA_DIR = ".hydra"  # Hydra's record of the job: config, its overrides, Hydra's own config
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,8 @@ def run_experiment(
         tracker.set_tags(metadata.collect(plan.device))
         if output_dir is not None:
             tracker.set_tags({names.OUTPUT_DIR: str(output_dir)})
+            if (output_dir / HYDRA_DIR).is_dir():
+                tracker.log_artifact(str(output_dir / HYDRA_DIR))
         result = _execute(plan, tracker, tracking_uri, observers)
         if output_dir is not None:
             path = output_dir / RESULT_FILE
@@ -82,6 +85,7 @@ def _execute(plan: Plan, tracker: RunLog, tracking_uri: str, observers: Sequence
     config = plan.config
     setup = plan.build_population()
     tracker.set_tags(describe.workload_tags(setup, plan))
+    tracker.log_dataset(describe.workload_dataset(setup, plan), names.WORKLOAD_CONTEXT)
     pristine = copy.deepcopy(setup.module) if config.verify.enabled else None
     executor = plan.build_executor(setup.module)
     tracker.set_tags(describe.timing_tags(executor))

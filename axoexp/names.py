@@ -9,7 +9,7 @@ from mlflow.environment_variables import (
     MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR, MLFLOW_HTTP_REQUEST_BACKOFF_JITTER, MLFLOW_HTTP_REQUEST_MAX_RETRIES,
     MLFLOW_HTTP_REQUEST_TIMEOUT,
 )
-from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT, MLFLOW_GIT_COMMIT, MLFLOW_PARENT_RUN_ID, MLFLOW_SOURCE_NAME
 
 # --- tags: MLflow's
 PARENT_RUN_ID = MLFLOW_PARENT_RUN_ID
@@ -17,6 +17,15 @@ HTTP_MAX_RETRIES_ENV = MLFLOW_HTTP_REQUEST_MAX_RETRIES.name
 HTTP_TIMEOUT_ENV = MLFLOW_HTTP_REQUEST_TIMEOUT.name
 HTTP_BACKOFF_FACTOR_ENV = MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR.name
 HTTP_BACKOFF_JITTER_ENV = MLFLOW_HTTP_REQUEST_BACKOFF_JITTER.name
+SOURCE_NAME = MLFLOW_SOURCE_NAME
+SOURCE_GIT_COMMIT = MLFLOW_GIT_COMMIT
+MLFLOW_GIT_PREFIX = "mlflow.source.git."
+DATASET_CONTEXT = MLFLOW_DATASET_CONTEXT
+WORKLOAD_CONTEXT = "training"  # the workload is what the adaptation updates train on
+# The MLflow UI opens an experiment in the view its kind names; this one is the training view
+# (runs, metrics, charts), not the GenAI view (traces). MLflow has no constant for either.
+EXPERIMENT_KIND = "mlflow.experimentKind"
+EXPERIMENT_KIND_TRAINING = "custom_model_development"
 
 # --- tags: run status and bookkeeping
 FAILURE = "axoexp.failure"

@@ -22,8 +22,11 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from axoexp import names
-from axoexp.tracking import UNREACHABLE, config_digest, configure_tracking, experiment_id, newest_run
+from axoexp import metadata, names
+from axoexp.describe import sweep_run_name
+from axoexp.tracking import (
+    UNREACHABLE, config_digest, configure_tracking, experiment_id, newest_run, with_mlflow_context,
+)
 
 PARENT_FILE = "mlflow_parent_run_id"
 PARENT_OVERRIDE_KEY = "sweep.parent_run_id"
@@ -52,10 +55,11 @@ class MlflowSweepCallback(Callback):
         try:
             run = client.create_run(
                 experiment_id(client, config.tracking.experiment),
-                run_name="sweep " + (" ".join(overrides) or "(no overrides)"),
-                tags={names.SWEEP_ROLE: "parent", names.SWEEP_DIR: str(sweep_dir.resolve()),
-                      names.SWEEP_OVERRIDES: " ".join(overrides), names.COMMAND: " ".join(sys.argv),
-                      names.PROCESS_PID: str(os.getpid())},
+                run_name=sweep_run_name(overrides),
+                tags=with_mlflow_context({
+                    names.SWEEP_ROLE: "parent", names.SWEEP_DIR: str(sweep_dir.resolve()),
+                    names.SWEEP_OVERRIDES: " ".join(overrides), names.COMMAND: " ".join(sys.argv),
+                    names.PROCESS_PID: str(os.getpid()), **metadata.source_tags(metadata.HYDRA_APP_SOURCE)}),
             )
         except UNREACHABLE as error:
             log.error("MLflow tracking at %s is unreachable, so the sweep has no parent run: %s", uri, error)

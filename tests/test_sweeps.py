@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -65,9 +66,11 @@ def test_sweep_is_a_parent_run_with_named_children(tmp_path: Path) -> None:
     _, runs = _runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
     (parent,), children = _split(runs)
     assert parent.info.status == "FINISHED"
-    assert parent.info.run_name == "sweep population.neurons=2,3 run.measured_updates=3"
+    assert re.fullmatch(r"sweep \d\d-\d\d \d\d:\d\d:\d\d neurons=2,3 measured_updates=3", parent.info.run_name)
+    assert parent.data.tags[names.SWEEP_OVERRIDES] == "population.neurons=2,3 run.measured_updates=3"
     assert sorted(child.info.run_name for child in children) == [
-        "population.neurons=2,run.measured_updates=3", "population.neurons=3,run.measured_updates=3"]
+        "00 eager 2x12x4 measured_updates=3", "01 eager 3x12x4 measured_updates=3"], "short, in sweep order"
+    assert {run.data.tags[names.SOURCE_NAME] for run in runs} == {"python -m axoexp"}
     assert {child.data.tags[names.PARENT_RUN_ID] for child in children} == {parent.info.run_id}
     sweep_dir = Path(parent.data.tags[names.SWEEP_DIR])
     assert (sweep_dir / "mlflow_parent_run_id").read_text().strip() == parent.info.run_id
@@ -91,8 +94,7 @@ def test_failing_job_fails_the_parent_but_keeps_the_others(tmp_path: Path) -> No
         "executor=eager,population.neurons=0,run.measured_updates=3",
         "executor=flaky,population.neurons=0,run.measured_updates=3"]
     statuses = {child.info.run_name: child.info.status for child in children}
-    assert statuses == {"executor=eager,population.neurons=2,run.measured_updates=3": "FINISHED",
-                        "executor=flaky,population.neurons=2,run.measured_updates=3": "FAILED"}
+    assert statuses == {"01 eager 2x12x4 measured_updates=3": "FINISHED", "03 flaky 2x12x4 measured_updates=3": "FAILED"}
 
 
 def test_rerunning_a_sweep_reuses_finished_runs_unless_told_not_to(tmp_path: Path) -> None:
@@ -207,7 +209,10 @@ def test_sweep_logs_to_an_http_tracking_server(mlflow_server: str, tmp_path: Pat
     assert parent.info.status == "FINISHED" and len(children) == 2
     child = children[0]
     assert child.data.metrics[names.update_metric("count")] == 3
-    assert {a.path for a in client.list_artifacts(child.info.run_id)} == {"config.yaml", "result.json"}
+    assert {a.path for a in client.list_artifacts(child.info.run_id)} == {".hydra", "config.yaml", "result.json"}
+    assert {a.path for a in client.list_artifacts(child.info.run_id, ".hydra")} == {
+        ".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml"}
+    assert len(child.inputs.dataset_inputs) == 1, "the workload, as a dataset input"
     assert not (tmp_path / "mlflow.db").exists()
 
 
