@@ -47,8 +47,8 @@ def hydra_app(config: DictConfig) -> float | None:
         run_name = describe_run.job_run_name(config, hydra_config.job.num, hydra_config.overrides.task)
         previous = sweep.reused_run(config, hydra_config.job.num)
         if previous is not None:
-            print(f"skipped {job_name}: its resolved config already FINISHED as MLflow run "
-                  f"{previous} (sweep.resume=false runs it again)", flush=True)
+            print(f"reused {job_name}: FINISHED as MLflow run {previous.info.run_id} "
+                  f"'{previous.info.run_name}' (sweep.resume=false re-measures)", flush=True)
             return None
     try:
         in_this_terminal = hydra_config.mode != RunMode.MULTIRUN or "BasicLauncher" in hydra_config.launcher._target_

@@ -64,7 +64,9 @@ class TrackingConfig:
 
 @dataclass
 class SweepConfig:
-    resume: bool = setting(True, "in a multirun, skip a job whose resolved config already has a FINISHED run")
+    resume: str = setting("same_sweep", "in a multirun, reuse a FINISHED run of the job's resolved config from an "
+                                         "earlier sweep with the same overrides (same_sweep), from any run (any), or "
+                                         "never (false)")
     parent_run_id: Optional[str] = setting(None, "set by the sweep itself: the MLflow parent run of its jobs")
 
 

@@ -32,6 +32,7 @@ FAILURE = "axoexp.failure"
 PARTIAL = "axoexp.partial"
 CONFIG_HASH = "axoexp.config_hash"
 SWEEP_ROLE = "axoexp.sweep"  # "parent" on a sweep's parent run
+SWEEP_DEFINITION = "axoexp.sweep_definition"  # on a parent: SHA-256 of its overrides, bookkeeping left out
 REUSED_PREFIX = "axoexp.reused."  # on a parent: axoexp.reused.jobN = the earlier run job N reused
 REFUSED_PREFIX = "axoexp.refused."  # on a parent: axoexp.refused.jobN = why job N made no run
 OUTPUT_DIR = "output_dir"

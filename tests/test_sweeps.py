@@ -97,22 +97,27 @@ def test_failing_job_fails_the_parent_but_keeps_the_others(tmp_path: Path) -> No
     assert statuses == {"01 eager 2x12x4 measured_updates=3": "FINISHED", "03 flaky 2x12x4 measured_updates=3": "FAILED"}
 
 
-def test_rerunning_a_sweep_reuses_finished_runs_unless_told_not_to(tmp_path: Path) -> None:
+def test_rerunning_a_sweep_reuses_its_finished_runs_unless_told_not_to(tmp_path: Path) -> None:
+    assert run_cli("population.neurons=2", "run.measured_updates=3", cwd=tmp_path).returncode == 0
     sweep = ("-m", "population.neurons=2,3", "run.measured_updates=3")
-    assert run_cli(*sweep, cwd=tmp_path).returncode == 0
+    first = run_cli(*sweep, cwd=tmp_path)
+    assert first.returncode == 0 and "reused" not in first.stdout, "a single run is not a sweep's job"
     again = run_cli(*sweep, cwd=tmp_path)
     assert again.returncode == 0, again.stderr
-    assert again.stdout.count("skipped population.neurons=") == 2
+    assert again.stdout.count("reused population.neurons=") == 2
     client, runs = _runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
     parents, children = _split(runs)
-    assert len(parents) == 2 and len(children) == 2, "the second sweep created no new job runs"
-    second = max(parents, key=lambda run: run.info.start_time)
+    assert len(parents) == 2 and len(children) == 3, "the second sweep created no new job runs"
+    first_parent, second = sorted(parents, key=lambda run: run.info.start_time)
+    assert re.search(rf"^reused 2 of 2 jobs from '{re.escape(first_parent.info.run_name)}' "
+                     rf"\({first_parent.info.run_id}\) \(sweep.resume=false re-measures\)$", again.stdout, re.M)
     reused = {key: value for key, value in second.data.tags.items() if key.startswith(names.REUSED_PREFIX)}
-    assert sorted(reused.values()) == sorted(child.info.run_id for child in children)
+    assert sorted(reused.values()) == sorted(child.info.run_id for child in children
+                                             if child.data.tags.get(names.PARENT_RUN_ID) == first_parent.info.run_id)
 
     forced = run_cli(*sweep, "sweep.resume=false", cwd=tmp_path)
-    assert forced.returncode == 0 and "skipped" not in forced.stdout
-    assert len(_split(_runs(f"sqlite:///{tmp_path / 'mlflow.db'}")[1])[1]) == 4
+    assert forced.returncode == 0 and "reused" not in forced.stdout
+    assert len(_split(_runs(f"sqlite:///{tmp_path / 'mlflow.db'}")[1])[1]) == 5
 
 
 def test_joblib_launcher_runs_each_job_in_its_own_process(tmp_path: Path) -> None:
