@@ -132,24 +132,28 @@ def test_joblib_launcher_runs_each_job_in_its_own_process(tmp_path: Path) -> Non
     assert all(child.data.tags[names.PROCESS_PID] != launcher_pid for child in children)
 
 
-def test_report_tabulates_a_sweep_and_logs_a_plot_to_the_parent(tmp_path: Path) -> None:
+def test_report_tabulates_a_sweep_next_to_its_outputs_and_logs_it_to_the_parent(tmp_path: Path) -> None:
     (tmp_path / "plugins").mkdir()
     (tmp_path / "plugins" / "sleepy.py").write_text(SLOW_EXECUTOR)
     sweep = run_cli("-m", "executor=eager,sleepy", "population.neurons=2,3", "run.measured_updates=5",
                     cwd=tmp_path)
     assert sweep.returncode == 0, sweep.stderr
-    report = subprocess.run([sys.executable, "-m", "axoexp.report", "--out", str(tmp_path / "r.png")],
+    report = subprocess.run([sys.executable, "-m", "axoexp.report", "--format", "json"],
                             cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert report.returncode == 0, report.stderr
-    rows = [line.split() for line in report.stdout.splitlines() if line[:1].isdigit()]
-    assert sorted((row[0], row[1], row[2]) for row in rows) == [
+    rows = json.loads(report.stdout)
+    assert sorted((row["shape"], row["executor"], row["status"]) for row in rows) == [
         ("2x12x4", "eager", "FINISHED"), ("2x12x4", "sleepy", "FINISHED"),
         ("3x12x4", "eager", "FINISHED"), ("3x12x4", "sleepy", "FINISHED")]
-    assert all(float(row[5].rstrip("x")) == 1.0 for row in rows if row[1] == "eager")
-    assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert all(row["speedup_vs_eager"] == 1.0 for row in rows if row["executor"] == "eager")
+    assert {json.dumps(row["settings"]) for row in rows} == {'{"neurons": "2"}', '{"neurons": "3"}'}
     client, runs = _runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
     (parent,), _ = _split(runs)
-    assert [a.path for a in client.list_artifacts(parent.info.run_id)] == ["r.png"]
+    sweep_dir = Path(parent.data.tags[names.SWEEP_DIR])
+    assert (sweep_dir / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((sweep_dir / "report.json").read_text()) == rows
+    assert sorted(a.path for a in client.list_artifacts(parent.info.run_id)) == ["report.json", "report.png"]
+    assert not list(tmp_path.glob("*.png")), "nothing lands in the current directory"
 
 
 def test_report_without_a_sweep_says_so_in_one_line(tmp_path: Path) -> None:
