@@ -26,6 +26,10 @@ WORKLOAD_CONTEXT = "training"  # the workload is what the adaptation updates tra
 # (runs, metrics, charts), not the GenAI view (traces). MLflow has no constant for either.
 EXPERIMENT_KIND = "mlflow.experimentKind"
 EXPERIMENT_KIND_TRAINING = "custom_model_development"
+# A runs-table view the MLflow UI opens from a link (...?viewStateShareKey=axoexp): MLflow keeps
+# shared views in experiment tags under this prefix.
+SHARED_VIEW_PREFIX = "mlflow.sharedViewState."
+RUNS_VIEW = "axoexp"
 
 # --- tags: run status and bookkeeping
 FAILURE = "axoexp.failure"
