@@ -12,6 +12,8 @@ from axoexp import names
 
 from conftest import REPO, run_cli
 
+pytestmark = pytest.mark.slow  # every test here starts processes
+
 
 def test_default_command_prints_timings_and_logs_to_mlflow_db_in_cwd(tmp_path: Path) -> None:
     result = run_cli("executor=eager", "loss=causal_mse", cwd=tmp_path)

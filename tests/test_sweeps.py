@@ -17,6 +17,8 @@ from axoexp import names
 
 from conftest import run_cli
 
+pytestmark = pytest.mark.slow  # every test here starts processes
+
 SLOW_EXECUTOR = '''
 import time
 from axoexp import component
@@ -231,7 +233,7 @@ def test_dead_tracking_server_fails_fast_and_keeps_results_locally(tmp_path: Pat
     result = run_cli(f"tracking.uri={dead}", "run.measured_updates=3", cwd=tmp_path)
     elapsed = time.monotonic() - start
     assert result.returncode == 1
-    assert elapsed < 60, f"took {elapsed:.0f} s: retries are not bounded"
+    assert elapsed < 150, f"took {elapsed:.0f} s: retries are not bounded (MLflow's default takes ~4 minutes)"
     assert f"axoexp: MLflow tracking at {dead} is unreachable" in result.stderr
     (result_file,) = (tmp_path / "outputs").glob("*/*/result.json")
     offline = result_file.parent / "tracking-offline.json"
