@@ -220,7 +220,7 @@ def plot(rows: list[ReportRow], heading: str, path: Path) -> None:
     colours = {name: plt.get_cmap("tab10")(index % 10) for index, name in enumerate(executors)}
     speedups = [row for row in finished if row.executor != BASELINE and not math.isnan(row.speedup_vs_eager)]
 
-    columns = min(len(panels), 3)
+    columns = len(panels) if len(panels) <= 3 else math.ceil(math.sqrt(len(panels)))  # 4 panels: 2 x 2
     panel_rows = math.ceil(len(panels) / columns)
     figure = plt.figure(figsize=(4.2 * columns + 2.0, 3.4 * panel_rows + (3.2 if speedups else 0) + 0.9))
     grid = figure.add_gridspec(panel_rows + (1 if speedups else 0), columns)
@@ -281,7 +281,7 @@ def _latency_panel(axes: Axes, rows: list[ReportRow], x_label: str | None, execu
         if values and values[-1] / max(values[0], 1e-12) >= 8:
             axes.set_xscale("log")
         axes.set_xticks(values, [f"{value:g}" for value in values])
-        axes.minorticks_off() if axes.get_xscale() == "linear" else axes.xaxis.set_minor_locator(plt.NullLocator())
+        axes.xaxis.set_minor_locator(plt.NullLocator())  # ticks at the swept values only
         axes.set_xlabel(x_label)
     axes.grid(True, which="both", alpha=0.3)
 

@@ -184,7 +184,8 @@ def runs_view() -> str:
 def experiment_id(client: MlflowClient, name: str) -> str:
     """The experiment ``name``, created if missing, tagged for the MLflow UI: of the training
     kind, with axoexp's runs view (:func:`runs_view`)."""
-    tags = {names.EXPERIMENT_KIND: names.EXPERIMENT_KIND_TRAINING, names.SHARED_VIEW_PREFIX + names.RUNS_VIEW: runs_view()}
+    tags = {names.EXPERIMENT_KIND: names.EXPERIMENT_KIND_TRAINING,
+            names.SHARED_VIEW_PREFIX + names.RUNS_VIEW: runs_view()}
     found = client.get_experiment_by_name(name)
     if found is None:
         return client.create_experiment(name, tags=tags)

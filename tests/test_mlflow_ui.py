@@ -30,7 +30,8 @@ VIEW = f"runs?workflowType=machine_learning&viewStateShareKey={names.RUNS_VIEW}"
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not CHROMIUM.is_file(), reason=f"needs Debian's chromium at {CHROMIUM} (apt-get install chromium)"),
+    pytest.mark.skipif(not CHROMIUM.is_file(),
+                       reason=f"needs Debian's chromium at {CHROMIUM} (apt-get install chromium)"),
 ]
 sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (pip install -e '.[dev]')")
 

@@ -96,7 +96,8 @@ def test_failing_job_fails_the_parent_but_keeps_the_others(tmp_path: Path) -> No
         "executor=eager,population.neurons=0,run.measured_updates=3",
         "executor=flaky,population.neurons=0,run.measured_updates=3"]
     statuses = {child.info.run_name: child.info.status for child in children}
-    assert statuses == {"01 eager 2x12x4 measured_updates=3": "FINISHED", "03 flaky 2x12x4 measured_updates=3": "FAILED"}
+    assert statuses == {"01 eager 2x12x4 measured_updates=3": "FINISHED",
+                        "03 flaky 2x12x4 measured_updates=3": "FAILED"}
 
 
 def test_rerunning_a_sweep_reuses_its_finished_runs_unless_told_not_to(tmp_path: Path) -> None:
