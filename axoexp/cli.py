@@ -33,22 +33,27 @@ _tracebacks_wanted = os.environ.get(FULL_ERROR_ENV) == "1"  # the user's own set
 @hydra.main(version_base="1.3", config_path="pkg://axoexp.conf", config_name="config")
 def hydra_app(config: DictConfig) -> float | None:
     """Run one experiment; Hydra's multirun calls this once per job."""
+    from axoexp import describe as describe_run
     from axoexp import sweep
     from axoexp.console import format_result
     from axoexp.experiment import run_experiment
+    from axoexp.progress import run_observers
 
     load_plugins()  # a no-op here; in a launcher's worker process the registry starts empty
     hydra_config = HydraConfig.get()
-    job_name = None
+    job_name = run_name = None
     if hydra_config.mode == RunMode.MULTIRUN:
         job_name = hydra_config.job.override_dirname or "defaults"
+        run_name = describe_run.job_run_name(config, hydra_config.job.num, hydra_config.overrides.task)
         previous = sweep.reused_run(config, hydra_config.job.num)
         if previous is not None:
-            print(f"skipped {job_name}: its resolved config already FINISHED as MLflow run "
-                  f"{previous} (sweep.resume=false runs it again)", flush=True)
+            print(f"reused {job_name}: FINISHED as MLflow run {previous.info.run_id} "
+                  f"'{previous.info.run_name}' (sweep.resume=false re-measures)", flush=True)
             return None
     try:
-        result = run_experiment(config, Path(hydra_config.runtime.output_dir), run_name=job_name)
+        in_this_terminal = hydra_config.mode != RunMode.MULTIRUN or "BasicLauncher" in hydra_config.launcher._target_
+        result = run_experiment(config, Path(hydra_config.runtime.output_dir), run_name=run_name,
+                                observers=run_observers(config.run.progress, in_this_terminal))
     except AxoexpError as error:
         if hydra_config.mode == RunMode.MULTIRUN:
             if isinstance(error, ConfigError):  # it made no run: the parent records why

@@ -45,6 +45,7 @@ class RunConfig:
                                      "failing; 0: fail at once if another job holds it", NON_NEGATIVE)
     lease_cpus: Optional[int] = setting(None, "CPUs a job leases and is pinned to; null: all it may use on "
                                         "device=cpu, none on cuda", AT_LEAST_ONE)
+    progress: bool = setting(True, "live progress on stderr when it is a terminal, redrawn only between timed updates")
 
 
 @dataclass
@@ -75,7 +76,9 @@ class TrackingConfig:
 
 @dataclass
 class SweepConfig:
-    resume: bool = setting(True, "in a multirun, skip a job whose resolved config already has a FINISHED run")
+    resume: str = setting("same_sweep", "in a multirun, reuse a FINISHED run of the job's resolved config from an "
+                                         "earlier sweep with the same overrides (same_sweep), from any run (any), or "
+                                         "never (false)")
     parent_run_id: Optional[str] = setting(None, "set by the sweep itself: the MLflow parent run of its jobs")
     repeats: int = setting(1, "in a multirun, run each job this many times as separate child runs "
                            "(the report pools them)", AT_LEAST_ONE)

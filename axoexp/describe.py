@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import time
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
 import torch
+from mlflow.data.code_dataset_source import CodeDatasetSource
+from mlflow.data.meta_dataset import MetaDataset
+from mlflow.types.schema import Schema, TensorSpec
 
-from axoexp import names
+from axoexp import metadata, names
 from axoexp.executors.base import NOT_TIMED, Executor
 from axoexp.interfaces import PopulationSetup
 from axoexp.plan import Plan
+from axoexp.registry import GROUPS
 from axoexp.timing import CLOCK, DEVICE_CLOCK
 from axoexp.tracking import config_digest
 
@@ -31,6 +39,7 @@ def run_tags(plan: Plan, resolved_config: dict[str, Any]) -> dict[str, str]:
         names.SEED: str(plan.config.seed), names.CONFIG_HASH: config_digest(resolved_config),
         names.PROCESS_PID: str(os.getpid()), names.SHAPE: shape_of(plan),
     })
+    tags.update(metadata.source_tags())
     parent = plan.config.sweep.parent_run_id
     if parent:
         tags[names.PARENT_RUN_ID] = parent
@@ -68,8 +77,65 @@ def timing_tags(executor: Executor, device: torch.device | None = None) -> dict[
     return tags
 
 
+SHAPE_KEYS = tuple(f"population.{key}" for key in ("neurons", "time_steps", "contacts"))
+NOT_IN_NAMES = ("executor", "executor.name", *SHAPE_KEYS)  # named first, as executor and shape
+TIMESTAMP = "%m-%d %H:%M:%S"
+
+
+def short_overrides(overrides: Iterable[str], skip: tuple[str, ...] = (), choices_by_value: bool = True) -> list[str]:
+    """Overrides as a run name shows them: a group choice by its option (``clip_norm``) if
+    ``choices_by_value``, any other key by its last part (``lr=0.01``); bookkeeping keys
+    (where results go, how a run is watched) left out."""
+    shown = []
+    for override in overrides:
+        key, _, value = override.partition("=")
+        key = key.lstrip("+~")
+        if key in skip or key.startswith(names.NOT_MEASUREMENT_PARAM_PREFIXES) or key.startswith("hydra"):
+            continue
+        shown.append(value if choices_by_value and key in GROUPS else f"{key.rsplit('.', 1)[-1]}={value}")
+    return shown
+
+
+def job_run_name(config: Mapping[str, Any], job_number: int, overrides: Iterable[str]) -> str:
+    """A sweep job's run: job number (so names sort in sweep order), executor, shape and its other
+    overrides, e.g. ``03 cudagraph 64x256x32 clip_norm``. The full overrides are in its params."""
+    population = config["population"]
+    shape = names.shape_label(*(population.get(key, "?") for key in ("neurons", "time_steps", "contacts")))
+    return " ".join([f"{job_number:02d}", str(config["executor"]["name"]), shape,
+                     *short_overrides(overrides, NOT_IN_NAMES)])
+
+
+def sweep_run_name(overrides: Iterable[str]) -> str:
+    """A sweep's parent run: when it started and what it sweeps, e.g. ``sweep 12-05 14:32:05 neurons=3,64``."""
+    return " ".join(["sweep", time.strftime(TIMESTAMP), *short_overrides(overrides, choices_by_value=False)])
+
+
 def default_run_name(plan: Plan) -> str:
-    """E.g. ``cudagraph lite-64x256x32 causal_mse adam cuda``."""
-    chosen = plan.components
-    return (f"{chosen['executor'].name} {chosen['population'].name}-{shape_of(plan)} "
-            f"{chosen['loss'].name} {chosen['optimizer'].name} {plan.device}")
+    """A single run: when it started (names sort by time), executor, shape and device,
+    e.g. ``12-05 14:32:05 cudagraph 64x256x32 cuda``."""
+    return f"{time.strftime(TIMESTAMP)} {plan.components['executor'].name} {shape_of(plan)} {plan.device.type}"
+
+
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype | None:
+    try:
+        return torch.empty((), dtype=dtype).numpy().dtype
+    except TypeError:  # bfloat16 has no numpy dtype
+        return None
+
+
+def workload_dataset(setup: PopulationSetup, plan: Plan) -> MetaDataset:
+    """The workload as an MLflow dataset: the settings that generated it (population, shape,
+    input rate, teacher perturbation, batches, seed) and a digest of the generated batches,
+    so that equal digests mean identical inputs and targets."""
+    population = plan.components["population"].name
+    settings = {key: str(value) for key, value in plan.params["population"].items()}
+    source = CodeDatasetSource({"population": population, "seed": str(plan.config.seed), **settings})
+    digest = hashlib.sha256()
+    for batch in setup.batches:
+        for tensor in batch:
+            digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    inputs, targets = setup.batches[0]
+    specs = [TensorSpec(_numpy_dtype(tensor.dtype), (len(setup.batches), *tensor.shape), name)
+             for name, tensor in (("inputs", inputs), ("targets", targets)) if _numpy_dtype(tensor.dtype) is not None]
+    return MetaDataset(source, name=f"{population}-{shape_of(plan)}", digest=digest.hexdigest()[:16],
+                       schema=Schema(specs) if specs else None)

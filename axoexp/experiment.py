@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,6 +25,9 @@ from axoexp.tracking import RunLog, configure_tracking, flatten, tracked_run
 from axoexp.verification import Verification, verify_parity
 
 RESULT_FILE = "result.json"
+HYDRA_DIR = ".hydra"  # Hydra's record of the job: config, its overrides, Hydra's own config
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -66,6 +70,8 @@ def run_experiment(
     run_name = config.tracking.run_name or run_name or describe.default_run_name(plan)
     with tracked_run(tracking_uri, config.tracking.experiment, run_name, describe.run_tags(plan, container),
                      offline_dir=output_dir) as tracker:
+        log.info("MLflow run %s (%s) in experiment %r at %s", tracker.run_id, run_name,
+                 config.tracking.experiment, tracking_uri)
         params = flatten(container)
         del params[names.RUN_THREADS_PARAM]  # logged once resolved, inside the lease
         tracker.log_params(params)
@@ -73,6 +79,8 @@ def run_experiment(
         tracker.set_tags(metadata.collect(plan.device))
         if output_dir is not None:
             tracker.set_tags({names.OUTPUT_DIR: str(output_dir)})
+            if (output_dir / HYDRA_DIR).is_dir():
+                tracker.log_artifact(str(output_dir / HYDRA_DIR))
         with device_lease(plan.device, cpus=config.run.lease_cpus, timeout_s=config.run.lease_timeout_s) as lease:
             threads = configure_threads(config.run.threads)  # after the lease pinned this process's CPUs
             tracker.log_params({names.RUN_THREADS_PARAM: threads.count})
@@ -92,6 +100,7 @@ def _execute(plan: Plan, tracker: RunLog, tracking_uri: str, observers: Sequence
     config = plan.config
     setup = plan.build_population()
     tracker.set_tags(describe.workload_tags(setup, plan))
+    tracker.log_dataset(describe.workload_dataset(setup, plan), names.WORKLOAD_CONTEXT)
     pristine = copy.deepcopy(setup.module) if config.verify.enabled else None
     executor = plan.build_executor(setup.module)
     tracker.set_tags(describe.timing_tags(executor, plan.device))
@@ -103,6 +112,8 @@ def _execute(plan: Plan, tracker: RunLog, tracking_uri: str, observers: Sequence
             prepare_ms = executor.prepare(*setup.batches[0])
         tracker.log_metrics({names.phase_metric(phase): value for phase, value in prepare_ms.items()})
         tracker.set_tags(executor.prepared_tags)
+        if prepare_ms:
+            log.info("prepare: %s", ", ".join(f"{phase} {ms:.1f} ms" for phase, ms in prepare_ms.items()))
         warmup, measured = measure_updates(executor, setup.batches, config.run.warmup_updates,
                                            config.run.measured_updates, tracker, observers,
                                            config.run.min_time_s, config.run.max_time_s)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from axoexp import names
+
 PACKAGES = ("axoexp", "axosim", "torch", "numpy", "hydra-core", "omegaconf", "mlflow", "mlflow-skinny")
 
 
@@ -89,11 +91,33 @@ def determinism_flags() -> dict[str, str]:
     }
 
 
+PACKAGE_DIR = Path(__file__).resolve().parent
+HYDRA_APP_SOURCE = "python -m axoexp"
+
+
+def _program(argv0: Path) -> str:
+    return f"python -m {argv0.parent.name}" if argv0.name == "__main__.py" else argv0.name or "python"
+
+
+def source_tags(program: str | None = None) -> dict[str, str]:
+    """MLflow's source tags, naming axoexp's code: the program (``program``, else ``python -m
+    axoexp`` in a job of the Hydra app, also in a launcher's worker, else the command, e.g.
+    ``python -m pytest``) and axoexp's git commit."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if program is None:
+        program = HYDRA_APP_SOURCE if HydraConfig.initialized() else _program(Path(sys.argv[0]))
+    tags = {names.SOURCE_NAME: program}
+    commit = _git(["rev-parse", "HEAD"], PACKAGE_DIR)
+    if commit:
+        tags[names.SOURCE_GIT_COMMIT] = commit
+    return tags
+
+
 def collect(device: torch.device) -> dict[str, str]:
     """All metadata tags for a run on ``device``."""
-    source = Path(__file__).resolve().parent
     return {
-        **git_state(source),
+        **git_state(PACKAGE_DIR),
         **package_versions(),
         **device_info(device),
         **determinism_flags(),

@@ -14,12 +14,26 @@ HTTP_MAX_RETRIES_ENV = "MLFLOW_HTTP_REQUEST_MAX_RETRIES"
 HTTP_TIMEOUT_ENV = "MLFLOW_HTTP_REQUEST_TIMEOUT"
 HTTP_BACKOFF_FACTOR_ENV = "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"
 HTTP_BACKOFF_JITTER_ENV = "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER"
+SOURCE_NAME = "mlflow.source.name"
+SOURCE_GIT_COMMIT = "mlflow.source.git.commit"
+MLFLOW_GIT_PREFIX = "mlflow.source.git."
+DATASET_CONTEXT = "mlflow.data.context"
+WORKLOAD_CONTEXT = "training"  # the workload is what the adaptation updates train on
+# The MLflow UI opens an experiment in the view its kind names; this one is the training view
+# (runs, metrics, charts), not the GenAI view (traces). MLflow has no constant for either.
+EXPERIMENT_KIND = "mlflow.experimentKind"
+EXPERIMENT_KIND_TRAINING = "custom_model_development"
+# A runs-table view the MLflow UI opens from a link (...?viewStateShareKey=axoexp): MLflow keeps
+# shared views in experiment tags under this prefix.
+SHARED_VIEW_PREFIX = "mlflow.sharedViewState."
+RUNS_VIEW = "axoexp"
 
 # --- tags: run status and bookkeeping
 FAILURE = "axoexp.failure"
 PARTIAL = "axoexp.partial"
 CONFIG_HASH = "axoexp.config_hash"
 SWEEP_ROLE = "axoexp.sweep"  # "parent" on a sweep's parent run
+SWEEP_DEFINITION = "axoexp.sweep_definition"  # on a parent: SHA-256 of its overrides, bookkeeping left out
 REUSED_PREFIX = "axoexp.reused."  # on a parent: axoexp.reused.jobN = the earlier run job N reused
 REFUSED_PREFIX = "axoexp.refused."  # on a parent: axoexp.refused.jobN = why job N made no run
 OUTPUT_DIR = "output_dir"
@@ -76,8 +90,10 @@ def timing_includes_tag(phase: str) -> str:
 
 
 # --- metrics
-UPDATE_SERIES = "update_ms"  # one value per update, warm-up included (step = update index)
-LOSS_SERIES = "loss"
+# Series: one value per update, warm-up included (step = update index). Their own section in the
+# MLflow UI's charts ("per_update/"), so no one reads the last sample as the run's latency.
+UPDATE_SERIES = "per_update/latency_ms"
+LOSS_SERIES = "per_update/loss"
 FIRST_UPDATE = "first_update_ms"
 MEASURED_COMPLETED = "measured_updates_completed"
 LOSS_INITIAL = "loss_initial"
@@ -102,7 +118,8 @@ CAPTURE = phase_metric("capture")
 
 # --- params
 EXECUTOR_PARAM_PREFIX = "executor."
-NOT_MEASUREMENT_PARAM_PREFIXES = ("tracking.", "sweep.")  # where results go, not what was measured
+# where results go and how a run is watched, not what was measured
+NOT_MEASUREMENT_PARAM_PREFIXES = ("tracking.", "sweep.", "run.progress")
 
 
 def shape_label(neurons: object, time_steps: object, contacts: object) -> str:

@@ -68,6 +68,15 @@ class Plan:
         )
 
 
+RESUME_MODES = ("same_sweep", "any", "false")
+
+
+def resume_mode(value: object) -> str | None:
+    """``sweep.resume`` as one of :data:`RESUME_MODES` (``true`` means ``same_sweep``), else ``None``."""
+    mode = {"true": "same_sweep"}.get(str(value).lower(), str(value).lower())
+    return mode if mode in RESUME_MODES else None
+
+
 def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
     """Check everything that can be checked before any work; raise one :class:`ConfigError`."""
     problems: list[str] = []
@@ -98,6 +107,8 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
     lease_cpus = config.run.lease_cpus
     if isinstance(lease_cpus, int) and lease_cpus > len(available_cpus()):
         problems.append(f"run.lease_cpus={lease_cpus}: this process may use only {len(available_cpus())} CPUs")
+    if resume_mode(config.sweep.resume) is None:
+        problems.append(f"sweep.resume={config.sweep.resume!r}: choose one of {', '.join(RESUME_MODES)}")
     device = _parse_device(str(config.device), problems)
     dtype = DTYPES.get(str(config.dtype))
     if dtype is None:

@@ -11,6 +11,7 @@ process exits through ``sys.exit(1)`` instead, so the parent is also ended from 
 from __future__ import annotations
 
 import atexit
+import hashlib
 import logging
 import os
 import sys
@@ -22,14 +23,26 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from axoexp import names
-from axoexp.tracking import UNREACHABLE, config_digest, configure_tracking, experiment_id, newest_run
+from axoexp import metadata, names
+from axoexp.describe import sweep_run_name
+from axoexp.plan import resume_mode
+from axoexp.tracking import (
+    UNREACHABLE, config_digest, configure_tracking, experiment_id, newest_run, with_mlflow_context,
+)
 
 PARENT_FILE = "mlflow_parent_run_id"
 PARENT_OVERRIDE_KEY = "sweep.parent_run_id"
 REPEAT_OVERRIDE_KEY = "sweep.repeat"
+RESUME_CANDIDATES = 200  # newest FINISHED runs of a config looked at for reuse
 
 log = logging.getLogger(__name__)
+
+
+def sweep_definition(overrides: list[str]) -> str:
+    """What a sweep measures: SHA-256 of its overrides in any order, without those that say
+    where results go or how runs are watched (``tracking.*``, ``sweep.*``, ``run.progress``)."""
+    measured = sorted(o for o in overrides if not o.lstrip("+~").startswith(names.NOT_MEASUREMENT_PARAM_PREFIXES))
+    return hashlib.sha256("\n".join(measured).encode()).hexdigest()
 
 
 def child_runs(client: MlflowClient, parent: Run) -> list[Run]:
@@ -55,10 +68,12 @@ class MlflowSweepCallback(Callback):
         try:
             run = client.create_run(
                 experiment_id(client, config.tracking.experiment),
-                run_name="sweep " + (" ".join(overrides) or "(no overrides)"),
-                tags={names.SWEEP_ROLE: "parent", names.SWEEP_DIR: str(sweep_dir.resolve()),
-                      names.SWEEP_OVERRIDES: " ".join(overrides), names.COMMAND: " ".join(sys.argv),
-                      names.PROCESS_PID: str(os.getpid())},
+                run_name=sweep_run_name(overrides),
+                tags=with_mlflow_context({
+                    names.SWEEP_ROLE: "parent", names.SWEEP_DIR: str(sweep_dir.resolve()),
+                    names.SWEEP_OVERRIDES: " ".join(overrides), names.SWEEP_DEFINITION: sweep_definition(overrides),
+                    names.COMMAND: " ".join(sys.argv),
+                    names.PROCESS_PID: str(os.getpid()), **metadata.source_tags(metadata.HYDRA_APP_SOURCE)}),
             )
         except UNREACHABLE as error:
             log.error("MLflow tracking at %s is unreachable, so the sweep has no parent run: %s", uri, error)
@@ -81,6 +96,7 @@ class MlflowSweepCallback(Callback):
         self.parent_run_id = None
         parent_run = client.get_run(parent)
         children = child_runs(client, parent_run)
+        print_reuse(client, parent_run, len(children))
         unfinished = [child for child in children if child.info.status != "FINISHED"]
         refused = [key for key in parent_run.data.tags if key.startswith(names.REFUSED_PREFIX)]
         if all_jobs_returned and not unfinished and not refused:
@@ -116,27 +132,57 @@ def note_refused_job(config: DictConfig, job_number: int, job_name: str, error: 
         log.error("could not record the refused job %s on the parent run: %s", job_name, unreachable)
 
 
-def reused_run(config: DictConfig, job_number: int) -> str | None:
+def reused_run(config: DictConfig, job_number: int) -> Run | None:
     """Resume: the earlier FINISHED run this job can reuse, recorded on the sweep's parent.
 
-    ``None`` when ``sweep.resume`` is off or no run with this resolved config's digest
-    (tag ``axoexp.config_hash``) and this ``sweep.repeat`` finished before; the job then runs.
+    A run qualifies if it has this job's resolved config (its digest, tag ``axoexp.config_hash``)
+    and this ``sweep.repeat`` and finished, and, with ``sweep.resume=same_sweep`` (the default), if it is a job of an
+    earlier sweep with the same definition (:func:`sweep_definition`): a single run or another
+    sweep's job is never reused unless ``sweep.resume=any``. ``None`` with ``sweep.resume=false``,
+    outside a sweep, or when nothing qualifies; the job then runs.
     """
-    if not config.sweep.resume:
+    mode = resume_mode(config.sweep.resume)
+    parent_id = config.sweep.parent_run_id
+    if mode in (None, "false") or not parent_id:
         return None
-    tracking_uri = configure_tracking(config.tracking)
     container = OmegaConf.to_container(config, resolve=True)
     assert isinstance(container, dict)
-    client = MlflowClient(tracking_uri=tracking_uri)
+    client = MlflowClient(tracking_uri=configure_tracking(config.tracking))
     try:
-        run = newest_run(client, config.tracking.experiment,
-                         f"tags.`{names.CONFIG_HASH}` = '{config_digest(container)}' "
-                         "and attributes.status = 'FINISHED'"
-                         f" and params.`{names.SWEEP_REPEAT_PARAM}` = '{config.sweep.repeat}'")
+        run = _newest_reusable(client, config.tracking.experiment, config_digest(container), parent_id, mode,
+                               config.sweep.repeat)
+        if run is not None:
+            client.set_tag(parent_id, f"{names.REUSED_PREFIX}job{job_number}", run.info.run_id)
     except UNREACHABLE:
         return None
-    if run is None:
+    return run
+
+
+def _newest_reusable(client: MlflowClient, experiment: str, digest: str, parent_id: str, mode: str,
+                     repeat: int) -> Run | None:
+    finished = (f"tags.`{names.CONFIG_HASH}` = '{digest}' and attributes.status = 'FINISHED' "
+                f"and params.`{names.SWEEP_REPEAT_PARAM}` = '{repeat}'")
+    if mode == "any":
+        return newest_run(client, experiment, finished)
+    definition = client.get_run(parent_id).data.tags.get(names.SWEEP_DEFINITION)
+    found = client.get_experiment_by_name(experiment)
+    if definition is None or found is None:
         return None
-    if config.sweep.parent_run_id:
-        client.set_tag(config.sweep.parent_run_id, f"{names.REUSED_PREFIX}job{job_number}", run.info.run_id)
-    return run.info.run_id
+    same_sweeps = {run.info.run_id for run in client.search_runs(
+        [found.experiment_id], filter_string=f"tags.`{names.SWEEP_DEFINITION}` = '{definition}'")} - {parent_id}
+    candidates = client.search_runs([found.experiment_id], filter_string=finished,
+                                    order_by=["attributes.start_time DESC"], max_results=RESUME_CANDIDATES)
+    return next((run for run in candidates if run.data.tags.get(names.PARENT_RUN_ID) in same_sweeps), None)
+
+
+def print_reuse(client: MlflowClient, parent: Run, children: int) -> None:
+    """Say how many jobs reused earlier runs, and from which sweeps: ``reused k of n jobs from ...``."""
+    reused = [value for key, value in parent.data.tags.items() if key.startswith(names.REUSED_PREFIX)]
+    if not reused:
+        return
+    refused = sum(key.startswith(names.REFUSED_PREFIX) for key in parent.data.tags)
+    sources = []
+    for run_id in dict.fromkeys(client.get_run(run_id).data.tags.get(names.PARENT_RUN_ID) for run_id in reused):
+        sources.append(f"'{client.get_run(run_id).info.run_name}' ({run_id})" if run_id else "single runs")
+    print(f"reused {len(reused)} of {len(reused) + children + refused} jobs from {', '.join(sources)} "
+          "(sweep.resume=false re-measures)", flush=True)

@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import requests
-from mlflow.entities import Metric, Param, Run, RunTag
+from mlflow.data.dataset import Dataset
+from mlflow.entities import DatasetInput, InputTag, Metric, Param, Run, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+from mlflow.tracking.context.registry import resolve_tags
 from mlflow.utils.time import get_current_time_millis
 from omegaconf import DictConfig
 
@@ -41,9 +43,11 @@ def configure_tracking(tracking: DictConfig) -> str:
 
 
 def config_digest(config: Mapping[str, Any]) -> str:
-    """SHA-256 of a resolved config without its ``tracking`` and ``sweep`` settings,
-    which say where and how results go, not what is measured."""
+    """SHA-256 of a resolved config without its ``tracking`` and ``sweep`` settings and
+    ``run.progress``, which say where results go and how a run is watched, not what is measured."""
     measured = {key: value for key, value in config.items() if key not in ("tracking", "sweep")}
+    if isinstance(measured.get("run"), Mapping):
+        measured["run"] = {key: value for key, value in measured["run"].items() if key != "progress"}
     return hashlib.sha256(json.dumps(measured, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -75,6 +79,7 @@ class RunLog(Protocol):
     def log_series(self, name: str, values: list[float], first_step: int = 0) -> None: ...
     def log_text(self, text: str, artifact_file: str) -> None: ...
     def log_artifact(self, path: str) -> None: ...
+    def log_dataset(self, dataset: Dataset, context: str) -> None: ...
 
 
 @dataclass
@@ -84,7 +89,7 @@ class OfflineLog:
     directory: Path
     reason: str
     run_id: str = field(default_factory=lambda: f"offline-{uuid.uuid4().hex[:12]}")
-    record: dict[str, Any] = field(default_factory=lambda: {"params": {}, "tags": {}, "metrics": {}})
+    record: dict[str, Any] = field(default_factory=lambda: {"params": {}, "tags": {}, "metrics": {}, "datasets": []})
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         self._update("params", {key: str(value) for key, value in params.items()})
@@ -103,6 +108,10 @@ class OfflineLog:
 
     def log_artifact(self, path: str) -> None:
         """Artifacts already lie in the output directory."""
+
+    def log_dataset(self, dataset: Dataset, context: str) -> None:
+        self.record["datasets"].append({**dataset.to_dict(), "context": context})
+        self._update("tags", {})  # writes the record
 
     def _update(self, section: str, values: Mapping[str, Any]) -> None:
         self.record[section].update(values)
@@ -140,16 +149,61 @@ class Tracker:
         self.client.log_text(self.run_id, text, artifact_file)
 
     def log_artifact(self, path: str) -> None:
+        """A file, or a directory with everything in it (logged under the directory's name)."""
         self.client.log_artifact(self.run_id, path)
+
+    def log_dataset(self, dataset: Dataset, context: str) -> None:
+        """An MLflow dataset input (the runs table's Dataset column), e.g. the workload."""
+        self.client.log_inputs(self.run_id, [DatasetInput(dataset._to_mlflow_entity(),
+                                                          [InputTag(names.DATASET_CONTEXT, context)])])
 
     def _log(self, metrics: list[Metric]) -> None:
         for start in range(0, len(metrics), MAX_BATCH):
             self.client.log_batch(self.run_id, metrics=metrics[start:start + MAX_BATCH])
 
 
+def _ui_column(kind: str, key: str) -> str:
+    return f"{kind}.`{key}`"
+
+
+RUNS_VIEW_COLUMNS = (
+    *(_ui_column("metrics", names.update_metric(stat)) for stat in ("median", "p10", "p90")),
+    _ui_column("metrics", names.CAPTURE), _ui_column("tags", names.component_tag("executor")),
+    _ui_column("tags", names.SHAPE), *(_ui_column("attributes", key) for key in ("Dataset", "Source", "Version")),
+)
+
+
+def runs_view() -> str:
+    """The MLflow UI's runs table as axoexp's results read best: the summary columns first."""
+    widths = {_ui_column("attributes", "Run Name"): 300,
+              **{column: 130 for column in RUNS_VIEW_COLUMNS if column.startswith("metrics.")}}
+    return json.dumps({"selectedColumns": list(RUNS_VIEW_COLUMNS), "columnWidths": widths,
+                       "columnOrder": [_ui_column("attributes", "Run Name"), *RUNS_VIEW_COLUMNS]})
+
+
 def experiment_id(client: MlflowClient, name: str) -> str:
+    """The experiment ``name``, created if missing, tagged for the MLflow UI: of the training
+    kind, with axoexp's runs view (:func:`runs_view`)."""
+    tags = {names.EXPERIMENT_KIND: names.EXPERIMENT_KIND_TRAINING,
+            names.SHARED_VIEW_PREFIX + names.RUNS_VIEW: runs_view()}
     found = client.get_experiment_by_name(name)
-    return found.experiment_id if found else client.create_experiment(name)
+    if found is None:
+        return client.create_experiment(name, tags=tags)
+    for key, value in tags.items():
+        if found.tags.get(key) != value:  # made by an older axoexp or by hand
+            client.set_experiment_tag(found.experiment_id, key, value)
+    return found.experiment_id
+
+
+def with_mlflow_context(tags: Mapping[str, str]) -> dict[str, str]:
+    """MLflow's standard run tags (``mlflow.user``, ``mlflow.source.*``), as MLflow's own context
+    resolution finds them, with ``tags`` over them.
+
+    MLflow takes the git tags from the repository holding ``sys.argv[0]`` (pytest's, a
+    launcher worker's); they are dropped here, so ``tags`` name the code that ran.
+    """
+    context = {key: value for key, value in resolve_tags().items() if not key.startswith(names.MLFLOW_GIT_PREFIX)}
+    return {**context, **tags}
 
 
 def newest_run(client: MlflowClient, experiment: str, filter_string: str) -> Run | None:
@@ -174,13 +228,14 @@ def tracked_run(
     so the measurement is kept and the failure is still reported.
     """
     client = MlflowClient(tracking_uri=tracking_uri)
+    tags = with_mlflow_context(tags or {})
     try:
-        run = client.create_run(experiment_id(client, experiment), run_name=run_name, tags=dict(tags or {}))
+        run = client.create_run(experiment_id(client, experiment), run_name=run_name, tags=tags)
     except UNREACHABLE as error:
         if offline_dir is None:
             raise TrackingUnavailableError(f"MLflow tracking at {tracking_uri} is unreachable: {error}") from error
         offline = OfflineLog(offline_dir, f"{type(error).__name__}: {error}"[:2000])
-        offline.set_tags(tags or {})
+        offline.set_tags(tags)
         yield offline
         raise TrackingUnavailableError(
             f"MLflow tracking at {tracking_uri} is unreachable ({type(error).__name__}); the run "

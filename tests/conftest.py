@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -24,8 +25,17 @@ if not torch.cuda.is_available():  # before anything imports triton: it fixes th
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
+@pytest.fixture(scope="session")
+def empty_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A migrated, empty sqlite MLflow store: each test copies it, as migrating one takes seconds."""
+    path = tmp_path_factory.mktemp("store") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
+    return path
+
+
 @pytest.fixture
-def tracking_uri(tmp_path: Path) -> str:
+def tracking_uri(tmp_path: Path, empty_store: Path) -> str:
+    shutil.copyfile(empty_store, tmp_path / "mlflow.db")
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
 
 

@@ -12,6 +12,8 @@ from axoexp import names
 
 from conftest import REPO, run_cli
 
+pytestmark = pytest.mark.slow  # every test here starts processes
+
 
 def test_default_command_prints_timings_and_logs_to_mlflow_db_in_cwd(tmp_path: Path) -> None:
     result = run_cli("executor=eager", "loss=causal_mse", cwd=tmp_path)
@@ -23,6 +25,10 @@ def test_default_command_prints_timings_and_logs_to_mlflow_db_in_cwd(tmp_path: P
     assert run.info.status == "FINISHED"
     assert run.data.params["loss.name"] == "causal_mse"
     assert (Path(run.data.tags["output_dir"]) / "result.json").is_file()
+    job_log = (Path(run.data.tags["output_dir"]) / "axoexp.log").read_text()
+    for phase in ("prepare (compile, capture): done in ", "warm-up: 5 updates in ", "measured: 50 updates in "):
+        assert phase in job_log and phase in result.stdout
+    assert "\x1b[" not in result.stdout + result.stderr, "no colour codes or progress bar when not a terminal"
 
 
 def test_cudagraph_on_cpu_exits_at_once_suggesting_eager(tmp_path: Path) -> None:

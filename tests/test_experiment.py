@@ -72,7 +72,7 @@ def test_eager_run_is_logged_to_sqlite_and_reads_back(make_config, client, tmp_p
 
     run = client.get_run(result.run_id)
     assert run.info.status == "FINISHED"
-    assert run.info.run_name == "eager lite-3x12x4 causal_mse adam cpu"
+    assert re.fullmatch(r"\d\d-\d\d \d\d:\d\d:\d\d eager 3x12x4 cpu", run.info.run_name), "short, sorts by time"
     metrics = run.data.metrics
     assert metrics[names.update_metric("count")] == 7 and metrics[names.MEASURED_COMPLETED] == 7
     assert 0 < metrics[names.update_metric("p10")] <= metrics[names.UPDATE_MEDIAN] <= metrics[names.update_metric("p90")]
@@ -90,6 +90,19 @@ def test_eager_run_is_logged_to_sqlite_and_reads_back(make_config, client, tmp_p
     assert tags["version.torch"] == torch.__version__ and tags["version.axosim"] == "0.1.0"
     assert tags["git.dirty"] in {"true", "false"} and tags["device"] == "cpu" and tags["seed"] == "0"
     assert tags["determinism.deterministic_algorithms"] == "false"
+    assert tags[names.SOURCE_GIT_COMMIT] == tags["git.commit"]
+    assert tags[names.SOURCE_NAME] in {"python -m pytest", "pytest"}
+    assert tags["mlflow.user"] and tags["mlflow.source.type"] == "LOCAL", "MLflow's own context tags"
+    kind = client.get_experiment(run.info.experiment_id).tags[names.EXPERIMENT_KIND]
+    assert kind == names.EXPERIMENT_KIND_TRAINING, "the MLflow UI opens the experiment on its training runs"
+
+    (workload,) = run.inputs.dataset_inputs
+    assert workload.dataset.name == "lite-3x12x4" and len(workload.dataset.digest) == 16
+    assert [(tag.key, tag.value) for tag in workload.tags] == [(names.DATASET_CONTEXT, "training")]
+    source = json.loads(workload.dataset.source)["tags"]
+    assert (source["input_rate"], source["target_perturbation"], source["batches"], source["seed"]) == (
+        "0.2", "0.1", "4", "0")
+    assert '"shape": [4, 3, 12, 4]' in workload.dataset.schema
 
     logged = {a.path for a in client.list_artifacts(result.run_id)}
     assert logged == {"config.yaml", "result.json"}

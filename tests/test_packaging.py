@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO
+
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 
 def test_wheel_install_composes_configs_outside_the_checkout(tmp_path: Path) -> None:

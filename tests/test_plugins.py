@@ -6,9 +6,12 @@ import os
 import textwrap
 from pathlib import Path
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from conftest import run_cli
+
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 PLUGIN = '''
 import torch

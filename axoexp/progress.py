@@ -1,0 +1,95 @@
+"""Watching a run as it goes: every window and its duration in the job's log, and a live display.
+
+:class:`RunProgress` is an :class:`~axoexp.measure.Observer`, so it works only between timed
+updates. The display has no thread of its own: it is redrawn from the hooks, at most every
+:data:`REFRESH_S`, so drawing it never lands inside a timed window. It is shown only when
+stderr is a terminal and ``run.progress`` is true; the log lines are written either way
+(Hydra sends them to the console and to ``<job>.log`` in the job's output directory).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import sys
+import time
+from typing import TextIO
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+from axoexp.measure import MEASURED, PREPARE, VERIFY, WARMUP, Observer
+
+REFRESH_S = 0.1
+LABELS = {PREPARE: "prepare (compile, capture)", WARMUP: "warm-up", MEASURED: "measured", VERIFY: "verify"}
+
+log = logging.getLogger("axoexp.run")
+
+
+class RunProgress(Observer):
+    """Logs each window's start and end (updates, duration, median); optionally draws a live bar.
+
+    One observer does both so that the order on the console is right: the start line, then
+    the bar; the bar is cleared before the end line.
+    """
+
+    def __init__(self, display: bool, stream: TextIO | None = None, refresh_s: float = REFRESH_S) -> None:
+        self.console = Console(file=stream or sys.stderr) if display else None
+        self.refresh_s = refresh_s
+        self.progress: Progress | None = None
+        self.task: TaskID | None = None
+        self.started = 0.0
+        self.next_refresh = 0.0
+        self.planned = 0
+        self.latencies_ms: list[float] = []
+
+    def window_started(self, window: str, planned_updates: int) -> None:
+        self.started, self.planned, self.latencies_ms = time.perf_counter(), planned_updates, []
+        label = LABELS.get(window, window)
+        log.info("%s: started%s", label, f", {planned_updates} updates" if planned_updates else "")
+        if self.console is not None:
+            self._start_display(label, planned_updates)
+
+    def update_finished(self, window: str, index: int, latency_ms: float, loss: float) -> None:
+        self.latencies_ms.append(latency_ms)
+        if self.progress is None or self.task is None:
+            return
+        self.progress.advance(self.task)
+        now = time.monotonic()
+        if now >= self.next_refresh:
+            self.progress.update(self.task, last=f"last {latency_ms:.3f} ms  loss {loss:.4g}")
+            self.progress.refresh()
+            self.next_refresh = now + self.refresh_s
+
+    def window_finished(self, window: str, completed_updates: int) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress, self.task = None, None
+        label, seconds = LABELS.get(window, window), time.perf_counter() - self.started
+        if not self.planned:
+            log.info("%s: done in %.2f s", label, seconds)
+            return
+        median = f", median {statistics.median(self.latencies_ms):.3f} ms" if self.latencies_ms else ""
+        if completed_updates < self.planned:
+            log.warning("%s: stopped after %d of %d updates in %.2f s%s", label, completed_updates, self.planned,
+                        seconds, median)
+        else:
+            log.info("%s: %d updates in %.2f s%s", label, completed_updates, seconds, median)
+
+    def _start_display(self, label: str, planned_updates: int) -> None:
+        columns = [TextColumn("[bold]{task.description}")]
+        if planned_updates:
+            columns += [BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[last]}")]
+        else:
+            columns += [TextColumn("...")]
+        # auto_refresh=False: no refresh thread; redrawn only from these hooks, between updates
+        self.progress = Progress(*columns, console=self.console, transient=True, auto_refresh=False,
+                                 redirect_stdout=False, redirect_stderr=False)
+        self.task = self.progress.add_task(label, total=planned_updates or None, last="")
+        self.progress.start()
+        self.next_refresh = 0.0  # the first update is shown at once
+
+
+def run_observers(progress: bool, in_this_terminal: bool = True) -> list[Observer]:
+    """What watches a CLI run: the log always, the live display when asked for and stderr is a terminal."""
+    return [RunProgress(display=progress and in_this_terminal and sys.stderr.isatty())]

@@ -1,0 +1,107 @@
+"""The MLflow UI as a researcher opens it: ``mlflow ui`` on a real sweep, in headless Chromium.
+
+Needs Debian's ``chromium`` (``apt-get install chromium``) and Playwright's Python package
+(installed with ``.[dev]``); Playwright drives the system browser and downloads none. Set
+``AXOEXP_UI_SCREENSHOT=PATH`` to keep the screenshot (the README's comes from here).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+from mlflow.tracking import MlflowClient
+
+from axoexp import names
+
+from conftest import run_cli
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+VIEW = f"runs?workflowType=machine_learning&viewStateShareKey={names.RUNS_VIEW}"  # the README's link
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not CHROMIUM.is_file(),
+                       reason=f"needs Debian's chromium at {CHROMIUM} (apt-get install chromium)"),
+]
+sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (pip install -e '.[dev]')")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def swept_ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, MlflowClient]]:
+    """A real two-job sweep in a fresh store, and ``mlflow ui`` serving it on 127.0.0.1."""
+    root = tmp_path_factory.mktemp("ui")
+    sweep = run_cli("-m", "population.neurons=2,3", "run.measured_updates=5", cwd=root)
+    assert sweep.returncode == 0, sweep.stderr
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        cwd=root, stdout=subprocess.DEVNULL, stderr=(root / "ui.log").open("w"),
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            assert server.poll() is None, (root / "ui.log").read_text()
+            time.sleep(0.5)
+        else:
+            pytest.fail("mlflow ui did not come up: " + (root / "ui.log").read_text()[-2000:])
+        yield url, MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_the_runs_view_shows_the_sweep_its_children_and_their_medians(
+        swept_ui: tuple[str, MlflowClient], tmp_path: Path) -> None:
+    url, client = swept_ui
+    experiment = client.get_experiment_by_name("axoexp")
+    runs = client.search_runs([experiment.experiment_id])
+    (parent,) = [run for run in runs if run.data.tags.get(names.SWEEP_ROLE) == "parent"]
+    children = sorted((run for run in runs if run is not parent), key=lambda run: run.info.run_name)
+
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 560})
+            page.goto(f"{url}/#/experiments/{experiment.experiment_id}/{VIEW}")
+            page.get_by_text(parent.info.run_name, exact=True).wait_for(timeout=60_000)
+            for button in ("Close", "Hide banner"):  # the assistant panel, the shared-view banner
+                if page.get_by_role("button", name=button).count():
+                    page.get_by_role("button", name=button).first.click()
+            median = page.locator(f"[col-id='metrics.`{names.UPDATE_MEDIAN}`']")
+            assert median.first.inner_text().startswith("update_ms_med"), "the median column is shown"
+            page.locator("[row-index='0'] [col-id='attributes.`Run Name`'] button").first.click()
+            for child in children:
+                page.get_by_text(child.info.run_name, exact=True).wait_for(timeout=30_000)
+            cells = [text.strip() for text in median.all_inner_texts()[1:]]
+            assert sum(text not in ("", "-") for text in cells) == len(children), cells
+            page.wait_for_timeout(500)
+            page.screenshot(path=str(tmp_path / "mlflow-ui.png"))
+        finally:
+            browser.close()
+    if os.environ.get("AXOEXP_UI_SCREENSHOT"):
+        shutil.copyfile(tmp_path / "mlflow-ui.png", os.environ["AXOEXP_UI_SCREENSHOT"])
