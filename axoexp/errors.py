@@ -37,3 +37,7 @@ class TrackingUnavailableError(AxoexpError):
 
 class NoSweepError(AxoexpError):
     """The report found no sweep to report on."""
+
+
+class NonFiniteResultError(AxoexpError):
+    """An update produced a non-finite loss or parameter: the run's results are invalid."""

@@ -11,13 +11,15 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from axoexp import describe, metadata, names
+from axoexp import describe, metadata, names, signals
+from axoexp.guard import FiniteGuard
+from axoexp.journal import journaled_run
 from axoexp.measure import PREPARE, VERIFY, Observer, measure_updates, window
 from axoexp.plan import Plan, plan_experiment
 from axoexp.registry import REGISTRY, Registry
 from axoexp.runtime import configure_determinism
 from axoexp.timing import LatencySummary
-from axoexp.tracking import RunLog, configure_tracking, flatten, tracked_run
+from axoexp.tracking import RunLog, configure_tracking, flatten
 from axoexp.verification import Verification, verify_parity
 
 RESULT_FILE = "result.json"
@@ -57,18 +59,23 @@ def run_experiment(
     container = OmegaConf.to_container(config, resolve=True)
     assert isinstance(container, dict)
     run_name = config.tracking.run_name or run_name or describe.default_run_name(plan)
-    with tracked_run(tracking_uri, config.tracking.experiment, run_name, describe.run_tags(plan, container),
-                     offline_dir=output_dir) as tracker:
+    tags = {**describe.run_tags(plan, container), names.RESULT_KEY: metadata.result_key(plan.device, container)}
+    with signals.interruptible(), journaled_run(tracking_uri, config.tracking.experiment, run_name, tags,
+                                                output_dir=output_dir) as tracker:
         tracker.log_params(flatten(container))
         tracker.log_text(OmegaConf.to_yaml(config, resolve=True), "config.yaml")
         tracker.set_tags(metadata.collect(plan.device))
         if output_dir is not None:
             tracker.set_tags({names.OUTPUT_DIR: str(output_dir)})
-        result = _execute(plan, tracker, tracking_uri, observers)
+        result = _execute(plan, tracker, tracking_uri, [tracker, *observers])
         if output_dir is not None:
             path = output_dir / RESULT_FILE
-            path.write_text(result.to_json())
-            tracker.log_artifact(str(path))
+            try:
+                path.write_text(result.to_json())
+            except OSError as error:  # e.g. a full disk: MLflow and the printed summary still have it
+                tracker.set_tags({names.JOURNAL_LOST: f"writing {path} failed: {error}"})
+            else:
+                tracker.log_artifact(str(path))
         return result
 
 
@@ -80,6 +87,7 @@ def _execute(plan: Plan, tracker: RunLog, tracking_uri: str, observers: Sequence
     pristine = copy.deepcopy(setup.module) if config.verify.enabled else None
     executor = plan.build_executor(setup.module)
     tracker.set_tags(describe.timing_tags(executor))
+    observers = [*observers, FiniteGuard(setup.module, tracker)]
 
     with window(observers, PREPARE):
         prepare_ms = executor.prepare(*setup.batches[0])

@@ -12,12 +12,15 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from axoexp import names
 from axoexp.executors.base import Executor
 from axoexp.interfaces import Batch
 from axoexp.timing import LatencySummary, synchronizer
-from axoexp.tracking import RunLog
+
+if TYPE_CHECKING:  # tracking's run context (axoexp.journal) is itself an Observer
+    from axoexp.tracking import RunLog
 
 PREPARE, WARMUP, MEASURED, VERIFY = "prepare", "warmup", "measured", "verify"
 WINDOWS = (PREPARE, WARMUP, MEASURED, VERIFY)
