@@ -23,6 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 from axoexp.config import describe, register_configs
 from axoexp.errors import AxoexpError, ConfigError
 from axoexp.plugins import load_plugins
+from axoexp.signals import Interrupted
 
 DESCRIBE_FLAG = "--describe"
 FULL_ERROR_ENV = "HYDRA_FULL_ERROR"
@@ -68,8 +69,9 @@ def hydra_app(config: DictConfig) -> float | None:
 
 def main() -> None:
     """Load plugins first, so their components are config options, then run Hydra."""
-    try:
-        registry = load_plugins()
+    help_wanted = any(argument in ("--help", "-h", DESCRIBE_FLAG) for argument in sys.argv[1:])
+    try:  # help still works with a broken plugin, naming it
+        registry = load_plugins(on_error=_warn_broken_plugin if help_wanted else None)
     except AxoexpError as error:
         if _tracebacks_wanted:
             raise
@@ -81,6 +83,9 @@ def main() -> None:
     os.environ[FULL_ERROR_ENV] = "1"  # Hydra then raises instead of printing; we report below
     try:
         hydra_app()
+    except Interrupted as interrupted:  # the run ended KILLED with what was measured
+        _exit_with(f"{interrupted}; what was measured is logged (see the journal in the output directory)",
+                   interrupted.exit_code)
     except (AxoexpError, *CONFIG_ERRORS) as error:
         if _tracebacks_wanted:
             raise
@@ -104,6 +109,10 @@ def one_line(error: BaseException) -> str:
         key = getattr(error, "full_key", None)
         return f"{key}: {text}" if key else text
     return text
+
+
+def _warn_broken_plugin(error: AxoexpError) -> None:
+    print(f"axoexp: {error} (its options are missing below)", file=sys.stderr)
 
 
 def _exit_with(message: str, status: int) -> NoReturn:

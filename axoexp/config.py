@@ -93,7 +93,7 @@ class ExperimentConfig:
     gradient_transform: Any = setting(None, "applied between backward and the optimizer step")
     executor: Any = setting(None, "how one update runs (eager, captured, compiled)")
     device: str = setting("cpu", "cpu | cuda | cuda:N")
-    dtype: str = setting("float32", "float32 | float64 | bfloat16 | float16")
+    dtype: str = setting("float32", "float32 | float64 | bfloat16 (float16 is refused: its optimizer state underflows)")
     seed: int = setting(0, "seeds the model, the routing, the inputs and the teacher's targets")
     run: RunConfig = setting(RunConfig, "what is timed")
     verify: VerifyConfig = setting(VerifyConfig, "parity with eager")

@@ -33,7 +33,7 @@ from axoexp import names
 from axoexp.errors import ContentionError
 from axoexp.measure import MEASURED, PREPARE, WARMUP, WINDOWS, Observer
 from axoexp.runtime import allowed_cpus
-from axoexp.tracking import RunLog
+from axoexp.interfaces import RunLog
 
 GUARDED = (PREPARE, WARMUP, MEASURED)
 CPU_OTHER_THRESHOLD = 0.10

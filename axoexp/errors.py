@@ -49,3 +49,7 @@ class LeaseError(AxoexpError):
 
 class LeaseTimeoutError(LeaseError):
     """Another job held the device for longer than ``run.lease_timeout_s``."""
+
+
+class NonFiniteResultError(AxoexpError):
+    """An update produced a non-finite loss or parameter: the run's results are invalid."""

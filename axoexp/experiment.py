@@ -13,15 +13,18 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from axoexp import describe, metadata, names
+from axoexp import describe, metadata, names, signals
 from axoexp.contention import ContentionGuard
+from axoexp.guard import FiniteGuard
+from axoexp.journal import journaled_run
 from axoexp.lease import device_lease
 from axoexp.measure import PREPARE, VERIFY, Observer, measure_updates, window
 from axoexp.plan import Plan, plan_experiment
 from axoexp.registry import REGISTRY, Registry
 from axoexp.runtime import configure_determinism, configure_threads
 from axoexp.timing import LatencySummary
-from axoexp.tracking import RunLog, configure_tracking, flatten, tracked_run
+from axoexp.interfaces import RunLog
+from axoexp.tracking import configure_tracking, flatten
 from axoexp.verification import Verification, verify_parity
 
 RESULT_FILE = "result.json"
@@ -68,8 +71,9 @@ def run_experiment(
     container = OmegaConf.to_container(config, resolve=True)
     assert isinstance(container, dict)
     run_name = config.tracking.run_name or run_name or describe.default_run_name(plan)
-    with tracked_run(tracking_uri, config.tracking.experiment, run_name, describe.run_tags(plan, container),
-                     offline_dir=output_dir) as tracker:
+    tags = {**describe.run_tags(plan, container), names.RESULT_KEY: metadata.result_key(plan.device, container)}
+    with signals.interruptible(), journaled_run(tracking_uri, config.tracking.experiment, run_name, tags,
+                                                output_dir=output_dir) as tracker:
         log.info("MLflow run %s (%s) in experiment %r at %s", tracker.run_id, run_name,
                  config.tracking.experiment, tracking_uri)
         params = flatten(container)
@@ -85,13 +89,17 @@ def run_experiment(
             threads = configure_threads(config.run.threads)  # after the lease pinned this process's CPUs
             tracker.log_params({names.RUN_THREADS_PARAM: threads.count})
             tracker.set_tags({**lease.tags(), **threads.tags()})  # held alone from build through verify
-            result = _execute(plan, tracker, tracking_uri, observers)
+            result = _execute(plan, tracker, tracking_uri, [tracker, *observers])
             result.threads = threads.count
         tracker.set_tags(lease.tags())
         if output_dir is not None:
             path = output_dir / RESULT_FILE
-            path.write_text(result.to_json())
-            tracker.log_artifact(str(path))
+            try:
+                path.write_text(result.to_json())
+            except OSError as error:  # e.g. a full disk: MLflow and the printed summary still have it
+                tracker.set_tags({names.JOURNAL_LOST: f"writing {path} failed: {error}"})
+            else:
+                tracker.log_artifact(str(path))
         return result
 
 
@@ -104,9 +112,9 @@ def _execute(plan: Plan, tracker: RunLog, tracking_uri: str, observers: Sequence
     pristine = copy.deepcopy(setup.module) if config.verify.enabled else None
     executor = plan.build_executor(setup.module)
     tracker.set_tags(describe.timing_tags(executor, plan.device))
-
     guard = ContentionGuard(plan.device)
-    observers = (*observers, guard)  # last: its samples lie closest to the timed updates
+    observers = (*observers, FiniteGuard(setup.module, tracker), guard)  # the guard last: its samples
+    # lie closest to the timed updates
     try:
         with window(observers, PREPARE):
             prepare_ms = executor.prepare(*setup.batches[0])

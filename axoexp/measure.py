@@ -20,10 +20,9 @@ import torch
 
 from axoexp import names
 from axoexp.executors.base import Executor
-from axoexp.interfaces import Batch
+from axoexp.interfaces import Batch, RunLog
 from axoexp.statistics import NOISE_THRESHOLD, noise_verdict, rel_iqr
 from axoexp.timing import LatencySummary, device_events, elapsed_ms, synchronizer
-from axoexp.tracking import RunLog
 
 PREPARE, WARMUP, MEASURED, VERIFY = "prepare", "warmup", "measured", "verify"
 WINDOWS = (PREPARE, WARMUP, MEASURED, VERIFY)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import platform
 import socket
 import subprocess
 import sys
+from collections.abc import Iterable, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -35,6 +39,53 @@ def git_state(directory: Path) -> dict[str, str]:
     status = _git(["status", "--porcelain", "--untracked-files=no"], directory)
     dirty = "unknown" if status is None else str(bool(status)).lower()
     return {"git.commit": commit, "git.dirty": dirty, "git.root": root}
+
+
+def _sha256_of_files(files: Iterable[Path], root: Path | None = None) -> str:
+    digest = hashlib.sha256()
+    for file in sorted(files):
+        digest.update(str(file.relative_to(root) if root else file).encode() + b"\0")
+        try:
+            digest.update(file.read_bytes())
+        except OSError:
+            digest.update(b"unreadable")
+    return digest.hexdigest()
+
+
+def code_state() -> dict[str, str]:
+    """What code computes a result: axoexp's own sources as they are on disk (a commit and
+    its uncommitted changes alike), the git commit and uncommitted diff of the work tree
+    holding them, and every loaded plugin file."""
+    from axoexp.plugins import loaded_plugin_files
+
+    package = Path(__file__).resolve().parent
+    sources = [path for pattern in ("*.py", "*.yaml") for path in package.rglob(pattern)]
+    state = {names.CODE_HASH: _sha256_of_files(sources, package),
+             names.PLUGINS_HASH: _sha256_of_files(loaded_plugin_files())}
+    diff = _git(["diff", "HEAD", "--binary"], package)
+    state["git.diff_sha256"] = hashlib.sha256(diff.encode()).hexdigest() if diff is not None else "unknown"
+    return state
+
+
+def device_identity(device: torch.device) -> dict[str, str]:
+    """The hardware a timing belongs to: host, CPU and, on CUDA, the GPU model."""
+    identity = {"device": device.type, "hostname": socket.gethostname(),
+                "cpu": platform.processor() or platform.machine()}
+    if device.type == "cuda" and torch.cuda.is_available():
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        identity.update({"device": f"cuda:{index}", "gpu.name": torch.cuda.get_device_name(index)})
+    return identity
+
+
+def result_key(device: torch.device, resolved_config: Mapping[str, Any]) -> str:
+    """SHA-256 of everything that determines a run's result: the config (less where results
+    go), the code, the package versions and the device. Resume reuses a run only on a match."""
+    from axoexp.tracking import config_digest
+
+    key = {"config": config_digest(resolved_config), "code": code_state(),
+           "git.commit": git_state(Path(__file__).resolve().parent)["git.commit"],
+           "versions": package_versions(), "device": device_identity(device)}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
 def package_versions() -> dict[str, str]:
@@ -118,6 +169,7 @@ def collect(device: torch.device) -> dict[str, str]:
     """All metadata tags for a run on ``device``."""
     return {
         **git_state(PACKAGE_DIR),
+        **code_state(),
         **package_versions(),
         **device_info(device),
         **determinism_flags(),

@@ -42,6 +42,17 @@ COMMAND = "command"
 SEED = "seed"
 SWEEP_DIR = "sweep.dir"
 SWEEP_OVERRIDES = "sweep.overrides"
+HOSTNAME = "hostname"
+PROCESS_START = "process.start"  # the process's start time in clock ticks since boot (Linux), against pid reuse
+RESULT_KEY = "axoexp.result_key"  # what determines a result: config, code, plugins, versions, device
+CODE_HASH = "code.sha256"  # SHA-256 of axoexp's own source files as they ran
+PLUGINS_HASH = "code.plugins_sha256"  # SHA-256 of every loaded plugin file
+JOURNAL = "axoexp.journal"  # path of the run's local journal
+JOURNAL_ID = "axoexp.journal_id"  # the journal's id: how a sync finds the run again
+JOURNAL_LOST = "axoexp.journal_lost"  # why the local journal stopped (e.g. disk full); MLflow has the run
+TRACKING_LOST = "axoexp.tracking_lost"  # why the store stopped answering mid-run; the journal has the rest
+SYNCED = "axoexp.synced"  # set by python -m axoexp.sync when it completed the run from a journal
+NON_FINITE_UPDATE = "axoexp.non_finite_update"  # the first update whose loss or parameters were not finite
 
 # --- tags: what ran
 SHAPE = "shape"  # neurons x time_steps x contacts, e.g. 64x256x32 (see shape_label)

@@ -14,7 +14,9 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from axoexp import names
 from axoexp.config import bounded_keys
+from axoexp.tracking import resolve_tracking_uri, store_problem
 from axoexp.errors import ConfigError, RegistryError
 from axoexp.executors.base import Executor
 from axoexp.interfaces import PopulationSetup
@@ -26,6 +28,12 @@ DTYPES = {
     "bfloat16": torch.bfloat16, "float16": torch.float16,
 }
 CAPTURABLE_CHOICES = ("auto", True, False)
+REFUSED_DTYPES = {
+    "float16": "float16 parameters and optimizer state underflow (Adam's squared gradients and eps=1e-8 "
+               "round to 0, so the first step divides 0 by 0: NaN) and axoexp keeps no float32 master "
+               "weights or loss scaling; use bfloat16 (16 bits with float32's range) or float32",
+}
+MEMINFO = "/proc/meminfo"
 
 
 @dataclass
@@ -111,8 +119,16 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
         problems.append(f"sweep.resume={config.sweep.resume!r}: choose one of {', '.join(RESUME_MODES)}")
     device = _parse_device(str(config.device), problems)
     dtype = DTYPES.get(str(config.dtype))
-    if dtype is None:
-        problems.append(f"dtype={config.dtype!r} is not supported; choose one of: {', '.join(DTYPES)}")
+    if str(config.dtype) in REFUSED_DTYPES:
+        problems.append(f"dtype={config.dtype} is refused: {REFUSED_DTYPES[str(config.dtype)]}")
+    elif dtype is None:
+        choices = ", ".join(name for name in DTYPES if name not in REFUSED_DTYPES)
+        problems.append(f"dtype={config.dtype!r} is not supported; choose one of: {choices}")
+    if "population" in components and device is not None and dtype is not None and not problems:
+        problems += memory_problems(components["population"], params["population"], device, dtype)
+    store = store_problem(resolve_tracking_uri(config.tracking.uri))
+    if store:
+        problems.append(store)
     executor = components.get("executor")
     capturable = False
     if executor is not None and device is not None:
@@ -135,6 +151,40 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
             problems[0] if len(problems) == 1 else "".join(f"\n  - {problem}" for problem in problems)))
     assert device is not None and dtype is not None
     return Plan(config, device, dtype, components, params, capturable, registry)
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Memory free for a new workload: the device's free memory on CUDA, else the host's
+    MemAvailable (``None`` when unknown)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open(MEMINFO) as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def memory_problems(population: Component, params: dict[str, Any], device: torch.device,
+                    dtype: torch.dtype) -> list[str]:
+    """A population whose factory has a ``memory_estimate(params, dtype) -> bytes`` is refused
+    when that cannot fit in the memory available, before anything is allocated."""
+    estimate = getattr(population.factory, "memory_estimate", None)
+    available = available_bytes(device)
+    if estimate is None or available is None:
+        return []
+    needed = int(estimate({**population.defaults(), **params}, dtype))
+    if needed <= available:
+        return []
+    where = f"device {device}" if device.type == "cuda" else "host"
+    merged = {**population.defaults(), **params}
+    shape = names.shape_label(*(merged.get(key, "?") for key in ("neurons", "time_steps", "contacts")))
+    return [f"population {population.name} of shape {shape} (neurons x time_steps x contacts) needs about {needed / 2**30:.1f} GiB "
+            f"({dtype}; an estimate), but {where} memory has {available / 2**30:.1f} GiB available; "
+            "reduce population.neurons (or time_steps, contacts, batches)"]
 
 
 def _parse_device(value: str, problems: list[str]) -> torch.device | None:

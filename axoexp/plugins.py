@@ -15,9 +15,10 @@ import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-from axoexp.errors import PluginLoadError, RegistryError
+from axoexp.errors import AxoexpError, PluginLoadError, RegistryError
 from axoexp.registry import REGISTRY, Registry, registering_from
 
 ENTRY_POINT_GROUP = "axoexp.plugins"
@@ -31,20 +32,24 @@ BUILTIN_MODULES = (
 )
 
 _loaded_sources: set[str] = set()
+_plugin_files: list[Path] = []
 
 
-def load_plugins(plugins_dir: str | os.PathLike[str] | None = None) -> Registry:
+def load_plugins(plugins_dir: str | os.PathLike[str] | None = None,
+                 on_error: Callable[[AxoexpError], None] | None = None) -> Registry:
     """Register built-ins and entry-point plugins (once), then the plugin files of a directory.
 
     The directory is ``plugins_dir``, else ``$AXOEXP_PLUGINS_DIR``, else ``./plugins``;
     a directory named explicitly (argument or variable) must exist. Each directory is
     loaded once per process; a later call naming another directory loads that one too.
+    A plugin that fails to load raises, naming its file; with ``on_error`` it is passed
+    there instead and the others still load (so ``--help`` works despite a broken plugin).
     """
     if "builtins" not in _loaded_sources:
         for module in BUILTIN_MODULES:
             importlib.import_module(module)
         for entry_point in entry_points(group=ENTRY_POINT_GROUP):
-            _import_as_plugin(f"entry point {entry_point.name} ({entry_point.value})", entry_point.load)
+            _import_as_plugin(f"entry point {entry_point.name} ({entry_point.value})", entry_point.load, on_error)
         _loaded_sources.add("builtins")
     named = plugins_dir or os.environ.get(PLUGINS_DIR_ENV)
     directory = Path(named or DEFAULT_PLUGINS_DIR).resolve()
@@ -56,22 +61,38 @@ def load_plugins(plugins_dir: str | os.PathLike[str] | None = None) -> Registry:
     if directory.is_dir():
         for path in sorted(directory.glob("*.py")):
             if not path.name.startswith("_"):
-                _import_as_plugin(str(path), lambda path=path: _import_file(path))
+                _import_as_plugin(str(path), lambda path=path: _import_file(path), on_error)
     _loaded_sources.add(str(directory))
     return REGISTRY
 
 
-def _import_as_plugin(source: str, load: Callable[[], Any]) -> None:
-    with registering_from(source):
-        try:
-            load()
-        except RegistryError:
+def loaded_plugin_files() -> list[Path]:
+    """The source files of every plugin loaded so far (files and entry-point modules), for
+    the code hash that decides whether an earlier run's result can be reused."""
+    return sorted(set(_plugin_files))
+
+
+def _import_as_plugin(source: str, load: Callable[[], Any],
+                      on_error: Callable[[AxoexpError], None] | None = None) -> None:
+    try:
+        with registering_from(source):
+            try:
+                module = load()
+            except RegistryError:
+                raise
+            except Exception as error:
+                raise PluginLoadError(f"plugin {source} failed to import: {error!r}") from error
+    except (RegistryError, PluginLoadError) as error:
+        if on_error is None:
             raise
-        except Exception as error:
-            raise PluginLoadError(f"plugin {source} failed to import: {error!r}") from error
+        on_error(error)
+        return
+    file = getattr(module, "__file__", None)
+    if file:
+        _plugin_files.append(Path(file).resolve())
 
 
-def _import_file(path: Path) -> None:
+def _import_file(path: Path) -> ModuleType:
     module_name = f"axoexp_plugins.{path.stem}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
@@ -79,3 +100,4 @@ def _import_file(path: Path) -> None:
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     spec.loader.exec_module(module)
+    return module

@@ -6,6 +6,11 @@ them, so it survives any launcher (other processes, remote Ray workers, containe
 Hydra calls ``on_multirun_end`` only when every job succeeded; when a job fails, the
 process exits through ``sys.exit(1)`` instead, so the parent is also ended from an
 ``atexit`` hook, FAILED, with the count of children that did not finish.
+
+A stop signal (SIGTERM, SIGHUP, Ctrl-C) to the sweep is passed on to the launcher's worker
+processes; the sweep waits a few seconds for their runs to end KILLED, ends any left RUNNING
+itself, removes the workers and ends the parent KILLED. Each sweep claims its own output
+directory, also when two start in the same second.
 """
 
 from __future__ import annotations
@@ -13,8 +18,11 @@ from __future__ import annotations
 import atexit
 import hashlib
 import logging
+import math
 import os
+import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,18 +30,23 @@ from hydra.experimental.callback import Callback
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+import torch
 
-from axoexp import metadata, names
+from axoexp import metadata, names, processes, signals
 from axoexp.describe import sweep_run_name
+from axoexp.journal import process_tags
 from axoexp.plan import resume_mode
+from axoexp.sync import end_dead_run, process_gone
 from axoexp.tracking import (
-    UNREACHABLE, config_digest, configure_tracking, experiment_id, newest_run, with_mlflow_context,
+    UNREACHABLE, configure_tracking, experiment_id, open_client, store_lock, with_mlflow_context,
 )
 
 PARENT_FILE = "mlflow_parent_run_id"
 PARENT_OVERRIDE_KEY = "sweep.parent_run_id"
 REPEAT_OVERRIDE_KEY = "sweep.repeat"
-RESUME_CANDIDATES = 200  # newest FINISHED runs of a config looked at for reuse
+RESUME_CANDIDATES = 200  # newest FINISHED runs of a job's result key looked at for reuse
+WORKER_GRACE_S = 10.0
+"""How long a stopped sweep waits for its workers to end their runs (SLURM's grace is 30 s)."""
 
 log = logging.getLogger(__name__)
 
@@ -61,29 +74,58 @@ class MlflowSweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         uri = configure_tracking(config.tracking)
         overrides = list(config.hydra.overrides.task)
-        sweep_dir = Path(str(config.hydra.sweep.dir))
+        sweep_dir = claim_sweep_dir(config)
         with read_write(config.hydra.overrides), open_dict(config.hydra.overrides):
             add_repeats(config)  # also without a parent run
-        client = MlflowClient(tracking_uri=uri)
         try:
-            run = client.create_run(
-                experiment_id(client, config.tracking.experiment),
-                run_name=sweep_run_name(overrides),
-                tags=with_mlflow_context({
-                    names.SWEEP_ROLE: "parent", names.SWEEP_DIR: str(sweep_dir.resolve()),
-                    names.SWEEP_OVERRIDES: " ".join(overrides), names.SWEEP_DEFINITION: sweep_definition(overrides),
-                    names.COMMAND: " ".join(sys.argv),
-                    names.PROCESS_PID: str(os.getpid()), **metadata.source_tags(metadata.HYDRA_APP_SOURCE)}),
-            )
+            client = open_client(uri)
+            with store_lock(uri):
+                run = client.create_run(
+                    experiment_id(client, config.tracking.experiment),
+                    run_name=sweep_run_name(overrides),
+                    tags=with_mlflow_context({
+                        names.SWEEP_ROLE: "parent", names.SWEEP_DIR: str(sweep_dir.resolve()),
+                        names.SWEEP_OVERRIDES: " ".join(overrides),
+                        names.SWEEP_DEFINITION: sweep_definition(overrides), names.COMMAND: " ".join(sys.argv),
+                        **process_tags(), **metadata.source_tags(metadata.HYDRA_APP_SOURCE)}),
+                )
         except UNREACHABLE as error:
             log.error("MLflow tracking at %s is unreachable, so the sweep has no parent run: %s", uri, error)
             return
         self.client, self.parent_run_id = client, run.info.run_id
         with read_write(config.hydra.overrides), open_dict(config.hydra.overrides):
             config.hydra.overrides.task.append(f"{PARENT_OVERRIDE_KEY}={self.parent_run_id}")
-        sweep_dir.mkdir(parents=True, exist_ok=True)
         (sweep_dir / PARENT_FILE).write_text(self.parent_run_id + "\n")
         atexit.register(self.end_parent, all_jobs_returned=False)
+        signals.install(before_raising=self.stop_workers)
+
+    def stop_workers(self, signal_name: str) -> None:
+        """Pass the stop on to the launcher's workers and give their runs time to end KILLED;
+        then end what is left and remove the workers (a launcher would kill them outright)."""
+        workers = _workers()
+        if not workers or self.client is None or self.parent_run_id is None:
+            return
+        print(f"axoexp: {signal_name}: stopping {len(workers)} worker processes, "
+              f"waiting up to {WORKER_GRACE_S:.0f} s for their runs to end", file=sys.stderr, flush=True)
+        _signal_all(workers, signal.SIGTERM)
+        deadline = time.monotonic() + WORKER_GRACE_S
+        while time.monotonic() < deadline and self._running_children():
+            time.sleep(0.2)
+        _signal_all(_workers(), signal.SIGKILL)
+
+    def _running_children(self) -> list[Run]:
+        """Children still RUNNING whose process may yet end them; those whose process is gone are ended."""
+        assert self.client is not None and self.parent_run_id is not None
+        running = []
+        for child in child_runs(self.client, self.client.get_run(self.parent_run_id)):
+            if child.info.status != "RUNNING":
+                continue
+            if process_gone(child.data.tags):
+                end_dead_run(self.client, child.info.run_id, "its worker process ended before the run did "
+                             f"(the sweep was stopped by {signals.received()})")
+            else:
+                running.append(child)
+        return running
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self.end_parent(all_jobs_returned=True)
@@ -95,20 +137,61 @@ class MlflowSweepCallback(Callback):
         client, parent = self.client, self.parent_run_id
         self.parent_run_id = None
         parent_run = client.get_run(parent)
+        stopped_by = signals.received()
+        for child in child_runs(client, parent_run):
+            if child.info.status == "RUNNING" and (stopped_by or process_gone(child.data.tags)):
+                end_dead_run(client, child.info.run_id, f"the sweep was stopped ({stopped_by or 'its job failed'}) "
+                             "before this run ended")
         children = child_runs(client, parent_run)
         print_reuse(client, parent_run, len(children))
         unfinished = [child for child in children if child.info.status != "FINISHED"]
         refused = [key for key in parent_run.data.tags if key.startswith(names.REFUSED_PREFIX)]
-        if all_jobs_returned and not unfinished and not refused:
+        if all_jobs_returned and not unfinished and not refused and not stopped_by:
             client.set_terminated(parent, status="FINISHED")
             return
         reason = f"{len(unfinished)} of {len(children)} child runs did not finish"
         if refused:
             reason += f"; {len(refused)} jobs were refused before creating a run (tags {names.REFUSED_PREFIX}*)"
-        if not all_jobs_returned and not refused:
+        if stopped_by:
+            reason = f"interrupted by {stopped_by}; {reason}"
+        elif not all_jobs_returned and not refused:
             reason += "; a job failed or the sweep was interrupted"
         client.set_tag(parent, names.FAILURE, reason)
-        client.set_terminated(parent, status="FAILED")
+        client.set_terminated(parent, status="KILLED" if stopped_by else "FAILED")
+
+
+def claim_sweep_dir(config: DictConfig) -> Path:
+    """Create the sweep's directory, or a ``-2``, ``-3``... sibling if another sweep has it
+    (two sweeps started in one second would otherwise overwrite each other's files)."""
+    base = Path(str(config.hydra.sweep.dir))
+    base.parent.mkdir(parents=True, exist_ok=True)
+    candidate, number = base, 1
+    while True:
+        try:
+            candidate.mkdir()
+            break
+        except FileExistsError:
+            number += 1
+            candidate = base.with_name(f"{base.name}-{number}")
+    if candidate != base:  # the launcher composes each job from these overrides
+        with read_write(config.hydra), open_dict(config.hydra):
+            config.hydra.sweep.dir = str(candidate)
+            config.hydra.overrides.hydra.append(f"hydra.sweep.dir='{candidate}'")
+    return candidate
+
+
+def _workers() -> list[int]:
+    """This process's descendants but a launcher's resource tracker, which ends by itself
+    with this process (killing it only makes the launcher start another)."""
+    return [pid for pid in processes.descendants() if "resource_tracker" not in processes.command_line(pid)]
+
+
+def _signal_all(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
 
 
 def add_repeats(config: DictConfig) -> None:
@@ -126,30 +209,37 @@ def note_refused_job(config: DictConfig, job_number: int, job_name: str, error: 
     if not config.sweep.parent_run_id:
         return
     try:
-        MlflowClient(tracking_uri=configure_tracking(config.tracking)).set_tag(
+        open_client(configure_tracking(config.tracking)).set_tag(
             config.sweep.parent_run_id, f"{names.REFUSED_PREFIX}job{job_number}", f"{job_name}: {error}"[:5000])
     except UNREACHABLE as unreachable:
         log.error("could not record the refused job %s on the parent run: %s", job_name, unreachable)
 
 
-def reused_run(config: DictConfig, job_number: int) -> Run | None:
-    """Resume: the earlier FINISHED run this job can reuse, recorded on the sweep's parent.
+def result_key(config: DictConfig) -> str:
+    """What determines this job's result (:func:`axoexp.metadata.result_key`): config, code,
+    plugins, package versions, device."""
+    container = OmegaConf.to_container(config, resolve=True)
+    assert isinstance(container, dict)
+    return metadata.result_key(torch.device(str(config.device)), container)
 
-    A run qualifies if it has this job's resolved config (its digest, tag ``axoexp.config_hash``)
-    and this ``sweep.repeat`` and finished, and, with ``sweep.resume=same_sweep`` (the default), if it is a job of an
+
+def reused_run(config: DictConfig, job_number: int) -> Run | None:
+    """Resume: the earlier run this job can reuse, recorded on the sweep's parent.
+
+    A run qualifies if it FINISHED with every metric finite, has this job's :func:`result_key`
+    (tag ``axoexp.result_key``: config, code, plugins, package versions, device) and this
+    ``sweep.repeat``, and, with ``sweep.resume=same_sweep`` (the default), is a job of an
     earlier sweep with the same definition (:func:`sweep_definition`): a single run or another
-    sweep's job is never reused unless ``sweep.resume=any``. ``None`` with ``sweep.resume=false``,
+    sweep's job is reused only with ``sweep.resume=any``. ``None`` with ``sweep.resume=false``,
     outside a sweep, or when nothing qualifies; the job then runs.
     """
     mode = resume_mode(config.sweep.resume)
     parent_id = config.sweep.parent_run_id
     if mode in (None, "false") or not parent_id:
         return None
-    container = OmegaConf.to_container(config, resolve=True)
-    assert isinstance(container, dict)
-    client = MlflowClient(tracking_uri=configure_tracking(config.tracking))
     try:
-        run = _newest_reusable(client, config.tracking.experiment, config_digest(container), parent_id, mode,
+        client = open_client(configure_tracking(config.tracking))
+        run = _newest_reusable(client, config.tracking.experiment, result_key(config), parent_id, mode,
                                config.sweep.repeat)
         if run is not None:
             client.set_tag(parent_id, f"{names.REUSED_PREFIX}job{job_number}", run.info.run_id)
@@ -158,20 +248,24 @@ def reused_run(config: DictConfig, job_number: int) -> Run | None:
     return run
 
 
-def _newest_reusable(client: MlflowClient, experiment: str, digest: str, parent_id: str, mode: str,
+def _newest_reusable(client: MlflowClient, experiment: str, key: str, parent_id: str, mode: str,
                      repeat: int) -> Run | None:
-    finished = (f"tags.`{names.CONFIG_HASH}` = '{digest}' and attributes.status = 'FINISHED' "
-                f"and params.`{names.SWEEP_REPEAT_PARAM}` = '{repeat}'")
-    if mode == "any":
-        return newest_run(client, experiment, finished)
-    definition = client.get_run(parent_id).data.tags.get(names.SWEEP_DEFINITION)
     found = client.get_experiment_by_name(experiment)
-    if definition is None or found is None:
+    if found is None:
+        return None
+    finished = (f"tags.`{names.RESULT_KEY}` = '{key}' and attributes.status = 'FINISHED' "
+                f"and params.`{names.SWEEP_REPEAT_PARAM}` = '{repeat}'")
+    candidates = [run for run in client.search_runs([found.experiment_id], filter_string=finished,
+                                                    order_by=["attributes.start_time DESC"],
+                                                    max_results=RESUME_CANDIDATES)
+                  if all(math.isfinite(value) for value in run.data.metrics.values())]
+    if mode == "any":
+        return next(iter(candidates), None)
+    definition = client.get_run(parent_id).data.tags.get(names.SWEEP_DEFINITION)
+    if definition is None:
         return None
     same_sweeps = {run.info.run_id for run in client.search_runs(
         [found.experiment_id], filter_string=f"tags.`{names.SWEEP_DEFINITION}` = '{definition}'")} - {parent_id}
-    candidates = client.search_runs([found.experiment_id], filter_string=finished,
-                                    order_by=["attributes.start_time DESC"], max_results=RESUME_CANDIDATES)
     return next((run for run in candidates if run.data.tags.get(names.PARENT_RUN_ID) in same_sweeps), None)
 
 

@@ -1,31 +1,35 @@
-"""MLflow: one run per experiment, logged as it goes, ended with an honest status."""
+"""MLflow: clients, bounded retries, one serialized store creation, and logging to one run.
+
+The run's context, with its local journal and honest end status, is :mod:`axoexp.journal`.
+"""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
-import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import requests
 from mlflow.data.dataset import Dataset
+from mlflow.entities import Dataset as DatasetEntity
 from mlflow.entities import DatasetInput, InputTag, Metric, Param, Run, RunTag
 from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 from mlflow.tracking import MlflowClient
 from mlflow.tracking.context.registry import resolve_tags
 from mlflow.utils.time import get_current_time_millis
 from omegaconf import DictConfig
 
 from axoexp import names
-from axoexp.errors import TrackingUnavailableError
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
-OFFLINE_FILE = "tracking-offline.json"
+SQLITE_PREFIX = "sqlite:///"
 MAX_BATCH = 1000  # MLflow's limit on metrics per log_batch call
 MAX_PARAM_LENGTH = 500
 UNREACHABLE = (MlflowException, requests.exceptions.RequestException, OSError)
@@ -68,57 +72,6 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     return flat
 
 
-class RunLog(Protocol):
-    """Where one experiment's params, tags, metrics and artifacts go."""
-
-    run_id: str
-
-    def log_params(self, params: Mapping[str, Any]) -> None: ...
-    def set_tags(self, tags: Mapping[str, Any]) -> None: ...
-    def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None: ...
-    def log_series(self, name: str, values: list[float], first_step: int = 0) -> None: ...
-    def log_text(self, text: str, artifact_file: str) -> None: ...
-    def log_artifact(self, path: str) -> None: ...
-    def log_dataset(self, dataset: Dataset, context: str) -> None: ...
-
-
-@dataclass
-class OfflineLog:
-    """Everything a run would have logged, kept in ``<output_dir>/tracking-offline.json``."""
-
-    directory: Path
-    reason: str
-    run_id: str = field(default_factory=lambda: f"offline-{uuid.uuid4().hex[:12]}")
-    record: dict[str, Any] = field(default_factory=lambda: {"params": {}, "tags": {}, "metrics": {}, "datasets": []})
-
-    def log_params(self, params: Mapping[str, Any]) -> None:
-        self._update("params", {key: str(value) for key, value in params.items()})
-
-    def set_tags(self, tags: Mapping[str, Any]) -> None:
-        self._update("tags", {key: str(value) for key, value in tags.items()})
-
-    def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
-        self._update("metrics", {key: float(value) for key, value in metrics.items()})
-
-    def log_series(self, name: str, values: list[float], first_step: int = 0) -> None:
-        self._update("metrics", {f"{name}_series_from_{first_step}": [float(v) for v in values]})
-
-    def log_text(self, text: str, artifact_file: str) -> None:
-        (self.directory / artifact_file).write_text(text)
-
-    def log_artifact(self, path: str) -> None:
-        """Artifacts already lie in the output directory."""
-
-    def log_dataset(self, dataset: Dataset, context: str) -> None:
-        self.record["datasets"].append({**dataset.to_dict(), "context": context})
-        self._update("tags", {})  # writes the record
-
-    def _update(self, section: str, values: Mapping[str, Any]) -> None:
-        self.record[section].update(values)
-        self.record["unreachable"] = self.reason
-        (self.directory / OFFLINE_FILE).write_text(json.dumps(self.record, indent=2))
-
-
 @dataclass
 class Tracker:
     """Logging calls bound to one MLflow run."""
@@ -136,13 +89,15 @@ class Tracker:
         for start in range(0, len(items), 100):
             self.client.log_batch(self.run_id, tags=items[start:start + 100])
 
-    def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
-        now = get_current_time_millis()
+    def log_metrics(self, metrics: Mapping[str, float], step: int = 0, timestamp_ms: int | None = None) -> None:
+        now = timestamp_ms or get_current_time_millis()
         self._log([Metric(key, float(value), now, step) for key, value in metrics.items()])
 
-    def log_series(self, name: str, values: list[float], first_step: int = 0) -> None:
-        """One metric value per step, e.g. the loss of every update."""
-        now = get_current_time_millis()
+    def log_series(self, name: str, values: list[float], first_step: int = 0,
+                   timestamp_ms: int | None = None) -> None:
+        """One metric value per step, e.g. the loss of every update. An explicit timestamp
+        makes logging the same values again a no-op (the store drops identical metrics)."""
+        now = timestamp_ms or get_current_time_millis()
         self._log([Metric(name, float(value), now, first_step + index) for index, value in enumerate(values)])
 
     def log_text(self, text: str, artifact_file: str) -> None:
@@ -154,7 +109,11 @@ class Tracker:
 
     def log_dataset(self, dataset: Dataset, context: str) -> None:
         """An MLflow dataset input (the runs table's Dataset column), e.g. the workload."""
-        self.client.log_inputs(self.run_id, [DatasetInput(dataset._to_mlflow_entity(),
+        self.log_dataset_record(dataset.to_dict(), context)
+
+    def log_dataset_record(self, record: Mapping[str, Any], context: str) -> None:
+        """A dataset input from its ``Dataset.to_dict()`` record (as the journal keeps it)."""
+        self.client.log_inputs(self.run_id, [DatasetInput(DatasetEntity(**record),
                                                           [InputTag(names.DATASET_CONTEXT, context)])])
 
     def _log(self, metrics: list[Metric]) -> None:
@@ -181,16 +140,79 @@ def runs_view() -> str:
                        "columnOrder": [_ui_column("attributes", "Run Name"), *RUNS_VIEW_COLUMNS]})
 
 
+def sqlite_path(tracking_uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI (``None`` for any other store)."""
+    if not tracking_uri.startswith(SQLITE_PREFIX):
+        return None
+    return Path(tracking_uri[len(SQLITE_PREFIX):].partition("?")[0]).expanduser()
+
+
+def store_problem(tracking_uri: str) -> str | None:
+    """Why a sqlite store cannot be written, found in a moment (MLflow itself retries ~100 s)."""
+    path = sqlite_path(tracking_uri)
+    if path is None or str(path) == ":memory:":
+        return None
+    directory = path.parent.resolve()
+    if not directory.is_dir():
+        return f"tracking.uri={tracking_uri}: directory {directory} does not exist; create it or choose another path"
+    if path.is_dir():
+        return f"tracking.uri={tracking_uri}: {path} is a directory, not a database file"
+    target = path if path.exists() else directory
+    if not os.access(target, os.W_OK) or _read_only_filesystem(directory):
+        return f"tracking.uri={tracking_uri}: {target} is not writable; choose a writable path"
+    return None
+
+
+def _read_only_filesystem(directory: Path) -> bool:
+    try:
+        return bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+@contextmanager
+def store_lock(tracking_uri: str) -> Iterator[None]:
+    """Serialize sqlite store creation across processes (MLflow's schema migration is not
+    safe when two processes create one store together); a no-op for other stores."""
+    path = sqlite_path(tracking_uri)
+    if path is None or not path.parent.is_dir():
+        yield
+        return
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def open_client(tracking_uri: str) -> MlflowClient:
+    """A client whose store exists: a fresh sqlite store is created under :func:`store_lock`."""
+    if sqlite_path(tracking_uri) is None:
+        return MlflowClient(tracking_uri=tracking_uri)
+    with store_lock(tracking_uri):
+        client = MlflowClient(tracking_uri=tracking_uri)
+        client.search_experiments(max_results=1)
+    return client
+
+
 def experiment_id(client: MlflowClient, name: str) -> str:
-    """The experiment ``name``, created if missing, tagged for the MLflow UI: of the training
-    kind, with axoexp's runs view (:func:`runs_view`)."""
+    """The experiment ``name``, created if missing (also when another process creates it
+    meanwhile), tagged for the MLflow UI: of the training kind, with axoexp's runs view
+    (:func:`runs_view`)."""
     tags = {names.EXPERIMENT_KIND: names.EXPERIMENT_KIND_TRAINING,
             names.SHARED_VIEW_PREFIX + names.RUNS_VIEW: runs_view()}
     found = client.get_experiment_by_name(name)
     if found is None:
-        return client.create_experiment(name, tags=tags)
+        try:
+            return client.create_experiment(name, tags=tags)
+        except MlflowException as error:
+            if error.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
+                raise
+            found = client.get_experiment_by_name(name)
+            assert found is not None
     for key, value in tags.items():
-        if found.tags.get(key) != value:  # made by an older axoexp or by hand
+        if found.tags.get(key) != value:  # made by an older axoexp, by hand, or by a racing process
             client.set_experiment_tag(found.experiment_id, key, value)
     return found.experiment_id
 
@@ -214,43 +236,3 @@ def newest_run(client: MlflowClient, experiment: str, filter_string: str) -> Run
     runs = client.search_runs([found.experiment_id], filter_string=filter_string,
                               order_by=["attributes.start_time DESC"], max_results=1)
     return runs[0] if runs else None
-
-
-@contextmanager
-def tracked_run(
-    tracking_uri: str, experiment: str, run_name: str | None, tags: Mapping[str, str] | None = None,
-    *, offline_dir: Path | None = None,
-) -> Iterator[RunLog]:
-    """An MLflow run that ends FINISHED, FAILED (reason in tag ``axoexp.failure``) or KILLED.
-
-    If the store cannot be reached and ``offline_dir`` is given, the run is logged there
-    instead (:class:`OfflineLog`) and :class:`TrackingUnavailableError` is raised at the end,
-    so the measurement is kept and the failure is still reported.
-    """
-    client = MlflowClient(tracking_uri=tracking_uri)
-    tags = with_mlflow_context(tags or {})
-    try:
-        run = client.create_run(experiment_id(client, experiment), run_name=run_name, tags=tags)
-    except UNREACHABLE as error:
-        if offline_dir is None:
-            raise TrackingUnavailableError(f"MLflow tracking at {tracking_uri} is unreachable: {error}") from error
-        offline = OfflineLog(offline_dir, f"{type(error).__name__}: {error}"[:2000])
-        offline.set_tags(tags)
-        yield offline
-        raise TrackingUnavailableError(
-            f"MLflow tracking at {tracking_uri} is unreachable ({type(error).__name__}); the run "
-            f"finished and its results are in {offline_dir} ({OFFLINE_FILE}, result.json)"
-        ) from error
-    tracker = Tracker(client, run.info.run_id)
-    try:
-        yield tracker
-    except KeyboardInterrupt:
-        client.set_tag(tracker.run_id, names.FAILURE, "interrupted (KeyboardInterrupt)")
-        client.set_terminated(tracker.run_id, status="KILLED")
-        raise
-    except BaseException as error:
-        client.set_tag(tracker.run_id, names.FAILURE, f"{type(error).__name__}: {error}"[:5000])
-        client.set_terminated(tracker.run_id, status="FAILED")
-        raise
-    else:
-        client.set_terminated(tracker.run_id, status="FINISHED")

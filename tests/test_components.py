@@ -108,6 +108,11 @@ def test_checkpoint_is_loaded_with_its_dimensions_and_pin(tmp_path: Path) -> Non
     assert setup.description["checkpoint_sha256"] == sha256_of(path)
 
 
+def test_an_unpinned_checkpoint_loads_weights_only(tmp_path: Path) -> None:
+    setup = build(checkpoint=str(_saved_model(tmp_path)))
+    assert setup.description["branches"] == 8 and setup.description["token_dim"] == 6
+
+
 def test_checkpoint_with_a_wrong_pin_is_refused_before_unpickling(tmp_path: Path) -> None:
     path = _saved_model(tmp_path)
     with pytest.raises(CheckpointError, match=f"has SHA-256 {sha256_of(path)}, but population.checkpoint_sha256 pins 00ff"):
@@ -121,5 +126,5 @@ def test_missing_or_foreign_checkpoint_is_refused(tmp_path: Path) -> None:
 
     foreign = tmp_path / "elm.pt"
     save_checkpoint(BranchELM(BranchELMConfig()), foreign)
-    with pytest.raises(CheckpointError, match="holds a BranchELM, not an AxoSim-Lite model"):
+    with pytest.raises(CheckpointError, match="holds model_kind 'baseline', not an AxoSim-Lite model"):
         build(checkpoint=str(foreign))

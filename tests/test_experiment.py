@@ -121,7 +121,7 @@ def test_seeded_runs_repeat_their_losses_exactly(make_config) -> None:
     (["executor=cudagraph"], "use executor=eager"),
     (["executor=reduce_overhead"], "executor=reduce_overhead needs CUDA, but device=cpu"),
     (["optimizer.capturable=true"], "optimizer.capturable=true needs parameters on CUDA, but device=cpu"),
-    (["dtype=float8"], "dtype='float8' is not supported; choose one of: float32, float64, bfloat16, float16"),
+    (["dtype=float8"], "dtype='float8' is not supported; choose one of: float32, float64, bfloat16"),
     (["device=tpu0"], "device='tpu0' is not a device; use cpu, cuda or cuda:N"),
     (["executor.name=graphs"], "unknown executor 'graphs'; valid executor names: compiled_cudagraph, cudagraph, "
                                "eager, fused_cudagraph, reduce_overhead, regional_cudagraph"),

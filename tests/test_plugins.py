@@ -63,16 +63,20 @@ def test_entry_point_plugin_of_an_installed_package_is_found(tmp_path: Path) -> 
     assert run.data.tags["component.loss.source"] == "entry point cubic (axoexp_cubic)"
 
 
-def test_broken_plugin_names_its_file(tmp_path: Path) -> None:
+def test_broken_plugin_names_its_file_and_help_still_works(tmp_path: Path) -> None:
     (tmp_path / "broken.py").write_text("import not_a_module_anywhere\n")
-    result = run_cli("--help", cwd=tmp_path, env={"AXOEXP_PLUGINS_DIR": str(tmp_path)})
-    assert result.returncode != 0
+    env = {"AXOEXP_PLUGINS_DIR": str(tmp_path)}
+    shown = run_cli("--help", cwd=tmp_path, env=env)
+    assert shown.returncode == 0 and "loss: causal_mse" in shown.stdout
+    assert f"plugin {tmp_path / 'broken.py'} failed to import" in shown.stderr
+    result = run_cli("run.measured_updates=1", cwd=tmp_path, env=env)
+    assert result.returncode == 2
     assert f"plugin {tmp_path / 'broken.py'} failed to import" in result.stderr
 
 
 def test_plugin_cannot_shadow_a_builtin(tmp_path: Path) -> None:
     (tmp_path / "shadow.py").write_text(textwrap.dedent(PLUGIN.format(name="mse")))
-    result = run_cli("--help", cwd=tmp_path, env={"AXOEXP_PLUGINS_DIR": str(tmp_path)})
+    result = run_cli("run.measured_updates=1", cwd=tmp_path, env={"AXOEXP_PLUGINS_DIR": str(tmp_path)})
     assert result.returncode != 0
     assert f"loss=mse is registered twice: by builtin and by {tmp_path / 'shadow.py'}" in result.stderr
 

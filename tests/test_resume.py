@@ -9,13 +9,14 @@ from omegaconf import OmegaConf
 from axoexp import names
 from axoexp.errors import ConfigError
 from axoexp.plan import plan_experiment
-from axoexp.sweep import print_reuse, reused_run, sweep_definition
+from axoexp.sweep import print_reuse, result_key, reused_run, sweep_definition
 from axoexp.tracking import config_digest, experiment_id
 
 
 def _finished(client: MlflowClient, experiment: str, config, parent: str | None = None,
               status: str = "FINISHED") -> str:
-    tags = {names.CONFIG_HASH: config_digest(OmegaConf.to_container(config, resolve=True))}
+    tags = {names.CONFIG_HASH: config_digest(OmegaConf.to_container(config, resolve=True)),
+            names.RESULT_KEY: result_key(config)}
     if parent:
         tags[names.PARENT_RUN_ID] = parent
     run_id = client.create_run(experiment, tags=tags).info.run_id

@@ -237,7 +237,8 @@ def test_dead_tracking_server_fails_fast_and_keeps_results_locally(tmp_path: Pat
     assert elapsed < 150, f"took {elapsed:.0f} s: retries are not bounded (MLflow's default takes ~4 minutes)"
     assert f"axoexp: MLflow tracking at {dead} is unreachable" in result.stderr
     (result_file,) = (tmp_path / "outputs").glob("*/*/result.json")
-    offline = result_file.parent / "tracking-offline.json"
-    assert offline.is_file() and (result_file.parent / "config.yaml").is_file()
-    assert json.loads(offline.read_text())["metrics"][names.update_metric("count")] == 3.0
-    assert os.path.getsize(result_file) > 0
+    assert f"python -m axoexp.sync {result_file.parent}" in result.stderr
+    assert (result_file.parent / "config.yaml").is_file() and os.path.getsize(result_file) > 0
+    records = [json.loads(line) for line in (result_file.parent / "journal.jsonl").read_text().splitlines()]
+    summary = [r["metrics"] for r in records if r["kind"] == "metrics" and names.update_metric("count") in r["metrics"]]
+    assert summary[0][names.update_metric("count")] == 3.0 and records[-1]["status"] == "FINISHED"

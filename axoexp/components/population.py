@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import pickle
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import torch
 from axosim import AxoSimLite, AxoSimPopulation
 from axosim.checkpoint import load_checkpoint
 from axosim.support_surrogate import SupportP4Config
 
+from axoexp.errors import AxoexpError
 from axoexp.interfaces import PopulationSetup
 from axoexp.registry import AT_LEAST_ONE, Bounds, component
 
@@ -19,8 +21,15 @@ WARMUP_STEPS = 4
 """AxoSim-Lite forecasts after each 4-step input patch: its first 4 output steps are warm-up."""
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that is missing, of the wrong kind, or fails its pinned SHA-256."""
+LITE_KIND = "adaptive-support-p4-surrogate"
+"""axosim.checkpoint's ``model_kind`` of an AxoSim-Lite model."""
+
+
+class CheckpointError(AxoexpError, ValueError):
+    """A checkpoint that is missing, of the wrong kind, fails its pinned SHA-256, or needs
+    arbitrary unpickling without a pin."""
+
+    exit_code = 2
 
 
 def sha256_of(path: Path) -> str:
@@ -32,9 +41,12 @@ def sha256_of(path: Path) -> str:
 
 
 def load_lite_checkpoint(path: str, pinned_sha256: str | None) -> tuple[AxoSimLite, str]:
-    """Load an AxoSim-Lite checkpoint (a pickle: trusted input only), checking its pin.
+    """Load an AxoSim-Lite checkpoint; return the model and the file's SHA-256.
 
-    Returns the model and the file's SHA-256, which is verified *before* unpickling.
+    A checkpoint is loaded weights-only (``torch.load(weights_only=True)``: tensors and plain
+    containers, no code can run), as every axosim checkpoint can be. One that needs arbitrary
+    unpickling is refused unless ``checkpoint_sha256`` pins it; the pin is checked before
+    anything is unpickled.
     """
     file = Path(path).expanduser()
     if not file.is_file():
@@ -45,13 +57,57 @@ def load_lite_checkpoint(path: str, pinned_sha256: str | None) -> tuple[AxoSimLi
             f"population.checkpoint={path!r} has SHA-256 {actual}, "
             f"but population.checkpoint_sha256 pins {pinned_sha256}"
         )
-    model, _ = load_checkpoint(file, map_location="cpu")
+    try:
+        payload = torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        if pinned_sha256 is None:
+            raise CheckpointError(
+                f"population.checkpoint={path!r} is not a weights-only checkpoint: loading it would run "
+                f"code stored in the file ({str(error).splitlines()[0][:200]}). If you trust the file, pin it: "
+                f"population.checkpoint_sha256={actual}"
+            ) from error
+        model, _ = load_checkpoint(file, map_location="cpu")  # pinned: the user vouches for this exact file
+    except Exception as error:  # not a torch file at all
+        raise CheckpointError(f"population.checkpoint={path!r} cannot be read as a checkpoint: {error}") from error
+    else:
+        model = _lite_from_payload(path, payload)
     if not isinstance(model, AxoSimLite):
         raise CheckpointError(
             f"population.checkpoint={path!r} holds a {type(model).__name__}, "
-            "not an AxoSim-Lite model (adaptive-support-p4-surrogate)"
+            f"not an AxoSim-Lite model ({LITE_KIND})"
         )
     return model, actual
+
+
+def _lite_from_payload(path: str, payload: Any) -> torch.nn.Module | None:
+    """The model of a weights-only axosim checkpoint (``model_kind``, ``config``, ``state_dict``)."""
+    if not isinstance(payload, dict) or not {"config", "state_dict"} <= payload.keys():
+        raise CheckpointError(
+            f"population.checkpoint={path!r} is not an axosim checkpoint "
+            "(expected a dict with model_kind, config and state_dict, as axosim.checkpoint.save_checkpoint writes)"
+        )
+    kind = payload.get("model_kind", payload.get("metadata", {}).get("model_kind"))
+    if kind != LITE_KIND:
+        raise CheckpointError(f"population.checkpoint={path!r} holds model_kind {kind!r}, "
+                              f"not an AxoSim-Lite model ({LITE_KIND})")
+    try:
+        config = SupportP4Config(**payload["config"])
+        model = AxoSimLite(config, payload["state_dict"]["route_features"])
+        model.load_state_dict(payload["state_dict"])
+    except (TypeError, KeyError, RuntimeError) as error:
+        raise CheckpointError(f"population.checkpoint={path!r} does not fit AxoSim-Lite: {error}") from error
+    return model
+
+
+def memory_estimate(params: dict[str, Any], dtype: torch.dtype) -> int:
+    """Bytes the lite workload needs on its device: batches, model activations and gradients,
+    linear in neurons x time_steps. Fitted to the peak memory of CPU float32 runs (within
+    ~20 % from 2,000 to 100,000 neurons, across the model dimensions); the checkpoint's own
+    dimensions are not known before loading, so the configured ones are used."""
+    per_step = (64 + (params["batches"] + 3) * params["contacts"]
+                + 3 * params["token_dim"] + 6 * params["state_dim"] + params["route_features"])
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return int(params["neurons"]) * int(params["time_steps"]) * per_step * itemsize
 
 
 def make_lite_model(
@@ -147,3 +203,6 @@ def lite(
         trainable_parameters=sum(p.numel() for p in module.trainable_adaptation_parameters()),
     )
     return PopulationSetup(module=module, batches=stream, description=description)
+
+
+lite.memory_estimate = memory_estimate  # type: ignore[attr-defined]

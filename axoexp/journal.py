@@ -1,0 +1,268 @@
+"""Every run's durable local record, written before anything goes to MLflow.
+
+The journal is ``<output_dir>/journal.jsonl``: one JSON object per line, appended and flushed
+as the run goes: its start (name, tags, store, process), every params/tags/metrics/artifact
+call, every timed update (outside the clock, as an :class:`~axoexp.measure.Observer`), and
+its end. A process that is killed, a store that dies mid-run or a full disk elsewhere
+therefore loses nothing measured: ``python -m axoexp.sync`` uploads the journal later
+(:mod:`axoexp.sync`). Records carry their own timestamps, so uploading one twice logs
+nothing twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlflow.data.dataset import Dataset
+from mlflow.utils.time import get_current_time_millis
+
+from axoexp import names, processes
+from axoexp.errors import TrackingUnavailableError
+from axoexp.measure import Observer
+from axoexp.tracking import UNREACHABLE, Tracker, experiment_id, open_client, store_lock, with_mlflow_context
+
+JOURNAL_FILE = "journal.jsonl"
+START, PARAMS, TAGS, METRICS, SERIES, ARTIFACT = "start", "params", "tags", "metrics", "series", "artifact"
+DATASET = "dataset"
+WINDOW, WINDOW_END, UPDATE, TRACKING_LOST, END = "window", "window_end", "update", "tracking_lost", "end"
+
+
+@dataclass
+class Journal:
+    """An append-only JSON-lines file. A write that fails (e.g. disk full) stops the journal,
+    not the run: the reason is kept in :attr:`lost` and reported on the run."""
+
+    path: Path
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    lost: str | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            self._stream = self.path.open("a", encoding="utf-8")
+        except OSError as error:
+            self._stream = None
+            self.lost = f"cannot open {self.path}: {error}"
+
+    def append(self, kind: str, **fields: Any) -> None:
+        if self._stream is None:
+            return
+        line = json.dumps({"kind": kind, "time": get_current_time_millis(), **fields}, default=str)
+        try:
+            self._stream.write(line + "\n")
+            self._stream.flush()
+        except OSError as error:
+            self._fail(error)
+
+    def sync(self) -> None:
+        """Force what was written onto the disk (window ends, run end)."""
+        if self._stream is None:
+            return
+        try:
+            self._stream.flush()
+            os.fsync(self._stream.fileno())
+        except OSError as error:
+            self._fail(error)
+
+    def close(self) -> None:
+        self.sync()
+        if self._stream is not None:
+            try:
+                self._stream.close()
+            except OSError:
+                pass
+            self._stream = None
+
+    def _fail(self, error: OSError) -> None:
+        self.lost = f"writing {self.path} failed: {error}"
+        try:
+            self._stream.close()  # type: ignore[union-attr]
+        except OSError:
+            pass
+        self._stream = None
+
+
+def read_journal(path: Path) -> list[dict[str, Any]]:
+    """The records of a journal; a last line cut off by a crash or a full disk is skipped."""
+    records = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+@dataclass
+class JournaledLog(Observer):
+    """The run's :class:`~axoexp.tracking.RunLog`: every call goes to the journal first, then
+    to MLflow. When MLflow stops answering, the run goes on with the journal alone."""
+
+    journal: Journal | None
+    remote: Tracker | None
+    run_id: str
+    remote_lost: str | None = None
+    _journal_loss_reported: bool = False
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        values = {key: str(value) for key, value in params.items()}
+        self._record(PARAMS, params=values)
+        self._deliver(lambda remote: remote.log_params(values))
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        values = {key: str(value) for key, value in tags.items()}
+        self._record(TAGS, tags=values)
+        self._deliver(lambda remote: remote.set_tags(values))
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
+        now, values = get_current_time_millis(), {key: float(value) for key, value in metrics.items()}
+        self._record(METRICS, metrics=values, step=step, timestamp=now)
+        self._deliver(lambda remote: remote.log_metrics(values, step, now))
+
+    def log_series(self, name: str, values: list[float], first_step: int = 0) -> None:
+        now, series = get_current_time_millis(), [float(value) for value in values]
+        self._record(SERIES, name=name, values=series, first_step=first_step, timestamp=now)
+        self._deliver(lambda remote: remote.log_series(name, series, first_step, now))
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        """Kept as a file next to the journal, which names it, then uploaded."""
+        if self.journal is not None and self.journal.lost is None:
+            path = self.journal.path.parent / artifact_file
+            try:
+                path.write_text(text)
+                self._record(ARTIFACT, path=str(path))
+            except OSError as error:
+                self.journal.lost = f"writing {path} failed: {error}"
+        self._deliver(lambda remote: remote.log_text(text, artifact_file))
+
+    def log_artifact(self, path: str) -> None:
+        self._record(ARTIFACT, path=str(Path(path).resolve()))
+        self._deliver(lambda remote: remote.log_artifact(path))
+
+    def log_dataset(self, dataset: Dataset, context: str) -> None:
+        record = dataset.to_dict()
+        self._record(DATASET, dataset=record, context=context)
+        self._deliver(lambda remote: remote.log_dataset_record(record, context))
+
+    # --- Observer: the timed loop, outside the clock
+    def window_started(self, window: str, planned_updates: int) -> None:
+        self._record(WINDOW, window=window, planned=planned_updates)
+
+    def update_finished(self, window: str, index: int, latency_ms: float, loss: float) -> None:
+        self._record(UPDATE, window=window, index=index, ms=latency_ms, loss=loss)
+
+    def window_finished(self, window: str, completed_updates: int) -> None:
+        self._record(WINDOW_END, window=window, completed=completed_updates)
+        if self.journal is not None:
+            self.journal.sync()
+
+    def end(self, status: str, reason: str | None) -> None:
+        """Record the end, then end the MLflow run (if it still answers)."""
+        now = get_current_time_millis()
+        self._record(END, status=status, reason=reason, end_time=now)
+        if self.journal is not None:
+            self.journal.close()
+        self._report_journal_loss()
+
+        def terminate(remote: Tracker) -> None:
+            if reason:
+                remote.client.set_tag(remote.run_id, names.FAILURE, reason[:5000])
+            remote.client.set_terminated(remote.run_id, status=status, end_time=now)
+
+        self._deliver(terminate)
+
+    def _record(self, kind: str, **fields: Any) -> None:
+        if self.journal is not None:
+            self.journal.append(kind, **fields)
+            self._report_journal_loss()
+
+    def _report_journal_loss(self) -> None:
+        if self.journal is None or self.journal.lost is None or self._journal_loss_reported:
+            return
+        self._journal_loss_reported = True
+        self._deliver(lambda remote: remote.set_tags({names.JOURNAL_LOST: self.journal.lost[:5000]}))  # type: ignore[union-attr]
+
+    def _deliver(self, call: Callable[[Tracker], None]) -> None:
+        if self.remote is None:
+            return
+        try:
+            call(self.remote)
+        except UNREACHABLE as error:
+            self.remote, self.remote_lost = None, f"{type(error).__name__}: {error}"[:2000]
+            self._record(TRACKING_LOST, reason=self.remote_lost)
+
+
+def process_tags() -> dict[str, str]:
+    """Which process on which host runs the run: how a sync tells a dead run from a live one."""
+    tags = {names.PROCESS_PID: str(os.getpid()), names.HOSTNAME: socket.gethostname()}
+    started = processes.start_ticks(os.getpid())
+    if started is not None:
+        tags[names.PROCESS_START] = started
+    return tags
+
+
+@contextmanager
+def journaled_run(
+    tracking_uri: str, experiment: str, run_name: str | None, tags: Mapping[str, str],
+    *, output_dir: Path | None,
+) -> Iterator[JournaledLog]:
+    """An MLflow run, journaled in ``output_dir``, that ends FINISHED, FAILED (reason in tag
+    ``axoexp.failure``) or KILLED (a signal or Ctrl-C).
+
+    If the store cannot be reached at the start, or stops answering during the run, the run
+    goes on with the journal alone and :class:`TrackingUnavailableError` is raised at its
+    end, naming the journal to sync; without ``output_dir`` an unreachable store is an error
+    at once.
+    """
+    journal = Journal(output_dir / JOURNAL_FILE) if output_dir is not None else None
+    tags = with_mlflow_context({**tags, **process_tags()})
+    if journal is not None:
+        tags.update({names.JOURNAL_ID: journal.id, names.JOURNAL: str(journal.path.resolve())})
+    start_time = get_current_time_millis()
+    remote, lost = None, None
+    try:
+        client = open_client(tracking_uri)
+        with store_lock(tracking_uri):
+            run = client.create_run(experiment_id(client, experiment), start_time=start_time,
+                                    run_name=run_name, tags=tags)
+        remote = Tracker(client, run.info.run_id)
+    except UNREACHABLE as error:
+        if journal is None:
+            raise TrackingUnavailableError(f"MLflow tracking at {tracking_uri} is unreachable: {error}") from error
+        lost = f"{type(error).__name__}: {error}"[:2000]
+    run_id = remote.run_id if remote is not None else f"journal-{journal.id}"  # type: ignore[union-attr]
+    log = JournaledLog(journal, remote, run_id, remote_lost=lost)
+    log._record(START, journal_id=journal.id if journal else None, run_id=remote.run_id if remote else None,
+                experiment=experiment, run_name=run_name, tracking_uri=tracking_uri, tags=tags,
+                start_time=start_time)
+    if lost is not None:
+        log._record(TRACKING_LOST, reason=lost)
+    try:
+        yield log
+    except KeyboardInterrupt as error:
+        log.end("KILLED", str(error) or "interrupted (KeyboardInterrupt)")
+        raise
+    except BaseException as error:
+        log.end("FAILED", f"{type(error).__name__}: {error}")
+        raise
+    else:
+        log.end("FINISHED", None)
+    if log.remote_lost is not None:
+        if journal is None:
+            raise TrackingUnavailableError(
+                f"MLflow tracking at {tracking_uri} stopped answering during the run ({log.remote_lost[:300]}); "
+                "no output directory was given, so only the returned result holds what was measured")
+        kept = f"the run's results are in {journal.path}" if journal.lost is None else (
+            f"and the local journal failed too ({journal.lost})")
+        raise TrackingUnavailableError(
+            f"MLflow tracking at {tracking_uri} is unreachable ({log.remote_lost.splitlines()[0][:300]}); "
+            f"{kept}; upload them with: python -m axoexp.sync {journal.path.parent} "
+            f"--tracking-uri {tracking_uri}"
+        )

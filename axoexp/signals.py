@@ -1,0 +1,80 @@
+"""SIGTERM and SIGHUP (what SLURM and a closed terminal send) end a run like Ctrl-C does.
+
+Inside :func:`interruptible` the first SIGTERM, SIGHUP or SIGINT raises :class:`Interrupted`
+(a ``KeyboardInterrupt``) in the main thread, so every ``finally`` runs: what was measured
+is logged and the MLflow run ends KILLED naming the signal. Later signals are noted and
+ignored, so the clean-up itself is not interrupted. HTTP timeouts to the tracking store are
+shortened at the first signal, so the clean-up fits in SLURM's grace period (30 s by default).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+from axoexp import names
+
+HANDLED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+SHUTDOWN_HTTP_TIMEOUT_S = 3
+"""Seconds per request to the tracking store once a signal came, with no retries."""
+
+_received: list[str] = []
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal asked this process to stop; what was measured is kept and the run ends KILLED."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(f"interrupted by {signal_name}")
+        self.signal_name = signal_name
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + int(signal.Signals[self.signal_name])
+
+
+def received() -> str | None:
+    """The first signal this process was asked to stop by, if any (e.g. ``SIGTERM``)."""
+    return _received[0] if _received else None
+
+
+def _shorten_http_timeouts() -> None:
+    os.environ[names.HTTP_TIMEOUT_ENV] = str(SHUTDOWN_HTTP_TIMEOUT_S)
+    os.environ[names.HTTP_MAX_RETRIES_ENV] = "0"
+
+
+def install(before_raising: Callable[[str], None] | None = None) -> dict[int, Any]:
+    """Make the first stop signal raise :class:`Interrupted` in the main thread; return the
+    handlers replaced. ``before_raising(signal_name)`` runs first, inside the handler (a sweep
+    parent waits there for its workers to end their runs before the launcher kills them)."""
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        _received.append(name)
+        if len(_received) > 1:
+            return  # already stopping
+        _shorten_http_timeouts()
+        if before_raising is not None:
+            before_raising(name)
+        raise Interrupted(name)
+
+    return {signum: signal.signal(signum, handle) for signum in HANDLED}
+
+
+@contextmanager
+def interruptible() -> Iterator[None]:
+    """:func:`install` for the duration of the block; a no-op outside the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = install()
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

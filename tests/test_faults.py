@@ -1,0 +1,427 @@
+"""Fault injection: signals, kill -9, a server killed mid-run, a full disk, NaN, concurrent
+fresh stores, a malicious pickle. Each asserts that nothing measured is lost and that the
+final state in MLflow is truthful."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from axoexp import metadata, names, processes
+from axoexp.components.population import CheckpointError
+from axoexp.errors import ConfigError, NonFiniteResultError
+from axoexp.experiment import run_experiment
+from axoexp.journal import JOURNAL_FILE, read_journal
+from axoexp.plan import plan_experiment
+
+from conftest import run_cli
+
+SLEEPY = '''
+import time
+from axoexp import component
+from axoexp.executors.eager import EagerExecutor
+
+@component("executor", "sleepy")
+class Sleepy(EagerExecutor):
+    """Eager plus 20 ms of sleep per update: a run long enough to interrupt."""
+    update_includes = EagerExecutor.update_includes + ("sleep_20ms",)
+
+    def step(self, inputs, targets):
+        time.sleep(0.02)
+        return super().step(inputs, targets)
+'''
+LONG_RUN = ("executor=sleepy", "run.warmup_updates=2", "run.measured_updates=100000")
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+def start_cli(*args: str, cwd: Path, module: str = "axoexp") -> subprocess.Popen[str]:
+    (cwd / "plugins").mkdir(exist_ok=True)
+    (cwd / "plugins" / "sleepy.py").write_text(SLEEPY)
+    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=cwd, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def sync(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "axoexp.sync", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
+
+
+def journals(root: Path) -> list[Path]:
+    return sorted(root.rglob(JOURNAL_FILE))
+
+
+def updates_in(journal: Path) -> list[dict]:
+    return [record for record in read_journal(journal) if record["kind"] == "update"]
+
+
+def wait_for_updates(root: Path, count: int, process: subprocess.Popen[str], jobs: int = 1,
+                     timeout: float = 240) -> list[Path]:
+    """Wait until ``jobs`` journals under ``root`` each hold ``count`` measured updates."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = journals(root)
+        if len(found) >= jobs and all(len(updates_in(path)) >= count for path in found):
+            return found
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.2)
+    pytest.fail(f"no {count} updates in {jobs} journals within {timeout} s")
+
+
+def only_run(uri: str):
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
+    assert len(runs) == 1, [run.info.run_name for run in runs]
+    return client, runs[0]
+
+
+def assert_everything_measured_is_in(client: MlflowClient, run, journal: Path) -> None:
+    updates = updates_in(journal)
+    history = client.get_metric_history(run.info.run_id, names.UPDATE_SERIES)
+    assert sorted(metric.step for metric in history) == [update["index"] for update in updates]
+    assert {metric.step: metric.value for metric in history} == {u["index"]: u["ms"] for u in updates}
+    measured = [u for u in updates if u["window"] == "measured"]
+    assert run.data.metrics[names.MEASURED_COMPLETED] == len(measured)
+
+
+# --- signals and kill -9 ----------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_stop_signal_ends_the_run_killed_with_what_was_measured(tmp_path: Path, signum: int) -> None:
+    process = start_cli(*LONG_RUN, cwd=tmp_path)
+    (journal,) = wait_for_updates(tmp_path / "outputs", 20, process)
+    process.send_signal(signum)
+    start = time.monotonic()
+    _, stderr = process.communicate(timeout=60)
+    assert time.monotonic() - start < 15, "a stop signal must end the run well within SLURM's 30 s grace"
+    name = signal.Signals(signum).name
+    assert process.returncode == 128 + signum
+    assert f"axoexp: interrupted by {name}" in stderr
+    client, run = only_run(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert run.info.status == "KILLED" and run.data.tags[names.FAILURE] == f"interrupted by {name}"
+    assert names.PARTIAL in run.data.tags
+    assert_everything_measured_is_in(client, run, journal)
+    assert "already complete" in sync(str(tmp_path / "outputs"), cwd=tmp_path).stdout
+
+
+@pytest.mark.slow
+def test_kill_9_then_sync_completes_the_run_from_its_journal(tmp_path: Path) -> None:
+    process = start_cli(*LONG_RUN, cwd=tmp_path)
+    (journal,) = wait_for_updates(tmp_path / "outputs", 30, process)
+    process.kill()
+    process.communicate(timeout=60)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client, run = only_run(uri)
+    assert run.info.status == "RUNNING" and not client.get_metric_history(run.info.run_id, names.UPDATE_SERIES)
+
+    synced = sync(str(tmp_path / "outputs"), cwd=tmp_path)
+    assert synced.returncode == 0, synced.stderr
+    assert f"synced to run {run.info.run_id} (KILLED" in synced.stdout
+    client, run = only_run(uri)
+    assert run.info.status == "KILLED" and "ended without ending its run" in run.data.tags[names.FAILURE]
+    assert_everything_measured_is_in(client, run, journal)
+    assert run.info.end_time == read_journal(journal)[-1]["time"]
+
+    again = sync(str(tmp_path / "outputs"), cwd=tmp_path)
+    assert f"already synced to run {run.info.run_id}" in again.stdout
+    assert_everything_measured_is_in(client, only_run(uri)[1], journal)  # nothing logged twice
+
+
+@pytest.mark.slow
+def test_sync_ends_running_runs_whose_process_is_gone(tmp_path: Path) -> None:
+    process = start_cli(*LONG_RUN, cwd=tmp_path)
+    (journal,) = wait_for_updates(tmp_path / "outputs", 5, process)
+    process.kill()
+    process.communicate(timeout=60)
+    journal.unlink()  # a run without its journal is still ended, with the reason
+    synced = sync(cwd=tmp_path)
+    assert synced.returncode == 0 and "its process is gone; ended KILLED" in synced.stdout
+    _, run = only_run(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert run.info.status == "KILLED"
+    assert f"process {process.pid} on " in run.data.tags[names.FAILURE]
+
+
+@pytest.mark.slow
+def test_stopping_a_joblib_sweep_ends_every_run_and_leaves_no_workers(tmp_path: Path) -> None:
+    process = start_cli("-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "population.neurons=2,3",
+                        *LONG_RUN, cwd=tmp_path)
+    found = wait_for_updates(tmp_path / "outputs", 10, process, jobs=2)
+    workers = processes.descendants(process.pid)
+    process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM
+    time.sleep(1)
+    assert not [pid for pid in workers if processes.alive(pid) and "resource_tracker" not in
+                processes.command_line(pid)], "worker processes were left behind"
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
+    parent = next(run for run in runs if run.data.tags.get(names.SWEEP_ROLE) == "parent")
+    children = [run for run in runs if run is not parent]
+    assert parent.info.status == "KILLED" and parent.data.tags[names.FAILURE].startswith("interrupted by SIGTERM")
+    assert len(children) == 2 and {child.info.status for child in children} == {"KILLED"}
+    for child in children:
+        (journal,) = [path for path in found if path.parent == Path(child.data.tags[names.OUTPUT_DIR])]
+        assert_everything_measured_is_in(client, child, journal)
+
+
+# --- the tracking server dies -----------------------------------------------------------------
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _serve(root: Path, port: int) -> subprocess.Popen[bytes]:
+    import requests
+
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+         "--backend-store-uri", f"sqlite:///{root / 'server.db'}", "--workers", "1"],
+        cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return server
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    pytest.fail("mlflow server did not come up")
+
+
+def _kill_server(server: subprocess.Popen[bytes]) -> None:
+    os.killpg(server.pid, signal.SIGKILL)  # its own session: the server and its workers
+    server.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_server_killed_mid_run_switches_to_the_journal_then_sync(tmp_path: Path) -> None:
+    (tmp_path / "server").mkdir()
+    port = _free_port()
+    uri = f"http://127.0.0.1:{port}"
+    server = _serve(tmp_path / "server", port)
+    try:
+        process = start_cli("executor=sleepy", "run.warmup_updates=2", "run.measured_updates=300",
+                            f"tracking.uri={uri}", "tracking.http_timeout_s=2", "tracking.http_max_retries=0",
+                            cwd=tmp_path)
+        wait_for_updates(tmp_path / "outputs", 20, process)
+        _kill_server(server)
+        _, stderr = process.communicate(timeout=300)
+        assert process.returncode == 1
+        (journal,) = journals(tmp_path / "outputs")
+        assert f"axoexp: MLflow tracking at {uri} is unreachable" in stderr
+        assert f"python -m axoexp.sync {journal.parent}" in stderr
+        assert len(updates_in(journal)) == 302 and read_journal(journal)[-1]["status"] == "FINISHED"
+
+        server = _serve(tmp_path / "server", port)
+        client, run = only_run(uri)
+        assert run.info.status == "RUNNING", "the server died before the run could end"
+        synced = sync(str(tmp_path / "outputs"), "--tracking-uri", uri, cwd=tmp_path)
+        assert f"synced to run {run.info.run_id} (FINISHED, 302 updates)" in synced.stdout, synced.stderr
+        client, run = only_run(uri)
+        assert run.info.status == "FINISHED" and run.data.metrics[names.update_metric("count")] == 300
+        assert_everything_measured_is_in(client, run, journal)
+        assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"config.yaml", "result.json"}
+    finally:
+        _kill_server(server)
+
+
+@pytest.mark.slow
+def test_a_hung_server_is_given_up_on_within_the_configured_timeouts(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as hung:  # accepts connections, never answers
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(16)
+        start = time.monotonic()
+        result = run_cli(f"tracking.uri=http://127.0.0.1:{hung.getsockname()[1]}", "tracking.http_timeout_s=2",
+                         "tracking.http_max_retries=1", "run.measured_updates=3", cwd=tmp_path)
+        elapsed = time.monotonic() - start
+    assert result.returncode == 1 and "is unreachable" in result.stderr
+    assert elapsed < 40, f"gave up after {elapsed:.0f} s"
+    (journal,) = journals(tmp_path / "outputs")
+    assert len(updates_in(journal)) == 8
+
+
+# --- a full disk --------------------------------------------------------------------------------
+
+@pytest.fixture
+def small_filesystem(tmp_path: Path) -> Iterator[Path]:
+    """A real 4 MiB filesystem (tmpfs), where mounting is permitted."""
+    mount_point = tmp_path / "small"
+    mount_point.mkdir()
+    if shutil.which("mount") is None or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)], capture_output=True).returncode:
+        pytest.skip("mounting a size-limited tmpfs is not permitted here "
+                    "(test_journal_on_a_full_disk covers the full-disk path with /dev/full)")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def _fill(directory: Path) -> Path:
+    filler = directory / "filler"
+    with filler.open("wb") as stream:
+        try:
+            while True:
+                stream.write(b"\0" * 65536)
+                stream.flush()
+        except OSError:
+            pass
+    return filler
+
+
+@pytest.mark.slow
+def test_a_store_on_a_full_disk_loses_nothing(tmp_path: Path, small_filesystem: Path) -> None:
+    uri = f"sqlite:///{small_filesystem / 'mlflow.db'}"
+    process = start_cli("run.warmup_updates=0", "run.measured_updates=3000",  # seconds of eager updates
+                        f"tracking.uri={uri}", "hydra.run.dir=run", cwd=tmp_path)
+    (journal,) = wait_for_updates(tmp_path / "run", 1, process, timeout=120)
+    filler = _fill(small_filesystem)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 1 and f"python -m axoexp.sync {journal.parent}" in stderr, stderr
+    assert len(updates_in(journal)) == 3000
+    filler.unlink()
+    synced = sync(str(journal), "--tracking-uri", uri, cwd=tmp_path)
+    assert "(FINISHED, 3000 updates)" in synced.stdout, synced.stdout + synced.stderr
+    client, run = only_run(uri)
+    assert run.info.status == "FINISHED"
+    assert_everything_measured_is_in(client, run, journal)
+
+
+@pytest.mark.slow
+def test_journal_on_a_full_disk_keeps_the_run_in_mlflow(tmp_path: Path) -> None:
+    """The output directory's disk is full: every write there fails with ENOSPC (/dev/full)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for name in (JOURNAL_FILE, "result.json", "config.yaml"):
+        (run_dir / name).symlink_to("/dev/full")
+    result = run_cli("run.measured_updates=50", "hydra.run.dir=run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    client, run = only_run(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert run.info.status == "FINISHED" and run.data.metrics[names.update_metric("count")] == 50
+    assert "No space left on device" in run.data.tags[names.JOURNAL_LOST]
+    assert len(client.get_metric_history(run.info.run_id, names.UPDATE_SERIES)) == 55
+
+
+# --- wrong results --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("lr", ["1e12", "inf"])
+def test_a_non_finite_loss_ends_the_run_failed_naming_the_update(make_config, client, tmp_path: Path,
+                                                                  lr: str) -> None:
+    with pytest.raises(NonFiniteResultError, match=r"update \d+ \((warmup|measured)\) produced a non-finite"):
+        run_experiment(make_config(f"optimizer.lr={lr}", "verify.enabled=true"), output_dir=tmp_path)
+    (run,) = client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
+    assert run.info.status == "FAILED" and "NonFiniteResultError" in run.data.tags[names.FAILURE]
+    bad = int(run.data.tags[names.NON_FINITE_UPDATE].split()[0])
+    losses = client.get_metric_history(run.info.run_id, names.LOSS_SERIES)
+    assert len(losses) == bad + 1, "every update up to the bad one is kept"
+    assert len(updates_in(tmp_path / JOURNAL_FILE)) == bad + 1
+
+
+def test_float16_is_refused_while_planning_with_the_reason(make_config) -> None:
+    with pytest.raises(ConfigError, match="dtype=float16 is refused: .* use bfloat16"):
+        plan_experiment(make_config("dtype=float16"))
+
+
+def test_a_shape_that_cannot_fit_is_refused_before_allocating(make_config) -> None:
+    with pytest.raises(ConfigError, match=r"population lite of shape 1000000000x12x4 .* needs about \d+\.\d GiB"):
+        plan_experiment(make_config("population.neurons=1000000000"))
+
+
+def test_an_unwritable_store_is_refused_at_once(make_config, tmp_path: Path) -> None:
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match="directory .*absent does not exist"):
+        plan_experiment(make_config(f"tracking.uri=sqlite:///{tmp_path / 'absent' / 'mlflow.db'}"))
+    assert time.monotonic() - start < 5
+
+
+# --- resume ---------------------------------------------------------------------------------------
+
+def test_the_result_key_covers_config_code_plugins_and_device(tmp_path: Path) -> None:
+    from axoexp import plugins
+
+    config = {"seed": 0, "population": {"neurons": 3}}
+    cpu = torch.device("cpu")
+    key = metadata.result_key(cpu, config)
+    assert metadata.result_key(cpu, {**config, "tracking": {"uri": "elsewhere"}}) == key
+    assert metadata.result_key(cpu, {**config, "seed": 1}) != key
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text("LOSS_SCALE = 1\n")
+    plugins._plugin_files.append(plugin)
+    try:
+        with_plugin = metadata.result_key(cpu, config)
+        plugin.write_text("LOSS_SCALE = 1000\n")
+        assert len({key, with_plugin, metadata.result_key(cpu, config)}) == 3
+    finally:
+        plugins._plugin_files.remove(plugin)
+
+
+@pytest.mark.slow
+def test_resume_does_not_reuse_a_run_whose_plugin_code_changed(tmp_path: Path) -> None:
+    sweep = ("-m", "executor=sleepy", "population.neurons=2,3", "run.measured_updates=2")
+    first = start_cli(*sweep, cwd=tmp_path)
+    assert first.wait(timeout=300) == 0
+    same = run_cli(*sweep, cwd=tmp_path)
+    assert same.stdout.count("skipped") == 2, same.stdout
+    plugin = tmp_path / "plugins" / "sleepy.py"
+    plugin.write_text(plugin.read_text().replace("0.02", "0.03"))
+    changed = run_cli(*sweep, cwd=tmp_path)
+    assert changed.returncode == 0 and "skipped" not in changed.stdout
+
+
+# --- concurrency ------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_concurrent_starts_on_a_fresh_store(tmp_path: Path) -> None:
+    started = [start_cli("run.measured_updates=2", cwd=tmp_path) for _ in range(2)]
+    started += [start_cli("-m", "population.neurons=2", "run.measured_updates=2", cwd=tmp_path) for _ in range(2)]
+    for process in started:
+        _, stderr = process.communicate(timeout=300)
+        assert process.returncode == 0, stderr
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
+    parents = [run for run in runs if run.data.tags.get(names.SWEEP_ROLE) == "parent"]
+    assert len(parents) == 2 and {run.info.status for run in runs} == {"FINISHED"}
+    assert len({parent.data.tags[names.SWEEP_DIR] for parent in parents}) == 2, "each sweep has its own directory"
+    assert len(runs) >= 4  # 2 single runs, 2 parents, and the one sweep job (the other may reuse it)
+
+
+# --- a malicious checkpoint --------------------------------------------------------------------------
+
+class _RunsCode:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_unless_pinned(registry, tmp_path: Path) -> None:
+    marker, evil = tmp_path / "code-ran", tmp_path / "evil.pt"
+    torch.save({"model_kind": "adaptive-support-p4-surrogate", "config": _RunsCode(marker), "state_dict": {}}, evil)
+    lite = registry.get("population", "lite")
+    with pytest.raises(CheckpointError, match=r"evil.pt' is not a weights-only checkpoint: loading it would run "
+                                              r"code .* pin it: population.checkpoint_sha256=[0-9a-f]{64}"):
+        lite.build({"checkpoint": str(evil)}, device=torch.device("cpu"), dtype=torch.float32, seed=0)
+    assert not marker.exists(), "the pickle's code ran"
+    plain = tmp_path / "plain.pt"
+    torch.save({"config": 1}, plain)
+    with pytest.raises(CheckpointError, match="is not an axosim checkpoint"):
+        lite.build({"checkpoint": str(plain)}, device=torch.device("cpu"), dtype=torch.float32, seed=0)
