@@ -77,3 +77,21 @@ def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None,
         [sys.executable, "-m", "axoexp", *args], cwd=cwd, env=full_env,
         capture_output=True, text=True, timeout=timeout,
     )
+
+
+def sleepy_executor_plugin(milliseconds: int) -> str:
+    """A plugin file's text: executor ``sleepy``, eager plus a known sleep per update."""
+    return f'''
+import time
+from axoexp import component
+from axoexp.executors.eager import EagerExecutor
+
+@component("executor", "sleepy")
+class Sleepy(EagerExecutor):
+    """Eager plus {milliseconds} ms of sleep per update: a known, slower executor."""
+    update_includes = EagerExecutor.update_includes + ("sleep_{milliseconds}ms",)
+
+    def step(self, inputs, targets):
+        time.sleep({milliseconds / 1000})
+        return super().step(inputs, targets)
+'''

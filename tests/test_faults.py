@@ -24,22 +24,9 @@ from axoexp.experiment import run_experiment
 from axoexp.journal import JOURNAL_FILE, read_journal
 from axoexp.plan import plan_experiment
 
-from conftest import run_cli
+from conftest import run_cli, sleepy_executor_plugin
 
-SLEEPY = '''
-import time
-from axoexp import component
-from axoexp.executors.eager import EagerExecutor
-
-@component("executor", "sleepy")
-class Sleepy(EagerExecutor):
-    """Eager plus 20 ms of sleep per update: a run long enough to interrupt."""
-    update_includes = EagerExecutor.update_includes + ("sleep_20ms",)
-
-    def step(self, inputs, targets):
-        time.sleep(0.02)
-        return super().step(inputs, targets)
-'''
+SLEEPY = sleepy_executor_plugin(20)
 LONG_RUN = ("executor=sleepy", "run.warmup_updates=2", "run.measured_updates=100000")
 
 
@@ -155,12 +142,15 @@ def test_sync_ends_running_runs_whose_process_is_gone(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_stopping_a_joblib_sweep_ends_every_run_and_leaves_no_workers(tmp_path: Path) -> None:
+    # one CPU each: both jobs then hold disjoint CPU leases and measure at the same time
     process = start_cli("-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "population.neurons=2,3",
-                        *LONG_RUN, cwd=tmp_path)
-    found = wait_for_updates(tmp_path / "outputs", 10, process, jobs=2)
-    workers = processes.descendants(process.pid)
-    process.send_signal(signal.SIGTERM)
-    process.communicate(timeout=60)
+                        "run.lease_cpus=1", *LONG_RUN, cwd=tmp_path)
+    try:
+        found = wait_for_updates(tmp_path / "outputs", 10, process, jobs=2)
+        workers = processes.descendants(process.pid)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=60)
     assert process.returncode == 128 + signal.SIGTERM
     time.sleep(1)
     assert not [pid for pid in workers if processes.alive(pid) and "resource_tracker" not in
@@ -236,7 +226,7 @@ def test_server_killed_mid_run_switches_to_the_journal_then_sync(tmp_path: Path)
         client, run = only_run(uri)
         assert run.info.status == "FINISHED" and run.data.metrics[names.update_metric("count")] == 300
         assert_everything_measured_is_in(client, run, journal)
-        assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"config.yaml", "result.json"}
+        assert {a.path for a in client.list_artifacts(run.info.run_id)} == {".hydra", "config.yaml", "result.json"}
     finally:
         _kill_server(server)
 
@@ -379,11 +369,11 @@ def test_resume_does_not_reuse_a_run_whose_plugin_code_changed(tmp_path: Path) -
     first = start_cli(*sweep, cwd=tmp_path)
     assert first.wait(timeout=300) == 0
     same = run_cli(*sweep, cwd=tmp_path)
-    assert same.stdout.count("skipped") == 2, same.stdout
+    assert same.stdout.count(": FINISHED as MLflow run") == 2, same.stdout  # both jobs reused
     plugin = tmp_path / "plugins" / "sleepy.py"
     plugin.write_text(plugin.read_text().replace("0.02", "0.03"))
     changed = run_cli(*sweep, cwd=tmp_path)
-    assert changed.returncode == 0 and "skipped" not in changed.stdout
+    assert changed.returncode == 0 and "FINISHED as MLflow run" not in changed.stdout
 
 
 # --- concurrency ------------------------------------------------------------------------------------

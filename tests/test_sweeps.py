@@ -15,24 +15,11 @@ from mlflow.tracking import MlflowClient
 
 from axoexp import names
 
-from conftest import run_cli
+from conftest import run_cli, sleepy_executor_plugin
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
-SLOW_EXECUTOR = '''
-import time
-from axoexp import component
-from axoexp.executors.eager import EagerExecutor
-
-@component("executor", "sleepy")
-class Sleepy(EagerExecutor):
-    """Eager plus 5 ms of sleep per update: a known, slower executor."""
-    update_includes = EagerExecutor.update_includes + ("sleep_5ms",)
-
-    def step(self, inputs, targets):
-        time.sleep(0.005)
-        return super().step(inputs, targets)
-'''
+SLOW_EXECUTOR = sleepy_executor_plugin(5)
 
 
 FAILING_EXECUTOR = '''

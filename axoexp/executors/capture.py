@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from axoexp.executors.base import eager_update
 from axoexp.interfaces import GradientTransform, LossFn
 
 OptimizerSnapshot = dict[torch.nn.Parameter, dict[str, Any]]
@@ -57,17 +58,6 @@ def _restore(optimizer: torch.optim.Optimizer, snapshot: OptimizerSnapshot) -> N
                 state[key] = copy.deepcopy(saved[key])
 
 
-def _update(module: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn,
-            transform: GradientTransform, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    optimizer.zero_grad(set_to_none=False)
-    loss = loss_fn(module(inputs), targets)
-    loss.backward()
-    if transform is not None:
-        transform()
-    optimizer.step()
-    return loss.detach()
-
-
 @dataclass
 class CapturedUpdate:
     """A captured update: copy the batch into static buffers, replay, return a copy of the loss."""
@@ -105,11 +95,11 @@ def capture_update(module: torch.nn.Module, optimizer: torch.optim.Optimizer, lo
     stream.wait_stream(torch.cuda.current_stream(example_inputs.device))
     with torch.cuda.stream(stream):
         for _ in range(warmup_steps):
-            _update(module, optimizer, loss_fn, transform, static_inputs, static_targets)
+            eager_update(module, optimizer, loss_fn, transform, static_inputs, static_targets)
             release_autograd_graphs(module)  # no warm-up graph (nor its accumulators) outlives its update
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        static_loss = _update(module, optimizer, loss_fn, transform, static_inputs, static_targets)
+        static_loss = eager_update(module, optimizer, loss_fn, transform, static_inputs, static_targets)
     release_autograd_graphs(module)
     torch.cuda.current_stream(example_inputs.device).wait_stream(stream)
     torch.cuda.synchronize(example_inputs.device)
