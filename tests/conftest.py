@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import requests
 import torch
 from hydra import compose, initialize_config_module
 from mlflow.tracking import MlflowClient
@@ -95,3 +98,33 @@ class Sleepy(EagerExecutor):
         time.sleep({milliseconds / 1000})
         return super().step(inputs, targets)
 '''
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_mlflow(verb: str, root: Path, port: int, *, own_session: bool = False) -> subprocess.Popen[bytes]:
+    """A real ``mlflow server`` or ``mlflow ui`` on 127.0.0.1:``port`` over ``root/mlflow.db``,
+    returned once it answers /health (its log is ``root/VERB.log``). ``own_session`` puts it
+    and its workers in a process group of their own, so a test can kill them all at once."""
+    log = root / f"{verb}.log"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", verb, "--host", "127.0.0.1", "--port", str(port),
+         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--workers", "1"],
+        cwd=root, stdout=subprocess.DEVNULL, stderr=log.open("w"), start_new_session=own_session)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return server
+        except requests.RequestException:
+            pass
+        if server.poll() is not None:
+            break
+        time.sleep(0.5)
+    server.kill()
+    pytest.fail(f"mlflow {verb} did not come up: " + log.read_text()[-2000:])

@@ -24,7 +24,7 @@ from axoexp.experiment import run_experiment
 from axoexp.journal import JOURNAL_FILE, read_journal
 from axoexp.plan import plan_experiment
 
-from conftest import run_cli, sleepy_executor_plugin
+from conftest import free_port, run_cli, sleepy_executor_plugin, start_mlflow
 
 SLEEPY = sleepy_executor_plugin(20)
 LONG_RUN = ("executor=sleepy", "run.warmup_updates=2", "run.measured_updates=100000")
@@ -168,31 +168,6 @@ def test_stopping_a_joblib_sweep_ends_every_run_and_leaves_no_workers(tmp_path: 
 
 # --- the tracking server dies -----------------------------------------------------------------
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _serve(root: Path, port: int) -> subprocess.Popen[bytes]:
-    import requests
-
-    server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{root / 'server.db'}", "--workers", "1"],
-        cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return server
-        except requests.RequestException:
-            pass
-        time.sleep(0.5)
-    pytest.fail("mlflow server did not come up")
-
 
 def _kill_server(server: subprocess.Popen[bytes]) -> None:
     os.killpg(server.pid, signal.SIGKILL)  # its own session: the server and its workers
@@ -202,9 +177,9 @@ def _kill_server(server: subprocess.Popen[bytes]) -> None:
 @pytest.mark.slow
 def test_server_killed_mid_run_switches_to_the_journal_then_sync(tmp_path: Path) -> None:
     (tmp_path / "server").mkdir()
-    port = _free_port()
+    port = free_port()
     uri = f"http://127.0.0.1:{port}"
-    server = _serve(tmp_path / "server", port)
+    server = start_mlflow("server", tmp_path / "server", port, own_session=True)
     try:
         process = start_cli("executor=sleepy", "run.warmup_updates=2", "run.measured_updates=300",
                             f"tracking.uri={uri}", "tracking.http_timeout_s=2", "tracking.http_max_retries=0",
@@ -218,7 +193,7 @@ def test_server_killed_mid_run_switches_to_the_journal_then_sync(tmp_path: Path)
         assert f"python -m axoexp.sync {journal.parent}" in stderr
         assert len(updates_in(journal)) == 302 and read_journal(journal)[-1]["status"] == "FINISHED"
 
-        server = _serve(tmp_path / "server", port)
+        server = start_mlflow("server", tmp_path / "server", port, own_session=True)
         client, run = only_run(uri)
         assert run.info.status == "RUNNING", "the server died before the run could end"
         synced = sync(str(tmp_path / "outputs"), "--tracking-uri", uri, cwd=tmp_path)

@@ -26,7 +26,7 @@ from axoexp import lease, names
 from axoexp.errors import ConfigError, LeaseTimeoutError
 from axoexp.experiment import run_experiment
 
-from conftest import run_cli
+from conftest import free_port, run_cli
 
 FAILS_ONCE = '''
 from pathlib import Path
@@ -279,13 +279,6 @@ def test_slurm_preset_submits_a_gpu_array_through_sbatch(tmp_path: Path) -> None
 RAY_PORT_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # Ray then keeps every address on 127.0.0.1
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[tuple[str, Path]]:
@@ -296,7 +289,7 @@ def ray_cluster() -> Iterator[tuple[str, Path]]:
     plugins = root / "plugins"
     plugins.mkdir()
     (plugins / "fails_once.py").write_text(FAILS_ONCE)
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, **RAY_PORT_ENV, "AXOEXP_PLUGINS_DIR": str(plugins),
            lease.LEASE_DIR_ENV: str(root / "leases")}
     ray = str(Path(sys.executable).with_name("ray"))

@@ -9,19 +9,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import requests
 from mlflow.tracking import MlflowClient
 
 from axoexp import names
 
-from conftest import run_cli
+from conftest import free_port, run_cli, start_mlflow
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -36,39 +32,16 @@ pytestmark = [
 sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (pip install -e '.[dev]')")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def swept_ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, MlflowClient]]:
     """A real two-job sweep in a fresh store, and ``mlflow ui`` serving it on 127.0.0.1."""
     root = tmp_path_factory.mktemp("ui")
     sweep = run_cli("-m", "population.neurons=2,3", "run.measured_updates=5", cwd=root)
     assert sweep.returncode == 0, sweep.stderr
-    port = _free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        cwd=root, stdout=subprocess.DEVNULL, stderr=(root / "ui.log").open("w"),
-    )
+    port = free_port()
+    server = start_mlflow("ui", root, port)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if requests.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            assert server.poll() is None, (root / "ui.log").read_text()
-            time.sleep(0.5)
-        else:
-            pytest.fail("mlflow ui did not come up: " + (root / "ui.log").read_text()[-2000:])
         yield url, MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
     finally:
         server.terminate()

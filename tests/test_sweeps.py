@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from axoexp import names
 
-from conftest import run_cli, sleepy_executor_plugin
+from conftest import free_port, run_cli, sleepy_executor_plugin, start_mlflow
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
@@ -160,39 +160,14 @@ def test_report_without_a_sweep_says_so_in_one_line(tmp_path: Path) -> None:
         "axoexp.report: no sweep in experiment 'axoexp'; run one with python -m axoexp -m ...")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
     """A real ``mlflow server`` on 127.0.0.1 with its own sqlite store."""
-    import requests
-
     root = tmp_path_factory.mktemp("server")
-    port = _free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{root / 'server.db'}", "--workers", "1"],
-        cwd=root, stdout=subprocess.DEVNULL, stderr=(root / "server.log").open("w"),
-    )
+    port = free_port()
+    server = start_mlflow("server", root, port)
     uri = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if requests.get(f"{uri}/health", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            assert server.poll() is None, (root / "server.log").read_text()
-            time.sleep(0.5)
-        else:
-            pytest.fail("mlflow server did not come up: " + (root / "server.log").read_text()[-2000:])
         yield uri
     finally:
         server.terminate()
@@ -216,7 +191,7 @@ def test_sweep_logs_to_an_http_tracking_server(mlflow_server: str, tmp_path: Pat
 
 
 def test_dead_tracking_server_fails_fast_and_keeps_results_locally(tmp_path: Path) -> None:
-    dead = f"http://127.0.0.1:{_free_port()}"
+    dead = f"http://127.0.0.1:{free_port()}"
     start = time.monotonic()
     result = run_cli(f"tracking.uri={dead}", "run.measured_updates=3", cwd=tmp_path)
     elapsed = time.monotonic() - start
