@@ -202,7 +202,7 @@ class JournaledLog(Observer):
 def process_tags() -> dict[str, str]:
     """Which process on which host runs the run: how a sync tells a dead run from a live one."""
     tags = {names.PROCESS_PID: str(os.getpid()), names.HOSTNAME: socket.gethostname()}
-    started = processes.start_ticks(os.getpid())
+    started = processes.start_time(os.getpid())
     if started is not None:
         tags[names.PROCESS_START] = started
     return tags

@@ -31,6 +31,7 @@ import torch
 
 from axoexp import names
 from axoexp.errors import LeaseError, LeaseTimeoutError
+from axoexp.runtime import allowed_cpus
 
 LEASE_DIR_ENV = "AXOEXP_LEASE_DIR"
 DEFAULT_LEASE_DIR = Path(tempfile.gettempdir()) / "axoexp-leases"
@@ -68,11 +69,6 @@ def lease_dir() -> Path:
     return Path(os.environ.get(LEASE_DIR_ENV) or DEFAULT_LEASE_DIR)
 
 
-def available_cpus() -> list[int]:
-    """The CPUs this process may run on (its affinity: cgroup/SLURM/taskset limits count)."""
-    return sorted(os.sched_getaffinity(0))
-
-
 def gpu_identity(index: int) -> str:
     """A GPU's name that does not depend on ``CUDA_VISIBLE_DEVICES``: its UUID."""
     uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or "")
@@ -87,7 +83,7 @@ def visible_gpus() -> list[tuple[int, str]]:
 
 
 def _cpu_request(count: int | None) -> SlotRequest:
-    cpus = available_cpus()
+    cpus = allowed_cpus()
     need = len(cpus) if count is None else count
     if need > len(cpus):
         raise LeaseError(f"run.lease_cpus={count}: this process may use only {len(cpus)} CPUs "
@@ -130,8 +126,8 @@ def device_lease(device: torch.device, *, cpus: int | None, timeout_s: float,
                 previous_device = torch.cuda.current_device()
                 torch.cuda.set_device(int(gpu.split()[0].removeprefix("cuda:")))
                 restore.callback(torch.cuda.set_device, previous_device)
-            if pinned and set(pinned) != set(available_cpus()):
-                restore.callback(_pin, available_cpus())
+            if pinned and set(pinned) != set(allowed_cpus()):
+                restore.callback(_pin, allowed_cpus())
                 _pin(pinned)
             try:
                 yield lease
@@ -241,7 +237,7 @@ def parallel_jobs(device: str, lease_cpus: int | None) -> int:
     """How many jobs this host can time at once for ``device``: its GPUs, or its CPU sets."""
     if device.startswith("cuda"):
         return 1 if ":" in device else max(1, torch.cuda.device_count())
-    return max(1, len(available_cpus()) // lease_cpus) if lease_cpus else 1
+    return max(1, len(allowed_cpus()) // lease_cpus) if lease_cpus else 1
 
 
 def gpus_per_job(device: str) -> int:

@@ -11,17 +11,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import psutil
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from axoexp import names
 from axoexp.config import bounded_keys
-from axoexp.tracking import resolve_tracking_uri, store_problem
 from axoexp.errors import ConfigError, RegistryError
 from axoexp.executors.base import Executor
 from axoexp.interfaces import PopulationSetup
-from axoexp.lease import available_cpus
 from axoexp.registry import GROUPS, REGISTRY, Component, Registry
+from axoexp.runtime import allowed_cpus
+from axoexp.tracking import resolve_tracking_uri, store_problem
 
 DTYPES = {
     "float32": torch.float32, "float64": torch.float64,
@@ -33,7 +34,6 @@ REFUSED_DTYPES = {
                "round to 0, so the first step divides 0 by 0: NaN) and axoexp keeps no float32 master "
                "weights or loss scaling; use bfloat16 (16 bits with float32's range) or float32",
 }
-MEMINFO = "/proc/meminfo"
 
 
 @dataclass
@@ -113,8 +113,8 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
         problems.append(f"run.min_time_s={config.run.min_time_s!r} exceeds run.max_time_s={config.run.max_time_s!r}, "
                         "the cap on adaptive measuring; raise run.max_time_s or lower run.min_time_s")
     lease_cpus = config.run.lease_cpus
-    if isinstance(lease_cpus, int) and lease_cpus > len(available_cpus()):
-        problems.append(f"run.lease_cpus={lease_cpus}: this process may use only {len(available_cpus())} CPUs")
+    if isinstance(lease_cpus, int) and lease_cpus > len(allowed_cpus()):
+        problems.append(f"run.lease_cpus={lease_cpus}: this process may use only {len(allowed_cpus())} CPUs")
     if resume_mode(config.sweep.resume) is None:
         problems.append(f"sweep.resume={config.sweep.resume!r}: choose one of {', '.join(RESUME_MODES)}")
     device = _parse_device(str(config.device), problems)
@@ -153,19 +153,12 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
     return Plan(config, device, dtype, components, params, capturable, registry)
 
 
-def available_bytes(device: torch.device) -> int | None:
+def available_bytes(device: torch.device) -> int:
     """Memory free for a new workload: the device's free memory on CUDA, else the host's
-    MemAvailable (``None`` when unknown)."""
+    available memory (MemAvailable on Linux)."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open(MEMINFO) as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    return psutil.virtual_memory().available
 
 
 def memory_problems(population: Component, params: dict[str, Any], device: torch.device,
@@ -173,14 +166,14 @@ def memory_problems(population: Component, params: dict[str, Any], device: torch
     """A population whose factory has a ``memory_estimate(params, dtype) -> bytes`` is refused
     when that cannot fit in the memory available, before anything is allocated."""
     estimate = getattr(population.factory, "memory_estimate", None)
-    available = available_bytes(device)
-    if estimate is None or available is None:
+    if estimate is None:
         return []
-    needed = int(estimate({**population.defaults(), **params}, dtype))
+    available = available_bytes(device)
+    merged = {**population.defaults(), **params}
+    needed = int(estimate(merged, dtype))
     if needed <= available:
         return []
     where = f"device {device}" if device.type == "cuda" else "host"
-    merged = {**population.defaults(), **params}
     shape = names.shape_label(*(merged.get(key, "?") for key in ("neurons", "time_steps", "contacts")))
     return [f"population {population.name} of shape {shape} (neurons x time_steps x contacts) needs about {needed / 2**30:.1f} GiB "
             f"({dtype}; an estimate), but {where} memory has {available / 2**30:.1f} GiB available; "

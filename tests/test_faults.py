@@ -103,12 +103,18 @@ def test_stop_signal_ends_the_run_killed_with_what_was_measured(tmp_path: Path, 
     assert "already complete" in sync(str(tmp_path / "outputs"), cwd=tmp_path).stdout
 
 
-@pytest.mark.slow
-def test_kill_9_then_sync_completes_the_run_from_its_journal(tmp_path: Path) -> None:
-    process = start_cli(*LONG_RUN, cwd=tmp_path)
-    (journal,) = wait_for_updates(tmp_path / "outputs", 30, process)
+def killed_after(updates: int, *, cwd: Path) -> tuple[subprocess.Popen[str], Path]:
+    """A long run killed with SIGKILL once it journaled ``updates`` updates, and its journal."""
+    process = start_cli(*LONG_RUN, cwd=cwd)
+    (journal,) = wait_for_updates(cwd / "outputs", updates, process)
     process.kill()
     process.communicate(timeout=60)
+    return process, journal
+
+
+@pytest.mark.slow
+def test_kill_9_then_sync_completes_the_run_from_its_journal(tmp_path: Path) -> None:
+    _, journal = killed_after(30, cwd=tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client, run = only_run(uri)
     assert run.info.status == "RUNNING" and not client.get_metric_history(run.info.run_id, names.UPDATE_SERIES)
@@ -128,10 +134,7 @@ def test_kill_9_then_sync_completes_the_run_from_its_journal(tmp_path: Path) -> 
 
 @pytest.mark.slow
 def test_sync_ends_running_runs_whose_process_is_gone(tmp_path: Path) -> None:
-    process = start_cli(*LONG_RUN, cwd=tmp_path)
-    (journal,) = wait_for_updates(tmp_path / "outputs", 5, process)
-    process.kill()
-    process.communicate(timeout=60)
+    process, journal = killed_after(5, cwd=tmp_path)
     journal.unlink()  # a run without its journal is still ended, with the reason
     synced = sync(cwd=tmp_path)
     assert synced.returncode == 0 and "its process is gone; ended KILLED" in synced.stdout

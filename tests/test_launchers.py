@@ -25,6 +25,7 @@ from mlflow.tracking import MlflowClient
 from axoexp import lease, names
 from axoexp.errors import ConfigError, LeaseTimeoutError
 from axoexp.experiment import run_experiment
+from axoexp.runtime import allowed_cpus
 
 from conftest import free_port, run_cli
 
@@ -123,7 +124,7 @@ def test_waiting_for_a_held_device_is_bounded_and_reported(lease_dir: Path,
     with lease.device_lease(torch.device("cpu"), cpus=None, timeout_s=0):
         start = time.monotonic()
         with pytest.raises(LeaseTimeoutError, match=r"no device lease after 0 s \(run.lease_timeout_s=0.3\): "
-                                                    rf"{len(lease.available_cpus())} of .*\(pid {os.getpid()} on"):
+                                                    rf"{len(allowed_cpus())} of .*\(pid {os.getpid()} on"):
             with lease.device_lease(torch.device("cpu"), cpus=None, timeout_s=0.3):
                 pytest.fail("got a lease another holder has")
         assert time.monotonic() - start < 30
@@ -134,7 +135,7 @@ def test_waiting_for_a_held_device_is_bounded_and_reported(lease_dir: Path,
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
 def test_cpu_jobs_get_disjoint_cpu_sets_and_are_pinned_to_them(lease_dir: Path) -> None:
-    everything = set(lease.available_cpus())
+    everything = set(allowed_cpus())
     with lease.device_lease(torch.device("cpu"), cpus=1, timeout_s=0) as first:
         assert len(first.cpus) == 1 and os.sched_getaffinity(0) == set(first.cpus)
         assert first.tags()[names.LEASE_CPUS] == str(first.cpus[0])
@@ -156,20 +157,20 @@ def test_every_run_records_the_lease_it_held(make_config: Callable, client: Mlfl
     result = run_experiment(make_config("run.measured_updates=2", "run.warmup_updates=1"))
     tags = client.get_run(result.run_id).data.tags
     assert tags[names.LEASE_DEVICE] == "cpu"
-    assert tags[names.LEASE_CPUS] == ",".join(map(str, lease.available_cpus()))
+    assert tags[names.LEASE_CPUS] == ",".join(map(str, allowed_cpus()))
     assert float(tags[names.LEASE_WAITED_S]) >= 0
     assert float(tags[names.LEASE_ACQUIRED_AT]) <= float(tags[names.LEASE_RELEASED_AT])
     assert sorted(path.name for path in lease_dir.iterdir())[0].startswith("cpu-")
 
 
 def test_more_lease_cpus_than_the_process_may_use_is_refused_before_any_run(make_config: Callable) -> None:
-    too_many = len(lease.available_cpus()) + 1
+    too_many = len(allowed_cpus()) + 1
     with pytest.raises(ConfigError, match=rf"run.lease_cpus={too_many}: this process may use only"):
         run_experiment(make_config(f"run.lease_cpus={too_many}"))
 
 
 def test_presets_size_jobs_to_the_devices() -> None:
-    cpus = len(lease.available_cpus())
+    cpus = len(allowed_cpus())
     assert lease.parallel_jobs("cpu", None) == 1, "a CPU job leases every CPU: one at a time"
     assert lease.parallel_jobs("cpu", 1) == cpus
     assert lease.parallel_jobs("cuda:3", None) == 1
@@ -250,7 +251,7 @@ def test_parallel_preset_times_one_cpu_job_at_a_time_on_all_cpus(tmp_path: Path)
     held = sorted((float(c.data.tags[names.LEASE_ACQUIRED_AT]), float(c.data.tags[names.LEASE_RELEASED_AT]))
                   for c in children)
     assert all(earlier[1] <= later[0] for earlier, later in zip(held, held[1:])), f"leases overlap: {held}"
-    assert {child.data.tags[names.LEASE_CPUS] for child in children} == {",".join(map(str, lease.available_cpus()))}
+    assert {child.data.tags[names.LEASE_CPUS] for child in children} == {",".join(map(str, allowed_cpus()))}
 
 
 @pytest.mark.slow
