@@ -17,6 +17,7 @@ import torch
 
 from axoexp import names
 
+PACKAGE_DIR = Path(__file__).resolve().parent
 PACKAGES = ("axoexp", "axosim", "torch", "numpy", "hydra-core", "omegaconf", "mlflow", "mlflow-skinny")
 
 
@@ -58,11 +59,10 @@ def code_state() -> dict[str, str]:
     holding them, and every loaded plugin file."""
     from axoexp.plugins import loaded_plugin_files
 
-    package = Path(__file__).resolve().parent
-    sources = [path for pattern in ("*.py", "*.yaml") for path in package.rglob(pattern)]
-    state = {names.CODE_HASH: _sha256_of_files(sources, package),
+    sources = [path for pattern in ("*.py", "*.yaml") for path in PACKAGE_DIR.rglob(pattern)]
+    state = {names.CODE_HASH: _sha256_of_files(sources, PACKAGE_DIR),
              names.PLUGINS_HASH: _sha256_of_files(loaded_plugin_files())}
-    diff = _git(["diff", "HEAD", "--binary"], package)
+    diff = _git(["diff", "HEAD", "--binary"], PACKAGE_DIR)
     state["git.diff_sha256"] = hashlib.sha256(diff.encode()).hexdigest() if diff is not None else "unknown"
     return state
 
@@ -83,7 +83,7 @@ def result_key(device: torch.device, resolved_config: Mapping[str, Any]) -> str:
     from axoexp.tracking import config_digest
 
     key = {"config": config_digest(resolved_config), "code": code_state(),
-           "git.commit": git_state(Path(__file__).resolve().parent)["git.commit"],
+           "git.commit": git_state(PACKAGE_DIR)["git.commit"],
            "versions": package_versions(), "device": device_identity(device)}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
@@ -142,7 +142,6 @@ def determinism_flags() -> dict[str, str]:
     }
 
 
-PACKAGE_DIR = Path(__file__).resolve().parent
 HYDRA_APP_SOURCE = "python -m axoexp"
 
 
