@@ -66,6 +66,7 @@ def run_experiment(
     :class:`~axoexp.errors.TrackingUnavailableError`.
     """
     plan = plan_experiment(config, registry)
+    plan.begin_executor_setup()  # e.g. the compiler's start-up, overlapping the run's set-up below
     configure_determinism(config.determinism)
     tracking_uri = configure_tracking(config.tracking)
     container = OmegaConf.to_container(config, resolve=True)

@@ -53,6 +53,10 @@ class Plan:
             self.params["population"], device=self.device, dtype=self.dtype, seed=int(self.config.seed)
         )
 
+    def begin_executor_setup(self) -> None:
+        """Let the planned executor start its population-independent one-off work now."""
+        self.components["executor"].factory.begin_setup(self.device, self.params["executor"])
+
     def build_executor(self, module: torch.nn.Module, executor: str | None = None) -> Executor:
         """Optimizer, gradient transform and executor around ``module`` (a fresh set each call).
 

@@ -162,15 +162,17 @@ def markdown(rows: list[Row], environment: dict[str, str], args: argparse.Namesp
         f"overrides: {' '.join(args.override) or 'none'}.",
         "",
         "| shape (n x t x c) | variant | median ms | p10 | p90 | device clock ms | host overhead ms "
-        "| GPU busy ms | compile ms | capture ms | vs eager | / bare | parity max abs dparam | compile cache |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| GPU busy ms | compiler start-up ms | compile ms | capture ms | vs eager | / bare | parity max abs dparam "
+        "| compile cache |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in rows:
         speedup = _cell(row.speedup_vs_eager, ".2f") + ("x" if row.speedup_vs_eager else "")
         lines.append(
             f"| {row.shape} | {row.variant} | {row.median_ms:.3f} | {row.p10_ms:.3f} | {row.p90_ms:.3f} "
             f"| {row.device_clock_ms:.3f} | {row.host_overhead_ms:.3f} "
-            f"| {row.device_ms:.3f} | {_cell(row.prepare_ms.get('compile'), '.0f')} "
+            f"| {row.device_ms:.3f} | {_cell(row.prepare_ms.get('compiler_startup'), '.0f')} "
+            f"| {_cell(row.prepare_ms.get('compile'), '.0f')} "
             f"| {_cell(row.prepare_ms.get('capture'), '.1f')} | {speedup} "
             f"| {_cell(row.ratio_vs_bare, '.3f')} | {_cell(row.parity_max_abs_param_diff, '.1e')} "
             f"| {row.tags.get('compile.cache', '')} |"

@@ -107,6 +107,8 @@ TRANSFORMS = {  # thresholds small enough that the transforms really act
 FULL_MATRIX = [(name, o, t) for name in ("cudagraph", "regional_cudagraph", "fused_cudagraph")
                for o in OPTIMIZERS for t in TRANSFORMS]
 TOLERANCE = {"fused_cudagraph": "1e-5"}  # its in-register sums run in another order than cuBLAS
+# 8 blocks: regions of 3, 3 and 2 (the default region would hold all 8: one whole-forward graph)
+EXECUTOR_OPTIONS = {"regional_cudagraph": ["executor.tokens_per_region=3"]}
 COMPILED = [(name, optimizer, transform) for name in ("compiled_cudagraph", "reduce_overhead")
             for optimizer, transform in (("adam", "clip_norm"), ("sgd_momentum", "clip_value"))]
 
@@ -116,7 +118,8 @@ def test_parity_with_eager_over_several_updates(
     make_config, executor_name: str, optimizer: str, transform: str
 ) -> None:
     config = make_config(
-        "device=cuda", f"executor={executor_name}", *OPTIMIZERS[optimizer], *TRANSFORMS[transform],
+        "device=cuda", f"executor={executor_name}", *EXECUTOR_OPTIONS.get(executor_name, []),
+        *OPTIMIZERS[optimizer], *TRANSFORMS[transform],
         "population.neurons=16", "population.time_steps=32", "population.contacts=8",
         "verify.enabled=true", "verify.updates=5", f"verify.param_atol={TOLERANCE.get(executor_name, '1e-6')}",
         f"verify.loss_atol={TOLERANCE.get(executor_name, '1e-6')}",
@@ -125,6 +128,14 @@ def test_parity_with_eager_over_several_updates(
     result = run_experiment(config)
     assert result.verification is not None and result.verification.passed, result.verification
     assert result.verification.max_abs_param_change > 1e-5, "the compared updates must move the banks"
+
+
+@pytest.mark.parametrize("executor_name", ("compiled_cudagraph", "regional_cudagraph", "reduce_overhead"))
+def test_compiled_executors_report_the_compiler_startup_apart(make_config, client, executor_name: str) -> None:
+    result = run_experiment(make_config("device=cuda", f"executor={executor_name}", "run.measured_updates=3"))
+    assert {"compiler_startup", "compile"} <= set(result.prepare_ms)
+    tags = client.get_run(result.run_id).data.tags
+    assert tags[names.timing_includes_tag("compiler_startup")].startswith("wait_for_background_import")
 
 
 def test_cli_cudagraph_run_logs_capture_separately(tmp_path: Path) -> None:

@@ -48,8 +48,22 @@ class InterruptedOnThirdUpdate(EagerExecutor):
         return super().step(inputs, targets)
 
 
+class BeginsSetupEarly(EagerExecutor):
+    """Records when the run let it begin its one-off work, and whether that was before prepare."""
+
+    events: list[tuple[str, object]] = []
+
+    @classmethod
+    def begin_setup(cls, device: torch.device, params) -> None:
+        cls.events.append(("begin_setup", (device, dict(params))))
+
+    def prepare(self, example_inputs: torch.Tensor, example_targets: torch.Tensor) -> dict[str, float]:
+        self.events.append(("prepare", None))
+        return {}
+
+
 TEST_EXECUTORS = {"test_double_step": DoubleStepExecutor, "test_fails": FailsOnFifthUpdate,
-                  "test_interrupted": InterruptedOnThirdUpdate}
+                  "test_interrupted": InterruptedOnThirdUpdate, "test_begins_setup": BeginsSetupEarly}
 
 
 @pytest.fixture
@@ -162,6 +176,12 @@ def test_verify_passes_for_eager_and_is_logged(make_config, client) -> None:
     assert result.verification.max_abs_param_change > 1e-4, "the compared updates really moved the banks"
     metrics = client.get_run(result.run_id).data.metrics
     assert metrics["verify_passed"] == 1.0 and metrics["verify_max_abs_param_diff"] == 0.0
+
+
+def test_the_executor_begins_its_setup_once_planned_before_anything_is_built(make_config, test_registry) -> None:
+    BeginsSetupEarly.events.clear()
+    run_experiment(make_config("executor.name=test_begins_setup", "run.measured_updates=2"), registry=test_registry)
+    assert BeginsSetupEarly.events == [("begin_setup", (torch.device("cpu"), {})), ("prepare", None)]
 
 
 def test_verify_catches_a_wrong_executor_and_the_run_ends_failed(make_config, client, test_registry) -> None:

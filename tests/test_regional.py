@@ -21,10 +21,11 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("time_steps, tokens_per_region, compile_edges", [(38, 3, True), (16, 8, False)])
+@pytest.mark.parametrize("time_steps, tokens_per_region, compile_edges", [(38, 3, True), (16, 3, False), (16, 4, True)])
 def test_regions_compute_the_eager_forward_and_gradients(time_steps: int, tokens_per_region: int,
                                                          compile_edges: bool) -> None:
-    """38 steps: 9 blocks in regions of 3, 2 steps past the last block; 16 steps: one short region."""
+    """38 steps: 9 blocks in regions of 3, 2 steps past the last block; 16 steps: regions of 3
+    and 1 block, then all 4 blocks in one region (the whole forward compiled as one graph)."""
     setup = lite(device=torch.device("cpu"), dtype=torch.float32, seed=3, neurons=5, time_steps=time_steps,
                  contacts=4, train_morphology=False)
     inputs, _ = setup.batches[0]
@@ -39,6 +40,13 @@ def test_regions_compute_the_eager_forward_and_gradients(time_steps: int, tokens
     assert {name for name, _ in trained} == {"behavior_adapter", "synaptic_log_efficacy"}
     for (name, parameter), twin in zip(trained, [p for p in reference.parameters() if p.requires_grad], strict=True):
         torch.testing.assert_close(parameter.grad, twin.grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_blocks_that_fit_one_region_compile_the_whole_forward_as_one_graph() -> None:
+    setup = lite(device=torch.device("cpu"), dtype=torch.float32, seed=0, neurons=3, time_steps=12, contacts=4)
+    graphs = counters["stats"]["unique_graphs"]
+    RegionalLiteForward(setup.module, 3, True)(setup.batches[0][0]).sum().backward()
+    assert counters["stats"]["unique_graphs"] - graphs == 1  # no region, no prologue, no graph break
 
 
 def test_a_second_population_of_the_same_shape_compiles_nothing_new() -> None:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import torch
 
@@ -48,6 +49,13 @@ class Executor(ABC):
         while planning, before any work), or ``None``."""
         del population, dtype
         return None
+
+    @classmethod
+    def begin_setup(cls, device: torch.device, params: Mapping[str, Any]) -> None:
+        """Start one-off work that needs no population (e.g. a compiler's start-up) in the
+        background as soon as the run is planned (``params``: this executor's options);
+        ``prepare`` waits for it."""
+        del device, params
 
     def prepare_includes(self) -> dict[str, tuple[str, ...]]:
         """For each phase ``prepare`` times, the stages that phase contains."""

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 
+from axoexp.executors import compiler_startup
 from axoexp.executors.base import Executor
 from axoexp.executors.capture import release_autograd_graphs
 from axoexp.executors.cudagraph import CudaGraphExecutor, WarmupSteps
 from axoexp.registry import component
 from axoexp.timing import stopwatch, synchronizer
 
+INDUCTOR_OPTIONS = {"triton.cudagraphs": False}  # the whole update is captured in one graph instead
 COMPILE_STAGES = ("dynamo_trace", "inductor_codegen", "forward", "loss", "backward", "grad_reset", "synchronize")
 
 
@@ -44,15 +49,19 @@ class CompiledCudaGraphExecutor(CudaGraphExecutor):
 
     def __init__(self, *, warmup_steps: WarmupSteps = 3, **components: object) -> None:
         super().__init__(warmup_steps=warmup_steps, **components)
-        self.compiled = torch.compile(
-            self.module, backend="inductor", dynamic=False, options={"triton.cudagraphs": False}
-        )
+        self.compiled = torch.compile(self.module, backend="inductor", dynamic=False, options=INDUCTOR_OPTIONS)
+
+    @classmethod
+    def begin_setup(cls, device: torch.device, params: Mapping[str, Any]) -> None:
+        compiler_startup.begin(device)
 
     def prepare_includes(self) -> dict[str, tuple[str, ...]]:
-        return {"compile": COMPILE_STAGES, **super().prepare_includes()}
+        return {compiler_startup.PHASE: compiler_startup.STAGES, "compile": COMPILE_STAGES,
+                **super().prepare_includes()}
 
     def prepare(self, example_inputs: torch.Tensor, example_targets: torch.Tensor) -> dict[str, float]:
         phases: dict[str, float] = {}
+        compiler_startup.wait_into(phases, example_inputs.device)
         with stopwatch(synchronizer(example_inputs.device), phases, "compile"):
             forward_backward_without_update(self, self.compiled, example_inputs, example_targets)
         with stopwatch(synchronizer(example_inputs.device), phases, "capture"):

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 
+from axoexp.executors import compiler_startup
 from axoexp.executors.base import Executor, eager_update
 from axoexp.registry import component
 from axoexp.timing import stopwatch, synchronizer
@@ -52,13 +56,18 @@ class ReduceOverheadExecutor(Executor):
         self.compiled = torch.compile(self.module, mode="reduce-overhead", dynamic=False)
         self.prepared = False
 
+    @classmethod
+    def begin_setup(cls, device: torch.device, params: Mapping[str, Any]) -> None:
+        compiler_startup.begin(device)
+
     def prepare_includes(self) -> dict[str, tuple[str, ...]]:
-        return {"compile": COMPILE_AND_RECORD_STAGES}
+        return {compiler_startup.PHASE: compiler_startup.STAGES, "compile": COMPILE_AND_RECORD_STAGES}
 
     def prepare(self, example_inputs: torch.Tensor, example_targets: torch.Tensor) -> dict[str, float]:
         """Compile, warm up and record with forward and backward only: no update is made."""
         allocate_gradients(self.module)
         phases: dict[str, float] = {}
+        compiler_startup.wait_into(phases, example_inputs.device)
         with stopwatch(synchronizer(example_inputs.device), phases, "compile"):
             for _ in range(RECORDING_CALLS):
                 torch.compiler.cudagraph_mark_step_begin()

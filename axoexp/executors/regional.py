@@ -7,20 +7,24 @@ Here inductor compiles one region of ``tokens_per_region`` consecutive ``step_to
 adaptation cache); the loop over regions stays Python, and the whole update is then captured
 in one CUDA graph, so the Python never runs again. Compile time no longer depends on the
 number of time steps, and a persistent inductor cache makes a second process with the same
-shapes (another job of a sweep, a verification copy) skip code generation.
+shapes (another job of a sweep, a verification copy) skip code generation. When all the
+blocks fit in one region, the whole forward is compiled as one graph instead (as
+``compiled_cudagraph`` compiles it): one region would leave three pieces where one fuses.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from collections.abc import Mapping
+from typing import Annotated, Any
 
 import torch
 from axosim import AxoSimLite, AxoSimPopulation
 
 from axoexp import names
-from axoexp.executors.compiled import COMPILE_STAGES, forward_backward_without_update
+from axoexp.executors import compiler_startup
+from axoexp.executors.compiled import COMPILE_STAGES, INDUCTOR_OPTIONS, forward_backward_without_update
 from axoexp.executors.cudagraph import CudaGraphExecutor, WarmupSteps
 from axoexp.kernels.lite_population import assemble_output, lite_tokens
 from axoexp.registry import AT_LEAST_ONE, component
@@ -43,7 +47,8 @@ def run_tokens(neuron: AxoSimLite, tokens: torch.Tensor, state: torch.Tensor,
 
 
 class RegionalLiteForward(torch.nn.Module):
-    """``population(inputs)`` with compiled regions (same parameters, same outputs)."""
+    """``population(inputs)`` with compiled regions (same parameters, same outputs); the whole
+    forward compiled as one graph when its blocks fit in one region."""
 
     def __init__(self, population: AxoSimPopulation, tokens_per_region: int, compile_edges: bool) -> None:
         super().__init__()
@@ -51,9 +56,12 @@ class RegionalLiteForward(torch.nn.Module):
         self.tokens_per_region = tokens_per_region
         self.region = torch.compile(run_tokens, dynamic=False, fullgraph=True)
         self.prologue = torch.compile(lite_tokens, dynamic=False, fullgraph=True) if compile_edges else lite_tokens
+        self.whole = torch.compile(population.forward, backend="inductor", dynamic=False, options=INDUCTOR_OPTIONS)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         neuron = self.population.neuron
+        if inputs.shape[1] // neuron.patch_size <= self.tokens_per_region:
+            return self.whole(inputs)
         tokens, cache = self.prologue(self.population, inputs)
         # A leaf that requires grad: every region then sees a state that requires grad, so one
         # graph serves the first region too (its own gradient is computed and dropped).
@@ -64,6 +72,14 @@ class RegionalLiteForward(torch.nn.Module):
             forecast, state = self.region(neuron, chunk, state, cache)
             forecasts.append(forecast)
         return assemble_output(neuron, torch.cat(forecasts), inputs.shape[1])
+
+
+def use_cache_dir(cache_dir: str | None) -> str:
+    """Point inductor (and so Triton) at ``cache_dir``; if None, at $TORCHINDUCTOR_CACHE_DIR
+    where set, else at DEFAULT_CACHE. Returns the directory in use."""
+    if cache_dir is not None or CACHE_ENV not in os.environ:
+        os.environ[CACHE_ENV] = str(Path(cache_dir or DEFAULT_CACHE).expanduser())
+    return os.environ[CACHE_ENV]
 
 
 def compile_counters() -> dict[str, int]:
@@ -99,23 +115,29 @@ class RegionalCudaGraphExecutor(CudaGraphExecutor):
             return f"its regions are AxoSim-Lite's step_token calls, not population={population}'s"
         return None
 
+    @classmethod
+    def begin_setup(cls, device: torch.device, params: Mapping[str, Any]) -> None:
+        use_cache_dir(params.get("cache_dir"))  # before the compile workers start: they inherit it
+        compiler_startup.begin(device)
+
     def prepare_includes(self) -> dict[str, tuple[str, ...]]:
-        return {"compile": COMPILE_STAGES, **super().prepare_includes()}
+        return {compiler_startup.PHASE: compiler_startup.STAGES, "compile": COMPILE_STAGES,
+                **super().prepare_includes()}
 
     def captured_forward(self) -> torch.nn.Module:
         return self.regional
 
     def prepare(self, example_inputs: torch.Tensor, example_targets: torch.Tensor) -> dict[str, float]:
-        if self.cache_dir is not None or CACHE_ENV not in os.environ:
-            os.environ[CACHE_ENV] = str(Path(self.cache_dir or DEFAULT_CACHE).expanduser())
+        cache_dir = use_cache_dir(self.cache_dir)
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-        before = compile_counters()
         phases: dict[str, float] = {}
+        compiler_startup.wait_into(phases, example_inputs.device)
+        before = compile_counters()
         with stopwatch(synchronizer(example_inputs.device), phases, "compile"):
             forward_backward_without_update(self, self.regional, example_inputs, example_targets)
         after = compile_counters()
         misses, hits = after["miss"] - before["miss"], after["hit"] - before["hit"]
         self.prepared_tags = {names.COMPILE_CACHE: "cold" if misses else "warm" if hits else "in-process",
-                              names.COMPILE_CACHE_DIR: os.environ[CACHE_ENV]}
+                              names.COMPILE_CACHE_DIR: cache_dir}
         phases.update(super().prepare(example_inputs, example_targets))
         return phases

@@ -1,0 +1,55 @@
+"""Inductor's one-off start-up in a process, begun in the background as soon as a run knows
+it will compile.
+
+The first compile of a process first imports dynamo, AOTAutograd and inductor and starts
+inductor's compile workers (a subprocess that imports torch, then its worker pool): seconds
+that do not depend on what is compiled. ``begin`` starts that work in a thread while the
+run sets up (MLflow run, metadata, device lease, population); ``prepare`` then waits for
+what is left of it and reports that wait as its own phase, ``compiler_startup``, apart from
+``compile`` (tracing and code generation, or loading them from the cache).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from axoexp.timing import stopwatch, synchronizer
+
+PHASE = "compiler_startup"
+STAGES = ("wait_for_background_import_of_dynamo_and_inductor", "wait_for_compile_worker_pool_start")
+
+_lock = threading.Lock()
+_thread: threading.Thread | None = None
+
+
+def _start_up() -> None:
+    try:
+        import torch._inductor.compile_fx  # noqa: F401  dynamo, AOTAutograd, inductor's lowering
+        from torch._inductor.async_compile import AsyncCompile
+
+        if torch.cuda.is_available():
+            import torch._inductor.codegen.triton  # noqa: F401  (imports Triton)
+        AsyncCompile.warm_pool()  # no-op with one compile thread
+    except Exception:  # noqa: BLE001 - the compile itself imports again and raises where it belongs
+        pass
+
+
+def begin(device: torch.device) -> None:
+    """Start the start-up in a daemon thread, once per process; only for CUDA runs."""
+    global _thread
+    if device.type != "cuda":
+        return
+    with _lock:
+        if _thread is None:
+            _thread = threading.Thread(target=_start_up, name="axoexp-compiler-startup", daemon=True)
+            _thread.start()
+
+
+def wait_into(phases: dict[str, float], device: torch.device) -> None:
+    """Wait for the start-up (beginning it now if nobody did) and time the wait into ``phases``."""
+    begin(device)
+    with stopwatch(synchronizer(device), phases, PHASE):
+        if _thread is not None:
+            _thread.join()
