@@ -7,7 +7,9 @@ end of each timed window (``prepare``, ``warmup``, ``measured``) and never insid
   time of those CPUs from ``/proc/stat`` through psutil, minus this process's and its
   children's own CPU time). Seen when it exceeds :data:`CPU_OTHER_THRESHOLD` of those CPUs'
   capacity over the window, plus one clock tick per CPU (the counters' resolution).
-- ``gpu-shared`` (CUDA): another compute process on the run's GPU at either end of the window.
+- ``gpu-shared`` (CUDA): another process used the run's GPU during the window (NVML's
+  per-process utilization samples). Where the driver keeps no such samples, another compute
+  process present on the GPU at either end of the window counts, busy or idle.
 - ``gpu-throttled`` (CUDA): a clock-reducing reason (power cap, thermal or hardware slowdown)
   at either end of the window; idle and application-clock settings are not reasons.
 
@@ -88,7 +90,8 @@ class CpuSample:
 
 @dataclass(frozen=True)
 class GpuSample:
-    other_processes: int
+    other_processes: int  # present: holding a context on the GPU, busy or idle
+    busy_other_processes: int | None  # that used it since the window began; None: no samples kept here
     sm_clock_mhz: float
     temperature_c: float
     throttle_reasons: int
@@ -130,12 +133,33 @@ class GpuProbe:
         ours = os.getpid()
         return len(pids - {ours}) if ours in pids else max(len(pids) - 1, 0)
 
-    def take(self) -> GpuSample:
+    def free_bytes(self) -> int | None:
+        """The GPU's free memory, read without creating a CUDA context."""
+        memory = self._read(lambda: self.nvml.nvmlDeviceGetMemoryInfo(self.handle), None)
+        return None if memory is None else int(memory.free)
+
+    def busy_other_processes(self, since_us: int) -> int | None:
+        """Processes other than this one with SM or memory activity in NVML's per-process
+        samples newer than ``since_us`` (µs since the epoch); None where NVML keeps none.
+        As in :meth:`other_processes`, when our PID is absent one busy process is taken to be us."""
+        try:
+            samples = self.nvml.nvmlDeviceGetProcessUtilization(self.handle, since_us)
+        except self.nvml.NVMLError as error:
+            if isinstance(error, getattr(self.nvml, "NVMLError_NotFound", ())):
+                return 0  # no process had a sample in the window
+            return None
+        busy = {sample.pid for sample in samples if sample.smUtil or sample.memUtil}
+        ours = os.getpid()
+        return len(busy - {ours}) if ours in busy else max(len(busy) - 1, 0)
+
+    def take(self, since_us: int | None = None) -> GpuSample:
+        """Readings now; with ``since_us`` also which processes used the GPU since then."""
         nvml, handle = self.nvml, self.handle
         memory = self._read(lambda: nvml.nvmlDeviceGetMemoryInfo(handle), None)
         utilization = self._read(lambda: nvml.nvmlDeviceGetUtilizationRates(handle), None)
         return GpuSample(
             other_processes=self.other_processes(),
+            busy_other_processes=None if since_us is None else self.busy_other_processes(since_us),
             sm_clock_mhz=float(self._read(lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM), "nan")),
             temperature_c=float(self._read(
                 lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU), "nan")),
@@ -184,13 +208,13 @@ class ContentionGuard(Observer):
     def window_started(self, window: str, planned_updates: int) -> None:
         if window not in GUARDED:
             return
-        self._start[window] = (CpuSample.take(self.cpus), self.gpu.take() if self.gpu else None)
+        self._start[window] = (CpuSample.take(self.cpus), self.gpu.take() if self.gpu else None, time.time_ns() // 1000)
 
     def window_finished(self, window: str, completed_updates: int) -> None:
         if window not in GUARDED:
             return
-        end_cpu, end_gpu = CpuSample.take(self.cpus), self.gpu.take() if self.gpu else None
-        start_cpu, start_gpu = self._start.pop(window)
+        start_cpu, start_gpu, since_us = self._start.pop(window)
+        end_cpu, end_gpu = CpuSample.take(self.cpus), self.gpu.take(since_us) if self.gpu else None
         self.windows.append(self._judge(window, start_cpu, end_cpu, start_gpu, end_gpu))
 
     def _judge(self, window: str, start: CpuSample, end: CpuSample,
@@ -209,16 +233,20 @@ class ContentionGuard(Observer):
         memory = psutil.virtual_memory()
         system.update(system_memory_usage_megabytes=memory.used / 1e6, system_memory_usage_percentage=memory.percent)
         if start_gpu is not None and end_gpu is not None:
-            sharing = max(start_gpu.other_processes, end_gpu.other_processes)
+            present = max(start_gpu.other_processes, end_gpu.other_processes)
+            busy = end_gpu.busy_other_processes
+            sharing = present if busy is None else busy
             reasons = (start_gpu.throttle_reasons | end_gpu.throttle_reasons)
             slowing = [label for bit, label in THROTTLE_REASONS.items() if reasons & bit]
             if sharing:
                 kinds.append(GPU_SHARED)
-                details.append(f"{sharing} other compute process(es) on the GPU")
+                details.append(f"{sharing} other compute process(es) on the GPU" if busy is None
+                               else f"{sharing} other process(es) used the GPU")
             if slowing:
                 kinds.append(GPU_THROTTLED)
                 details.append(f"GPU clocks reduced ({', '.join(slowing)})")
-            metrics.update(gpu_other_processes=float(sharing), gpu_sm_clock_mhz=end_gpu.sm_clock_mhz,
+            metrics.update(gpu_other_processes=float(present), gpu_busy_other_processes=float(sharing),
+                           gpu_sm_clock_mhz=end_gpu.sm_clock_mhz,
                            gpu_temperature_c=end_gpu.temperature_c, gpu_throttle_reasons=float(reasons))
             index = self.device.index if self.device.index is not None else torch.cuda.current_device()
             system.update({f"gpu_{index}_memory_usage_megabytes": end_gpu.memory_used_mb,

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from axoexp import names
 from axoexp.config import bounded_keys
+from axoexp.contention import gpu_probe
 from axoexp.errors import ConfigError, RegistryError
 from axoexp.executors.base import Executor
 from axoexp.interfaces import PopulationSetup
@@ -159,9 +160,15 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
 
 def available_bytes(device: torch.device) -> int:
     """Memory free for a new workload: the device's free memory on CUDA, else the host's
-    available memory (MemAvailable on Linux)."""
+    available memory (MemAvailable on Linux).
+
+    On CUDA it is read through NVML where possible: ``torch.cuda.mem_get_info`` would create a
+    CUDA context, and a job still waiting for its device lease would then count as another
+    process on the GPU of the job that holds it."""
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
+        probe = gpu_probe(device)
+        free = probe.free_bytes() if probe is not None else None
+        return free if free is not None else torch.cuda.mem_get_info(device)[0]
     return psutil.virtual_memory().available
 
 

@@ -18,6 +18,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from axoexp import names
+from axoexp.contention import GPU_SHARED, ContentionGuard, CpuSample, GpuSample
 from axoexp.errors import ConfigError
 from axoexp.executors.eager import EagerExecutor
 from axoexp.experiment import run_experiment
@@ -248,3 +249,26 @@ def test_sweep_repeats_are_child_runs_that_the_report_pools(tmp_path: Path) -> N
     low, high = map(float, re.search(r"\[([\d.e+-]+), ([\d.e+-]+)\]\s+2\s", rows["sleepy"]).groups())
     speedup = float(re.search(r"\s([\d.]+)x\s", rows["sleepy"]).group(1))
     assert low <= speedup <= high
+
+
+# --- the GPU part of the contention judgement, on readings known by construction
+
+
+def _gpu(present: int, busy: int | None) -> GpuSample:
+    return GpuSample(other_processes=present, busy_other_processes=busy, sm_clock_mhz=1980.0, temperature_c=40.0,
+                     throttle_reasons=0, memory_used_mb=1.0, memory_percent=1.0, utilization_percent=1.0, power_w=100.0)
+
+
+@pytest.mark.parametrize("present, busy, seen", [
+    (3, 0, False),    # idle contexts (sweep jobs waiting for the lease, finished workers): not contention
+    (3, 1, True),     # one of them used the GPU during the window
+    (2, None, True),  # no per-process samples on this driver: any other process counts
+    (0, None, False),
+])
+def test_gpu_shared_means_another_process_used_the_gpu(present: int, busy: int | None, seen: bool) -> None:
+    guard = ContentionGuard(torch.device("cuda", 0), cpus=allowed_cpus())  # no GPU needed: samples given
+    cpu = CpuSample(wall_s=0.0, allowed_busy_s=0.0, all_busy_s=0.0, own_s=0.0)
+    later = CpuSample(wall_s=1.0, allowed_busy_s=0.0, all_busy_s=0.0, own_s=0.0)
+    judged = guard._judge("measured", cpu, later, _gpu(present, None), _gpu(present, busy))
+    assert (GPU_SHARED in judged.kinds) is seen, judged.detail
+    assert judged.metrics["gpu_other_processes"] == present
