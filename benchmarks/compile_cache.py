@@ -47,6 +47,19 @@ def one_run(shape: str, cache: str, overrides: list[str], uri: str) -> dict[str,
             "median_ms": metrics[names.UPDATE_MEDIAN], "run_id": run.info.run_id}
 
 
+def markdown(rows: list[dict[str, object]], overrides: list[str], day: str) -> str:
+    lines = [f"# Compile, cold and warm cache — {day}", "", f"overrides: {' '.join(overrides)}", "",
+             "| shape | compile cache | compiler start-up ms | compile ms | capture ms | median ms | process s |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        if "error" in row:
+            lines.append(f"| {row['shape']} | failed | | | | | {row['wall_s']:.1f} |")
+            continue
+        lines.append(f"| {row['shape']} | {row['cache']} | {row['compiler_startup'] or 0:.0f} | {row['compile']:.0f} "
+                     f"| {row['capture']:.0f} | {row['median_ms']:.3f} | {row['wall_s']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--label", required=True)
@@ -65,17 +78,9 @@ def main() -> None:
                 print(json.dumps(rows[-1]), flush=True)
     (args.out / f"{args.label}.json").write_text(json.dumps(
         {"date": str(date.today()), "overrides": args.overrides, "rows": rows}, indent=2))
-    lines = [f"# Compile, cold and warm cache — {date.today()}", "", f"overrides: {' '.join(args.overrides)}", "",
-             "| shape | compile cache | compiler start-up ms | compile ms | capture ms | median ms | process s |",
-             "|---|---|---:|---:|---:|---:|---:|"]
-    for row in rows:
-        if "error" in row:
-            lines.append(f"| {row['shape']} | failed | | | | | {row['wall_s']:.1f} |")
-            continue
-        lines.append(f"| {row['shape']} | {row['cache']} | {row['compiler_startup'] or 0:.0f} | {row['compile']:.0f} "
-                     f"| {row['capture']:.0f} | {row['median_ms']:.3f} | {row['wall_s']:.1f} |")
-    (args.out / f"{args.label}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    table = markdown(rows, args.overrides, str(date.today()))
+    (args.out / f"{args.label}.md").write_text(table)
+    print(table)
 
 
 if __name__ == "__main__":

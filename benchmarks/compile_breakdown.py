@@ -1,0 +1,157 @@
+"""Where a compiled executor's compile time goes, cold and warm, one fresh process each.
+
+    python benchmarks/compile_breakdown.py --shape 64x256x32 --out breakdown.jsonl \
+        '{"k": 8}' '{"k": 8, "prewarm": ["pool", "import", "device"]}' '{"k": 16, "profile": true}'
+
+Each SPEC (JSON) runs twice in a new process, first with a new, empty inductor cache
+directory (cold), then with the same one (warm). A SPEC may set ``executor`` (default
+``regional_cudagraph``), ``k`` (``tokens_per_region``), ``edges`` (``compile_edges``),
+``options`` (inductor config keys, dotted), ``prewarm`` (done before ``prepare`` and timed
+apart: ``pool`` inductor's compile workers, ``import`` its modules and Triton, ``device``
+one eager forward and backward for cuBLAS), ``profile`` (cProfile of ``prepare``, the top
+functions printed). One JSON line per process: wall times of each stage, ``prepare``'s
+phases, dynamo's ``calculate_time_spent`` and ``compile_times`` breakdowns, and the
+median of 200 replayed updates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+STARTED = time.perf_counter()
+
+
+def worker(shape: str, spec: dict) -> None:
+    marks: dict[str, object] = {}
+
+    def mark(name: str, start: float) -> None:
+        marks[name] = round(time.perf_counter() - start, 3)
+
+    start = time.perf_counter()
+    import torch
+
+    mark("import_torch", start)
+    start = time.perf_counter()
+    from hydra import compose, initialize_config_module
+
+    from axoexp.config import register_configs
+    from axoexp.plan import plan_experiment
+    from axoexp.plugins import load_plugins
+
+    register_configs(load_plugins())
+    mark("import_axoexp", start)
+    for key, value in spec.get("options", {}).items():
+        target = torch._inductor.config
+        *path, last = key.split(".")
+        for part in path:
+            target = getattr(target, part)
+        setattr(target, last, value)
+    prewarm = spec.get("prewarm", [])
+    if "pool" in prewarm:
+        start = time.perf_counter()
+        from torch._inductor.async_compile import AsyncCompile
+
+        AsyncCompile.warm_pool()
+        mark("prewarm_pool_call", start)
+    if "import" in prewarm:
+        start = time.perf_counter()
+        import torch._inductor.codegen.triton  # noqa: F401
+        import torch._inductor.compile_fx  # noqa: F401
+        mark("prewarm_import", start)
+
+    start = time.perf_counter()
+    neurons, time_steps, contacts = shape.split("x")
+    executor = spec.get("executor", "regional_cudagraph")
+    overrides = ["device=cuda", f"executor={executor}", f"population.neurons={neurons}",
+                 f"population.time_steps={time_steps}", f"population.contacts={contacts}"]
+    if executor == "regional_cudagraph":
+        overrides += [f"executor.tokens_per_region={spec.get('k', 8)}",
+                      f"executor.compile_edges={str(spec.get('edges', True)).lower()}"]
+    with initialize_config_module(config_module="axoexp.conf", version_base="1.3"):
+        plan = plan_experiment(compose("config", overrides=overrides))
+    setup = plan.build_population()
+    torch.cuda.synchronize()
+    mark("population", start)
+    if "device" in prewarm:
+        import copy
+
+        start = time.perf_counter()
+        scratch = copy.deepcopy(setup.module)
+        plan.build_executor(scratch).loss_fn(scratch(setup.batches[0][0]), setup.batches[0][1]).backward()
+        torch.cuda.synchronize()
+        mark("prewarm_device", start)
+    start = time.perf_counter()
+    prepared = plan.build_executor(setup.module)
+    mark("executor_init", start)
+
+    profiler = None
+    if spec.get("profile"):
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+    start = time.perf_counter()
+    phases = prepared.prepare(*setup.batches[0])
+    mark("prepare", start)
+    if profiler is not None:
+        profiler.disable()
+    marks.update(phases_ms={key: round(value, 1) for key, value in phases.items()}, tags=prepared.prepared_tags,
+                 time_spent={k: round(v, 3) for k, v in torch._dynamo.utils.calculate_time_spent().items()},
+                 compile_times=torch._dynamo.utils.compile_times(repr="str", aggregate=True),
+                 compile_threads=torch._inductor.config.compile_threads)
+    samples = []
+    for index in range(230):
+        batch = setup.batches[index % len(setup.batches)]
+        torch.cuda.synchronize()
+        begin = time.perf_counter()
+        prepared.step(*batch)
+        torch.cuda.synchronize()
+        if index >= 30:
+            samples.append((time.perf_counter() - begin) * 1e3)
+    marks.update(replay_median_ms=round(sorted(samples)[len(samples) // 2], 4),
+                 process_s=round(time.perf_counter() - STARTED, 2))
+    print("ROW " + json.dumps({"shape": shape, "spec": spec, **marks}), flush=True)
+    if profiler is not None:
+        import pstats
+
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(45)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("specs", nargs="+", type=json.loads)
+    parser.add_argument("--shape", default="64x256x32")
+    parser.add_argument("--out", type=Path, required=True, help="JSON lines, one per process")
+    parser.add_argument("--timeout", type=float, default=150.0, help="seconds per process")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.shape, args.specs[0])
+        return
+    for spec in args.specs:
+        with tempfile.TemporaryDirectory(prefix="inductor-") as cache:
+            for phase in ("cold", "warm"):
+                done = subprocess.run(
+                    [sys.executable, __file__, "--worker", "--shape", args.shape, "--out", str(args.out),
+                     json.dumps(spec)], env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache},
+                    capture_output=True, text=True, timeout=args.timeout)
+                rows = [line[4:] for line in done.stdout.splitlines() if line.startswith("ROW ")]
+                row = json.loads(rows[0]) if rows else {"shape": args.shape, "spec": spec, "error": done.stderr[-3000:]}
+                row["phase"] = phase
+                with args.out.open("a") as out:
+                    out.write(json.dumps(row) + "\n")
+                print(json.dumps({k: row.get(k) for k in ("spec", "phase", "phases_ms", "replay_median_ms", "error")}),
+                      flush=True)
+                if spec.get("profile"):
+                    print(done.stderr[-9000:], flush=True)
+
+
+if __name__ == "__main__":
+    main()
