@@ -101,6 +101,13 @@ class GpuSample:
     power_w: float
 
 
+def _others(pids: set[int]) -> int:
+    """How many of ``pids`` are other processes than this one. In a container NVML may list
+    host PIDs, so when our PID is absent one listed process is taken to be this one."""
+    ours = os.getpid()
+    return len(pids - {ours}) if ours in pids else max(len(pids) - 1, 0)
+
+
 class GpuProbe:
     """NVML readings of the run's GPU (found by UUID, so CUDA_VISIBLE_DEVICES cannot mislead)."""
 
@@ -128,10 +135,8 @@ class GpuProbe:
     def other_processes(self) -> int:
         """Compute processes on the GPU other than this one. In a container NVML may list host
         PIDs, so when our PID is absent one listed process is taken to be this one."""
-        pids = {process.pid for process in self._read(
-            lambda: self.nvml.nvmlDeviceGetComputeRunningProcesses(self.handle), [])}
-        ours = os.getpid()
-        return len(pids - {ours}) if ours in pids else max(len(pids) - 1, 0)
+        return _others({process.pid for process in self._read(
+            lambda: self.nvml.nvmlDeviceGetComputeRunningProcesses(self.handle), [])})
 
     def free_bytes(self) -> int | None:
         """The GPU's free memory, read without creating a CUDA context."""
@@ -140,17 +145,14 @@ class GpuProbe:
 
     def busy_other_processes(self, since_us: int) -> int | None:
         """Processes other than this one with SM or memory activity in NVML's per-process
-        samples newer than ``since_us`` (µs since the epoch); None where NVML keeps none.
-        As in :meth:`other_processes`, when our PID is absent one busy process is taken to be us."""
+        samples newer than ``since_us`` (µs since the epoch); None where NVML keeps none."""
         try:
             samples = self.nvml.nvmlDeviceGetProcessUtilization(self.handle, since_us)
         except self.nvml.NVMLError as error:
             if isinstance(error, getattr(self.nvml, "NVMLError_NotFound", ())):
                 return 0  # no process had a sample in the window
             return None
-        busy = {sample.pid for sample in samples if sample.smUtil or sample.memUtil}
-        ours = os.getpid()
-        return len(busy - {ours}) if ours in busy else max(len(busy) - 1, 0)
+        return _others({sample.pid for sample in samples if sample.smUtil or sample.memUtil})
 
     def take(self, since_us: int | None = None) -> GpuSample:
         """Readings now; with ``since_us`` also which processes used the GPU since then."""

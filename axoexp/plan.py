@@ -163,8 +163,9 @@ def available_bytes(device: torch.device) -> int:
     available memory (MemAvailable on Linux).
 
     On CUDA it is read through NVML where possible: ``torch.cuda.mem_get_info`` would create a
-    CUDA context, and a job still waiting for its device lease would then count as another
-    process on the GPU of the job that holds it."""
+    CUDA context, and a job still waiting for its device lease would then be one more process
+    on the GPU of the job that holds it (counted as contention where the driver keeps no
+    per-process utilization samples)."""
     if device.type == "cuda":
         probe = gpu_probe(device)
         free = probe.free_bytes() if probe is not None else None

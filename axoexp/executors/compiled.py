@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import torch
 
 from axoexp.executors import compiler_startup
@@ -39,7 +36,7 @@ def forward_backward_without_update(
 
 
 @component("executor", "compiled_cudagraph")
-class CompiledCudaGraphExecutor(CudaGraphExecutor):
+class CompiledCudaGraphExecutor(compiler_startup.StartsCompilerEarly, CudaGraphExecutor):
     """Inductor-compiled forward (static shapes, no cudagraph trees), then the whole update
     captured in one CUDA graph exactly as ``cudagraph`` does.
 
@@ -50,10 +47,6 @@ class CompiledCudaGraphExecutor(CudaGraphExecutor):
     def __init__(self, *, warmup_steps: WarmupSteps = 3, **components: object) -> None:
         super().__init__(warmup_steps=warmup_steps, **components)
         self.compiled = torch.compile(self.module, backend="inductor", dynamic=False, options=INDUCTOR_OPTIONS)
-
-    @classmethod
-    def begin_setup(cls, device: torch.device, params: Mapping[str, Any]) -> None:
-        compiler_startup.begin(device)
 
     def prepare_includes(self) -> dict[str, tuple[str, ...]]:
         return {compiler_startup.PHASE: compiler_startup.STAGES, "compile": COMPILE_STAGES,

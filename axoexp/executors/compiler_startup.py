@@ -12,6 +12,8 @@ what is left of it and reports that wait as its own phase, ``compiler_startup``,
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -53,3 +55,11 @@ def wait_into(phases: dict[str, float], device: torch.device) -> None:
     with stopwatch(synchronizer(device), phases, PHASE):
         if _thread is not None:
             _thread.join()
+
+
+class StartsCompilerEarly:
+    """Mixin for executors that compile with inductor: the run begins the start-up once planned."""
+
+    @classmethod
+    def begin_setup(cls, device: torch.device, params: Mapping[str, Any]) -> None:
+        begin(device)

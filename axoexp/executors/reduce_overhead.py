@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import torch
 
 from axoexp.executors import compiler_startup
@@ -34,7 +31,7 @@ def allocate_gradients(module: torch.nn.Module) -> None:
 
 
 @component("executor", "reduce_overhead")
-class ReduceOverheadExecutor(Executor):
+class ReduceOverheadExecutor(compiler_startup.StartsCompilerEarly, Executor):
     """The population forward (and its backward) compiled with ``mode="reduce-overhead"``.
 
     Forward and backward replay as CUDA graphs managed by torch's cudagraph trees; the loss,
@@ -55,10 +52,6 @@ class ReduceOverheadExecutor(Executor):
         super().__init__(**components)  # type: ignore[arg-type]
         self.compiled = torch.compile(self.module, mode="reduce-overhead", dynamic=False)
         self.prepared = False
-
-    @classmethod
-    def begin_setup(cls, device: torch.device, params: Mapping[str, Any]) -> None:
-        compiler_startup.begin(device)
 
     def prepare_includes(self) -> dict[str, tuple[str, ...]]:
         return {compiler_startup.PHASE: compiler_startup.STAGES, "compile": COMPILE_AND_RECORD_STAGES}

@@ -15,8 +15,8 @@ blocks fit in one region, the whole forward is compiled as one graph instead (as
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Annotated, Any
 
 import torch
@@ -91,7 +91,7 @@ def compile_counters() -> dict[str, int]:
 
 
 @component("executor", "regional_cudagraph")
-class RegionalCudaGraphExecutor(CudaGraphExecutor):
+class RegionalCudaGraphExecutor(compiler_startup.StartsCompilerEarly, CudaGraphExecutor):
     """Inductor-compiled regions of ``tokens_per_region`` P4 blocks (and the code before the
     loop), then the whole update captured in one CUDA graph. ``prepare`` reports ``compile``
     (tracing, code generation or cache load) apart from ``capture``; tag ``compile.cache``
@@ -118,7 +118,7 @@ class RegionalCudaGraphExecutor(CudaGraphExecutor):
     @classmethod
     def begin_setup(cls, device: torch.device, params: Mapping[str, Any]) -> None:
         use_cache_dir(params.get("cache_dir"))  # before the compile workers start: they inherit it
-        compiler_startup.begin(device)
+        super().begin_setup(device, params)
 
     def prepare_includes(self) -> dict[str, tuple[str, ...]]:
         return {compiler_startup.PHASE: compiler_startup.STAGES, "compile": COMPILE_STAGES,
