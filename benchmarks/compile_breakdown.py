@@ -4,9 +4,12 @@
         '{"k": 8}' '{"k": 8, "prewarm": ["pool", "import", "device"]}' '{"k": 16, "profile": true}'
 
 Each SPEC (JSON) runs twice in a new process, first with a new, empty inductor cache
-directory (cold), then with the same one (warm). A SPEC may set ``executor`` (default
-``regional_cudagraph``), ``k`` (``tokens_per_region``), ``edges`` (``compile_edges``),
-``options`` (inductor config keys, dotted), ``prewarm`` (done before ``prepare`` and timed
+directory (cold), then with the same one (warm). As a run does, the process begins the
+executor's one-off set-up (the compiler's start-up) as soon as the run is planned. A SPEC
+may set ``executor`` (default ``regional_cudagraph``), ``k`` (``tokens_per_region``),
+``edges`` (``compile_edges``), ``overrides`` (more Hydra overrides, e.g.
+``["executor.decompose_matmuls=false"]``), ``options`` (inductor config keys, dotted),
+``prewarm`` (done before ``prepare`` and timed
 apart: ``pool`` inductor's compile workers, ``import`` its modules and Triton, ``device``
 one eager forward and backward for cuBLAS), ``profile`` (cProfile of ``prepare``, the top
 functions printed). One JSON line per process: wall times of each stage, ``prepare``'s
@@ -75,7 +78,8 @@ def worker(shape: str, spec: dict) -> None:
         overrides += [f"executor.tokens_per_region={spec.get('k', 8)}",
                       f"executor.compile_edges={str(spec.get('edges', True)).lower()}"]
     with initialize_config_module(config_module="axoexp.conf", version_base="1.3"):
-        plan = plan_experiment(compose("config", overrides=overrides))
+        plan = plan_experiment(compose("config", overrides=overrides + spec.get("overrides", [])))
+    plan.begin_executor_setup()
     setup = plan.build_population()
     torch.cuda.synchronize()
     mark("population", start)

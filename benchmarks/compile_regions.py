@@ -26,6 +26,9 @@ regions of the same forward and reuses them on every token instead:
                  requires_grad and the region compiles one graph, not two; +zerostate keeps
                  axosim's constant zeros (the first call then compiles its own graph, as
                  ``token`` does)
+  ...+unbound    blocks-K gets its K tokens as K separate tensors and returns K separate
+                 forecasts (not a chunk and a stacked result), so every token's kernels are
+                 the same source (no token offsets baked in) and inductor compiles them once
   ...@P1,P2      inductor option presets, see PRESETS (mmdecomp turns the tiny matmuls into
                  pointwise code that fuses; cdt = coordinate descent tuning; ...)
   best...        resolved at run time to the best region measured so far for the shape
@@ -42,8 +45,13 @@ TRITON_CACHE_DIR (``cold``), then in a second subprocess reusing those caches (`
 Each subprocess builds the population as axoexp does (population ``lite``, seed 0, float32,
 Adam lr 1e-3 capturable, causal MSE, no gradient transform) and measures:
 
+  startup_s   inductor's one-off start-up (imports, compile workers), begun in the background
+              at the worker's start and waited for before compiling, as axoexp's compiled
+              executors do (axoexp.executors.compiler_startup)
   compile_s   one forward and backward (gradients zeroed after, no update) on a side stream,
               as the compiled_cudagraph executor's prepare does
+  kernels     Triton kernels inductor generated, and the number it compiled (distinct
+              sources, counted in the fresh TRITON_CACHE_DIR; 0 when warm)
   capture_s   axosim.CudaGraphAdaptationStep.capture of the whole update (3 warm-up updates)
   replay      host clock around each captured update and a device synchronise, over
               --rounds x --updates updates after --warmup, interleaved round by round with
@@ -93,27 +101,16 @@ DEFAULT_STRATEGIES = (
 )
 SELF_CHECK_STRATEGIES = (
     "whole", "token", "token+edges", "blocks-1", "blocks-2", "blocks-4", "blocks-16",
-    "blocks-2+edges", "blocks-4+edges@mmdecomp", "blocks-2@aggr", "scan",
+    "blocks-2+edges", "blocks-3+edges+unbound", "blocks-4+edges@mmdecomp", "blocks-2@aggr", "scan",
 )
 PARITY_UPDATES = 5
 GOAL = {"compile_s": 10.0, "ratio_vs_bare": 0.37, "parity": 1e-6}
 
 # Inductor options every strategy gets (as the compiled_cudagraph executor): no cudagraph trees.
 BASE_OPTIONS: dict[str, Any] = {"triton.cudagraphs": False}
-# decompose_mm_pass: mm / addmm / bmm whose other dimensions are below max_other become
-# broadcast-multiply + sum; reductions of <= 8 elements are unrolled into pointwise code, so
-# a token's linear layers fuse with its pointwise work. Upstream defaults only decompose
-# mm with >= 10240 rows on CUDA (and 1-row mm on CPU); these thresholds cover this model.
-MMDECOMP = {
-    "min_first_dimension_decomposition": 1,
-    "max_other_dimension_decomposition": 65,
-    "max_other_dimention_decomposition": 65,
-    "cpu_max_first_dimension_decomposition": 1 << 40,
-    "cpu_max_other_dimension_decomposition": 65,
-}
 PRESETS: dict[str, dict[str, Any]] = {
     "default": {},
-    "mmdecomp": {"post_grad_fusion_options": {"decompose_mm_pass": MMDECOMP}},
+    "mmdecomp": {},  # axoexp.executors.matmul_decomposition's options, added in apply_strategy
     "cdt": {"coordinate_descent_tuning": True},
     "combo": {"combo_kernels": True},
     "aggr": {"aggressive_fusion": True},
@@ -136,6 +133,7 @@ class Spec:
     edges: bool = False
     presets: tuple[str, ...] = ()
     grad_state: bool = True  # +zerostate: axosim's initial state (no grad), as the first call sees it
+    unbound: bool = False  # +unbound: a region's tokens and forecasts are separate tensors
 
     @property
     def name(self) -> str:
@@ -144,6 +142,8 @@ class Spec:
             text += "+edges"
         if not self.grad_state:
             text += "+zerostate"
+        if self.unbound:
+            text += "+unbound"
         if self.presets:
             text += "@" + ",".join(self.presets)
         return text
@@ -156,7 +156,7 @@ class Spec:
 
 
 def parse_spec(text: str) -> Spec:
-    match = re.fullmatch(r"(whole|token|scan|best|blocks-(\d+))(\+edges)?(\+zerostate)?(?:@([\w,]+))?",
+    match = re.fullmatch(r"(whole|token|scan|best|blocks-(\d+))(\+edges)?(\+zerostate)?(\+unbound)?(?:@([\w,]+))?",
                          text.strip())
     if not match:
         raise ValueError(f"strategy {text!r} is not BASE[+edges][@PRESET,...] with BASE one of "
@@ -165,7 +165,7 @@ def parse_spec(text: str) -> Spec:
     k = int(match.group(2) or 0)
     if base == "blocks" and k < 1:
         raise ValueError(f"strategy {text!r}: K must be at least 1")
-    presets = tuple(p for p in (match.group(5) or "").split(",") if p)
+    presets = tuple(p for p in (match.group(6) or "").split(",") if p)
     unknown = [p for p in presets if p not in PRESETS]
     if unknown:
         raise ValueError(f"strategy {text!r}: unknown preset(s) {unknown}; known: {sorted(PRESETS)}")
@@ -173,7 +173,10 @@ def parse_spec(text: str) -> Spec:
         raise ValueError("whole has no separate edges or state: it compiles the whole forward")
     if base == "token" and match.group(4) and not match.group(3):
         raise ValueError("token keeps axosim's own loop; token+edges+zerostate re-expresses it")
-    return Spec(base=base, k=k, edges=bool(match.group(3)), presets=presets, grad_state=not match.group(4))
+    if match.group(5) and base != "blocks":
+        raise ValueError(f"strategy {text!r}: +unbound applies to blocks-K only")
+    return Spec(base=base, k=k, edges=bool(match.group(3)), presets=presets, grad_state=not match.group(4),
+                unbound=bool(match.group(5)))
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -187,23 +190,6 @@ def shape_label(shape: tuple[int, int, int]) -> str:
     return "x".join(map(str, shape))
 
 
-_MMDECOMP_UPSTREAM: dict[str, Any] = {}
-
-
-def set_mmdecomp_thresholds(enabled: bool) -> None:
-    """decompose_mem_bound_mm copies its thresholds from the config into module globals at
-    import (older releases spell one of them "dimention"); set or restore those globals."""
-    try:
-        from torch._inductor.fx_passes import decompose_mem_bound_mm as module
-    except Exception:  # noqa: BLE001 - then the preset only sets the config
-        return
-    for name, value in MMDECOMP.items():
-        for spelling in (name, name.replace("dimension", "dimention"), name.upper()):
-            if hasattr(module, spelling):
-                _MMDECOMP_UPSTREAM.setdefault(spelling, getattr(module, spelling))
-                setattr(module, spelling, value if enabled else _MMDECOMP_UPSTREAM[spelling])
-
-
 def apply_strategy(population: Any, spec: Spec, *, compiled: bool = True) -> Any:
     """Return the module to capture: ``population`` with ``spec``'s compiled regions.
 
@@ -213,9 +199,9 @@ def apply_strategy(population: Any, spec: Spec, *, compiled: bool = True) -> Any
 
     options = spec.options()
     if "mmdecomp" in spec.presets:
-        set_mmdecomp_thresholds(True)
-        if hasattr(torch._inductor.config, "decompose_mem_bound_mm"):  # older releases gate on it
-            options["decompose_mem_bound_mm"] = True
+        from axoexp.executors import matmul_decomposition
+
+        options.update(matmul_decomposition.inductor_options())
 
     def compile_region(fn: Any) -> Any:
         if not compiled:
@@ -285,6 +271,13 @@ def regioned_forward(population: Any, spec: Spec, compile_region: Any) -> Any:
             predictions.append(prediction)
         return torch.cat(predictions, dim=1), state
 
+    def block_unbound(state: torch.Tensor, cache: torch.Tensor, *tokens: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        predictions = []
+        for token in tokens:
+            prediction, state = neuron.step_token(token, state, adaptation_cache=cache)
+            predictions.append(prediction)
+        return state, *predictions
+
     def scanned(tokens: torch.Tensor, state: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
         from torch._higher_order_ops import scan
 
@@ -299,7 +292,7 @@ def regioned_forward(population: Any, spec: Spec, compile_region: Any) -> Any:
     pre = compile_region(before_loop) if spec.edges else before_loop
     post = compile_region(after_loop) if spec.edges else after_loop
     step = compile_region(neuron.step_token) if spec.base == "token" else None
-    region = compile_region(block) if spec.base == "blocks" else None
+    region = compile_region(block_unbound if spec.unbound else block) if spec.base == "blocks" else None
     scan_region = compile_region(scanned) if spec.base == "scan" else None
 
     def forward(contact_inputs: torch.Tensor) -> torch.Tensor:
@@ -318,6 +311,10 @@ def regioned_forward(population: Any, spec: Spec, compile_region: Any) -> Any:
             for index in range(tokens.shape[1]):
                 prediction, state = step(tokens[:, index], state, adaptation_cache=cache)
                 forecasts.append(prediction)
+        elif spec.unbound:
+            for chunk in tokens.split(spec.k, dim=1):
+                state, *predictions = region(state, cache, *chunk.unbind(1))
+                forecasts += predictions
         elif spec.base == "blocks":
             for chunk in tokens.split(spec.k, dim=1):
                 prediction, state = region(chunk, state, cache)
@@ -382,6 +379,12 @@ def dynamo_counters() -> dict[str, Any]:
         }
     except Exception as error:  # noqa: BLE001
         return {"error": repr(error)}
+
+
+def count_triton_kernels() -> int:
+    """Kernels Triton compiled into this process's TRITON_CACHE_DIR (one cubin each)."""
+    root = os.environ.get("TRITON_CACHE_DIR")
+    return sum(1 for _ in Path(root).rglob("*.cubin")) if root and Path(root).is_dir() else 0
 
 
 def raise_recompile_limit() -> None:
@@ -487,6 +490,9 @@ def _worker_body(args: argparse.Namespace, shape: tuple[int, int, int], spec: Sp
     if cuda and not torch.cuda.is_available():
         raise RuntimeError("--device cuda but torch.cuda.is_available() is False")
     raise_recompile_limit()
+    from axoexp.executors import compiler_startup
+
+    compiler_startup.begin(device)
     axoexp = import_axoexp()
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
     report.stage("imports", env=environment(device))
@@ -544,6 +550,12 @@ def _worker_body(args: argparse.Namespace, shape: tuple[int, int, int], spec: Sp
     model = apply_strategy(module, spec)
     optimizer = make_optimizer(module, device.type)
     report.stage("applied")
+    phases: dict[str, float] = {}
+    compiler_startup.wait_into(phases, device)
+    report.stage("startup", startup_s=round(phases.get(compiler_startup.PHASE, 0.0) / 1e3, 4))
+    from torch._inductor import metrics
+
+    generated_before = metrics.generated_kernel_count
     sync()
     start = time.perf_counter()
     inputs, targets = batches[0]
@@ -559,7 +571,9 @@ def _worker_body(args: argparse.Namespace, shape: tuple[int, int, int], spec: Sp
         optimizer.zero_grad(set_to_none=False)
     sync()
     compile_s = time.perf_counter() - start
-    report.stage("compile", compile_s=round(compile_s, 4), counters_after_compile=dynamo_counters())
+    report.stage("compile", compile_s=round(compile_s, 4), counters_after_compile=dynamo_counters(),
+                 kernels_generated=metrics.generated_kernel_count - generated_before,
+                 kernels_compiled=count_triton_kernels())
 
     sync()
     start = time.perf_counter()
@@ -777,9 +791,10 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"warm = a second process on that cache. Goal: compile <= {GOAL['compile_s']:g} s cold, ratio <= "
         f"{GOAL['ratio_vs_bare']:g}, parity <= {GOAL['parity']:g}.",
         "",
-        "| shape | strategy | resolved | phase | compile s | capture s | median ms | p10 | p90 | bare ms "
+        "| shape | strategy | resolved | phase | start-up s | compile s | kernels generated / compiled "
+        "| capture s | median ms | p10 | p90 | bare ms "
         "| / bare | pipelined ms | device ms | device ops | parity dparam | graphs | goal | error / notes |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
 
     def cell(value: Any, spec: str) -> str:
@@ -797,7 +812,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             error = (error + " " + ", ".join(f"{k}={v}" for k, v in sorted(decomposed.items()))).strip()
         lines.append(
             f"| {r.get('shape')} | {r.get('strategy')} | {r.get('resolved')} | {r.get('phase')} "
-            f"| {cell(r.get('compile_s'), '.2f')} | {cell(r.get('capture_s'), '.2f')} "
+            f"| {cell(r.get('startup_s'), '.2f')} | {cell(r.get('compile_s'), '.2f')} "
+            f"| {r.get('kernels_generated', '')} / {r.get('kernels_compiled', '')} | {cell(r.get('capture_s'), '.2f')} "
             f"| {cell(replay.get('median'), '.3f')} | {cell(replay.get('p10'), '.3f')} | {cell(replay.get('p90'), '.3f')} "
             f"| {cell(r.get('bare_median_ms'), '.3f')} | {cell(r.get('ratio_vs_bare'), '.3f')} "
             f"| {cell(r.get('pipelined_ms'), '.3f')} | {cell(r.get('device_ms'), '.3f')} "
@@ -985,8 +1001,6 @@ def run_self_check(args: argparse.Namespace) -> int:
                 print(f"{label:>8} {text:<28} FAIL {type(error).__name__}: {str(error)[:300]}", flush=True)
                 traceback.print_exc(limit=3)
                 failures.append(f"{label} {text}: {type(error).__name__}")
-            finally:
-                set_mmdecomp_thresholds(False)
     shutil.rmtree(cache, ignore_errors=True)
     total = time.perf_counter() - begin
     print(f"# self-check {'passed' if not failures else 'FAILED: ' + '; '.join(failures)} in {total:.0f} s",

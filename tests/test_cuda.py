@@ -107,7 +107,7 @@ TRANSFORMS = {  # thresholds small enough that the transforms really act
 FULL_MATRIX = [(name, o, t) for name in ("cudagraph", "regional_cudagraph", "fused_cudagraph")
                for o in OPTIMIZERS for t in TRANSFORMS]
 TOLERANCE = {"fused_cudagraph": "1e-5"}  # its in-register sums run in another order than cuBLAS
-# 8 blocks: regions of 3, 3 and 2 (the default region would hold all 8: one whole-forward graph)
+# 8 blocks: regions of 3, 3 and 2 (a short last region: a second graph of the region)
 EXECUTOR_OPTIONS = {"regional_cudagraph": ["executor.tokens_per_region=3"]}
 COMPILED = [(name, optimizer, transform) for name in ("compiled_cudagraph", "reduce_overhead")
             for optimizer, transform in (("adam", "clip_norm"), ("sgd_momentum", "clip_value"))]

@@ -21,16 +21,19 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("time_steps, tokens_per_region, compile_edges", [(38, 3, True), (16, 3, False), (16, 4, True)])
+@pytest.mark.parametrize("time_steps, tokens_per_region, compile_edges, decompose_matmuls",
+                         [(38, 3, True, True), (16, 3, False, False), (16, 4, True, True)])
 def test_regions_compute_the_eager_forward_and_gradients(time_steps: int, tokens_per_region: int,
-                                                         compile_edges: bool) -> None:
+                                                         compile_edges: bool, decompose_matmuls: bool) -> None:
     """38 steps: 9 blocks in regions of 3, 2 steps past the last block; 16 steps: regions of 3
-    and 1 block, then all 4 blocks in one region (the whole forward compiled as one graph)."""
+    and 1 block, then all 4 blocks in one region (the whole forward compiled as one graph).
+    Decomposed matmuls sum in another order than the eager ones: equal to rounding."""
     setup = lite(device=torch.device("cpu"), dtype=torch.float32, seed=3, neurons=5, time_steps=time_steps,
                  contacts=4, train_morphology=False)
     inputs, _ = setup.batches[0]
     reference = copy.deepcopy(setup.module)
-    output = RegionalLiteForward(setup.module, tokens_per_region, compile_edges)(inputs)
+    decomposed = sum(counters["inductor"][f"decompose_{op}"] for op in ("mm", "addmm", "bmm"))
+    output = RegionalLiteForward(setup.module, tokens_per_region, compile_edges, decompose_matmuls)(inputs)
     expected = reference(inputs)
     torch.testing.assert_close(output, expected, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(setup.module.neuron.base_soma_prediction, reference.neuron.base_soma_prediction)
@@ -40,12 +43,14 @@ def test_regions_compute_the_eager_forward_and_gradients(time_steps: int, tokens
     assert {name for name, _ in trained} == {"behavior_adapter", "synaptic_log_efficacy"}
     for (name, parameter), twin in zip(trained, [p for p in reference.parameters() if p.requires_grad], strict=True):
         torch.testing.assert_close(parameter.grad, twin.grad, atol=1e-6, rtol=1e-5, msg=name)
+    now = sum(counters["inductor"][f"decompose_{op}"] for op in ("mm", "addmm", "bmm"))
+    assert (now > decomposed) == decompose_matmuls
 
 
 def test_blocks_that_fit_one_region_compile_the_whole_forward_as_one_graph() -> None:
     setup = lite(device=torch.device("cpu"), dtype=torch.float32, seed=0, neurons=3, time_steps=12, contacts=4)
     graphs = counters["stats"]["unique_graphs"]
-    RegionalLiteForward(setup.module, 3, True)(setup.batches[0][0]).sum().backward()
+    RegionalLiteForward(setup.module, 3, True, True)(setup.batches[0][0]).sum().backward()
     assert counters["stats"]["unique_graphs"] - graphs == 1  # no region, no prologue, no graph break
 
 
@@ -54,7 +59,7 @@ def test_a_second_population_of_the_same_shape_compiles_nothing_new() -> None:
     setup = lite(device=torch.device("cpu"), dtype=torch.float32, seed=0, neurons=3, time_steps=16, contacts=4)
     pristine = copy.deepcopy(setup.module)
     inputs, _ = setup.batches[0]
-    RegionalLiteForward(setup.module, 2, True)(inputs).sum().backward()
+    RegionalLiteForward(setup.module, 2, True, True)(inputs).sum().backward()
     graphs = counters["stats"]["unique_graphs"]
-    RegionalLiteForward(pristine, 2, True)(inputs).sum().backward()
+    RegionalLiteForward(pristine, 2, True, True)(inputs).sum().backward()
     assert counters["stats"]["unique_graphs"] == graphs
