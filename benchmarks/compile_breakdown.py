@@ -134,6 +134,7 @@ def main() -> None:
     parser.add_argument("--shape", default="64x256x32")
     parser.add_argument("--out", type=Path, required=True, help="JSON lines, one per process")
     parser.add_argument("--timeout", type=float, default=150.0, help="seconds per process")
+    parser.add_argument("--cold-only", action="store_true", help="skip the warm process of each SPEC")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -141,7 +142,7 @@ def main() -> None:
         return
     for spec in args.specs:
         with tempfile.TemporaryDirectory(prefix="inductor-") as cache:
-            for phase in ("cold", "warm"):
+            for phase in ("cold",) if args.cold_only else ("cold", "warm"):
                 done = subprocess.run(
                     [sys.executable, __file__, "--worker", "--shape", args.shape, "--out", str(args.out),
                      json.dumps(spec)], env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache},
