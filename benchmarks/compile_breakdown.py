@@ -6,8 +6,8 @@
 Each SPEC (JSON) runs twice in a new process, first with a new, empty inductor cache
 directory (cold), then with the same one (warm). As a run does, the process begins the
 executor's one-off set-up (the compiler's start-up) as soon as the run is planned. A SPEC
-may set ``executor`` (default ``regional_cudagraph``), ``k`` (``tokens_per_region``),
-``edges`` (``compile_edges``), ``overrides`` (more Hydra overrides, e.g.
+may set ``executor`` (default ``regional_cudagraph``), ``k`` (``tokens_per_region``) and
+``edges`` (``compile_edges``), both at the executor's defaults when absent, ``overrides`` (more Hydra overrides, e.g.
 ``["executor.decompose_matmuls=false"]``), ``options`` (inductor config keys, dotted),
 ``prewarm`` (done before ``prepare`` and timed
 apart: ``pool`` inductor's compile workers, ``import`` its modules and Triton, ``device``
@@ -75,8 +75,8 @@ def worker(shape: str, spec: dict) -> None:
     overrides = ["device=cuda", f"executor={executor}", f"population.neurons={neurons}",
                  f"population.time_steps={time_steps}", f"population.contacts={contacts}"]
     if executor == "regional_cudagraph":
-        overrides += [f"executor.tokens_per_region={spec.get('k', 8)}",
-                      f"executor.compile_edges={str(spec.get('edges', True)).lower()}"]
+        overrides += [f"executor.tokens_per_region={spec['k']}"] if "k" in spec else []
+        overrides += [f"executor.compile_edges={str(spec['edges']).lower()}"] if "edges" in spec else []
     with initialize_config_module(config_module="axoexp.conf", version_base="1.3"):
         plan = plan_experiment(compose("config", overrides=overrides + spec.get("overrides", [])))
     plan.begin_executor_setup()

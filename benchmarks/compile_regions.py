@@ -45,13 +45,14 @@ TRITON_CACHE_DIR (``cold``), then in a second subprocess reusing those caches (`
 Each subprocess builds the population as axoexp does (population ``lite``, seed 0, float32,
 Adam lr 1e-3 capturable, causal MSE, no gradient transform) and measures:
 
-  startup_s   inductor's one-off start-up (imports, compile workers), begun in the background
-              at the worker's start and waited for before compiling, as axoexp's compiled
-              executors do (axoexp.executors.compiler_startup)
+  startup_s   the wait, right before compiling, for what is left of inductor's one-off
+              start-up (imports, compile workers), begun in the background at the worker's
+              start as axoexp's compiled executors do (axoexp.executors.compiler_startup)
   compile_s   one forward and backward (gradients zeroed after, no update) on a side stream,
               as the compiled_cudagraph executor's prepare does
-  kernels     Triton kernels inductor generated, and the number it compiled (distinct
-              sources, counted in the fresh TRITON_CACHE_DIR; 0 when warm)
+  kernels     Triton kernels inductor generated (replayed from its cache when warm), and
+              the cubins in the strategy's TRITON_CACHE_DIR (one per autotuning config; a
+              warm process finds the cold one's)
   capture_s   axosim.CudaGraphAdaptationStep.capture of the whole update (3 warm-up updates)
   replay      host clock around each captured update and a device synchronise, over
               --rounds x --updates updates after --warmup, interleaved round by round with
@@ -159,7 +160,7 @@ def parse_spec(text: str) -> Spec:
     match = re.fullmatch(r"(whole|token|scan|best|blocks-(\d+))(\+edges)?(\+zerostate)?(\+unbound)?(?:@([\w,]+))?",
                          text.strip())
     if not match:
-        raise ValueError(f"strategy {text!r} is not BASE[+edges][@PRESET,...] with BASE one of "
+        raise ValueError(f"strategy {text!r} is not BASE[+edges][+zerostate][+unbound][@PRESET,...] with BASE one of "
                          "whole, token, blocks-K, scan, best")
     base = "blocks" if match.group(2) else match.group(1)
     k = int(match.group(2) or 0)
@@ -201,7 +202,8 @@ def apply_strategy(population: Any, spec: Spec, *, compiled: bool = True) -> Any
     if "mmdecomp" in spec.presets:
         from axoexp.executors import matmul_decomposition
 
-        options.update(matmul_decomposition.inductor_options())
+        matmul_decomposition.widen_thresholds()
+        options.update(matmul_decomposition.OPTIONS)
 
     def compile_region(fn: Any) -> Any:
         if not compiled:
@@ -382,7 +384,7 @@ def dynamo_counters() -> dict[str, Any]:
 
 
 def count_triton_kernels() -> int:
-    """Kernels Triton compiled into this process's TRITON_CACHE_DIR (one cubin each)."""
+    """Cubins in TRITON_CACHE_DIR (one per kernel and autotuning config)."""
     root = os.environ.get("TRITON_CACHE_DIR")
     return sum(1 for _ in Path(root).rglob("*.cubin")) if root and Path(root).is_dir() else 0
 

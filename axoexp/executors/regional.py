@@ -50,21 +50,24 @@ def run_tokens(neuron: AxoSimLite, tokens: torch.Tensor, state: torch.Tensor,
 
 
 class RegionalLiteForward(torch.nn.Module):
-    """``population(inputs)`` with compiled regions (same parameters, same outputs); the whole
-    forward compiled as one graph when its blocks fit in one region."""
+    """``population(inputs)`` with compiled regions (same parameters; the same outputs up to
+    float32 rounding); the whole forward compiled as one graph when its blocks fit in one region."""
 
     def __init__(self, population: AxoSimPopulation, tokens_per_region: int, compile_edges: bool,
                  decompose_matmuls: bool) -> None:
         super().__init__()
         self.population = population
         self.tokens_per_region = tokens_per_region
-        options = {**INDUCTOR_OPTIONS, **(matmul_decomposition.inductor_options() if decompose_matmuls else {})}
+        self.decompose_matmuls = decompose_matmuls
+        options = {**INDUCTOR_OPTIONS, **(matmul_decomposition.OPTIONS if decompose_matmuls else {})}
         self.region = torch.compile(run_tokens, dynamic=False, fullgraph=True, options=options)
         self.prologue = (torch.compile(lite_tokens, dynamic=False, fullgraph=True, options=options)
                          if compile_edges else lite_tokens)
         self.whole = torch.compile(population.forward, backend="inductor", dynamic=False, options=options)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        if self.decompose_matmuls:  # here, not in __init__: it imports inductor, which may be starting up
+            matmul_decomposition.widen_thresholds()
         neuron = self.population.neuron
         if inputs.shape[1] // neuron.patch_size <= self.tokens_per_region:
             return self.whole(inputs)
