@@ -133,8 +133,7 @@ class GpuProbe:
             return default
 
     def other_processes(self) -> int:
-        """Compute processes on the GPU other than this one. In a container NVML may list host
-        PIDs, so when our PID is absent one listed process is taken to be this one."""
+        """Compute processes on the GPU other than this one (counted as ``_others`` counts)."""
         return _others({process.pid for process in self._read(
             lambda: self.nvml.nvmlDeviceGetComputeRunningProcesses(self.handle), [])})
 
