@@ -69,3 +69,12 @@ def test_a_second_population_of_the_same_shape_compiles_nothing_new() -> None:
     RegionalLiteForward(pristine, 2, True, True)(inputs).sum().backward()
     assert counters["stats"]["unique_graphs"] == graphs
 
+
+def test_a_torch_without_the_pass_thresholds_is_refused_not_silently_left_undecomposed(monkeypatch) -> None:
+    from torch._inductor.fx_passes import decompose_mem_bound_mm
+
+    from axoexp.executors import matmul_decomposition
+
+    monkeypatch.delattr(decompose_mem_bound_mm, "max_other_dimension_decomposition")
+    with pytest.raises(RuntimeError, match="lacks the decompose_mm_pass thresholds.*max_other_dimension_decomposition"):
+        matmul_decomposition.widen_thresholds()
