@@ -9,11 +9,13 @@ executor's one-off set-up (the compiler's start-up) as soon as the run is planne
 may set ``executor`` (default ``regional_cudagraph``), ``k`` (``tokens_per_region``) and
 ``edges`` (``compile_edges``), both at the executor's defaults when absent, ``overrides`` (more Hydra overrides, e.g.
 ``["executor.decompose_matmuls=false"]``), ``options`` (inductor config keys, dotted),
-``prewarm`` (done before ``prepare`` and timed
+``workers`` (``TORCHINDUCTOR_WORKER_START``: ``subprocess`` is inductor's own pool, which
+axoexp used before 2026-12-03), ``prewarm`` (done before ``prepare`` and timed
 apart: ``pool`` inductor's compile workers, ``import`` its modules and Triton, ``device``
 one eager forward and backward for cuBLAS), ``profile`` (cProfile of ``prepare``, the top
 functions printed). One JSON line per process: wall times of each stage, ``prepare``'s
-phases, dynamo's ``calculate_time_spent`` and ``compile_times`` breakdowns, and the
+phases, the kernels compiled (and how many of them in the process itself, not in the
+workers), dynamo's ``calculate_time_spent`` and ``compile_times`` breakdowns, and the
 median of 200 replayed updates.
 """
 
@@ -106,6 +108,10 @@ def worker(shape: str, spec: dict) -> None:
     mark("prepare", start)
     if profiler is not None:
         profiler.disable()
+    marks.update(worker_start_method=torch._inductor.config.worker_start_method,
+                 kernels_compiled_in_process=len(torch._dynamo.utils.compilation_time_metrics.get(
+                     "async_compile.precompile", [])),
+                 kernels_compiled=torch._dynamo.utils.counters["inductor"]["async_compile_cache_miss"])
     marks.update(phases_ms={key: round(value, 1) for key, value in phases.items()}, tags=prepared.prepared_tags,
                  time_spent={k: round(v, 3) for k, v in torch._dynamo.utils.calculate_time_spent().items()},
                  compile_times=torch._dynamo.utils.compile_times(repr="str", aggregate=True),
@@ -141,11 +147,12 @@ def main() -> None:
         worker(args.shape, args.specs[0])
         return
     for spec in args.specs:
+        workers = {"TORCHINDUCTOR_WORKER_START": spec["workers"]} if "workers" in spec else {}
         with tempfile.TemporaryDirectory(prefix="inductor-") as cache:
             for phase in ("cold",) if args.cold_only else ("cold", "warm"):
                 done = subprocess.run(
                     [sys.executable, __file__, "--worker", "--shape", args.shape, "--out", str(args.out),
-                     json.dumps(spec)], env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache},
+                     json.dumps(spec)], env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, **workers},
                     capture_output=True, text=True, timeout=args.timeout)
                 rows = [line[4:] for line in done.stdout.splitlines() if line.startswith("ROW ")]
                 row = json.loads(rows[0]) if rows else {"shape": args.shape, "spec": spec, "error": done.stderr[-3000:]}

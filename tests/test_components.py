@@ -128,3 +128,11 @@ def test_missing_or_foreign_checkpoint_is_refused(tmp_path: Path) -> None:
     save_checkpoint(BranchELM(BranchELMConfig()), foreign)
     with pytest.raises(CheckpointError, match="holds model_kind 'baseline', not an AxoSim-Lite model"):
         build(checkpoint=str(foreign))
+
+
+def test_compile_workers_fork_unless_the_environment_or_a_daemon_decides() -> None:
+    from axoexp.executors.compiler_startup import WORKER_START_ENV, worker_start_method
+
+    assert worker_start_method({}, daemonic=False) == "fork"
+    assert worker_start_method({WORKER_START_ENV: "subprocess"}, daemonic=False) is None
+    assert worker_start_method({}, daemonic=True) is None  # a daemon may not fork a pool

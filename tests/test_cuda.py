@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import copy
+import json
+import os
 import re
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -136,6 +140,38 @@ def test_compiled_executors_report_the_compiler_startup_apart(make_config, clien
     assert {"compiler_startup", "compile"} <= set(result.prepare_ms)
     tags = client.get_run(result.run_id).data.tags
     assert tags[names.timing_includes_tag("compiler_startup")].startswith("wait_for_background_import")
+
+
+FIRST_COMPILE = """
+import json, sys, torch
+from hydra import compose, initialize_config_module
+from axoexp.config import register_configs
+from axoexp.plan import plan_experiment
+from axoexp.plugins import load_plugins
+register_configs(load_plugins())
+with initialize_config_module(config_module="axoexp.conf", version_base="1.3"):
+    plan = plan_experiment(compose("config", overrides=sys.argv[1:]))
+plan.begin_executor_setup()
+setup = plan.build_population()
+plan.build_executor(setup.module).prepare(*setup.batches[0])
+print(json.dumps({"method": torch._inductor.config.worker_start_method,
+                  "in_process": len(torch._dynamo.utils.compilation_time_metrics.get("async_compile.precompile", [])),
+                  "compiled": torch._dynamo.utils.counters["inductor"]["async_compile_cache_miss"]}))
+"""
+
+
+def test_first_compile_of_a_process_compiles_every_kernel_in_the_forked_workers(tmp_path: Path) -> None:
+    """A fresh process, a cold cache: the start-up forked inductor's workers and waited for
+    them, so no kernel compiles serially in the process itself."""
+    done = subprocess.run(
+        [sys.executable, "-c", FIRST_COMPILE, "device=cuda", "executor=regional_cudagraph",
+         f"executor.cache_dir={tmp_path}", "population.neurons=16", "population.time_steps=32",
+         "population.contacts=8"],
+        capture_output=True, text=True, timeout=300, env={k: v for k, v in os.environ.items()
+                                                          if k != "TORCHINDUCTOR_WORKER_START"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    kernels = json.loads(done.stdout.strip().splitlines()[-1])
+    assert kernels["method"] == "fork" and kernels["compiled"] > 0 and kernels["in_process"] == 0, kernels
 
 
 def test_cli_cudagraph_run_logs_capture_separately(tmp_path: Path) -> None:
