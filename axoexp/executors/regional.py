@@ -3,9 +3,10 @@
 Compiling the whole population unrolls AxoSim-Lite's Python loop over its P4 blocks, so
 compile time grows with the number of time steps (about 2 minutes at 256 steps).
 Here inductor compiles one region of ``tokens_per_region`` consecutive ``step_token`` calls
-(forward and backward) and the code before the loop (contact summaries, token projection,
-adaptation cache); the loop over regions stays Python, and the whole update is then captured
-in one CUDA graph, so the Python never runs again. Compile time no longer depends on the
+(forward and backward); the code before the loop (contact summaries, token projection,
+adaptation cache) runs eagerly unless ``compile_edges`` compiles it too, and the loop over
+regions stays Python. The whole update is then captured in one CUDA graph, so the Python
+never runs again. Compile time no longer depends on the
 number of time steps, and a persistent inductor cache makes a second process with the same
 shapes (another job of a sweep, a verification copy) skip code generation. When all the
 blocks fit in one region, the whole forward is compiled as one graph instead (as
@@ -109,7 +110,8 @@ class RegionalCudaGraphExecutor(compiler_startup.StartsCompilerEarly, CudaGraphE
     def __init__(
         self, *, warmup_steps: WarmupSteps = 3,
         tokens_per_region: Annotated[int, "P4 blocks (4 time steps each) per compiled region", AT_LEAST_ONE] = 2,
-        compile_edges: Annotated[bool, "also compile the code before the block loop"] = True,
+        compile_edges: Annotated[bool, "also compile the code before the block loop (about 3 s more "
+                                       "to compile at 64x256x32)"] = False,
         decompose_matmuls: Annotated[bool, "inductor rewrites the model's tiny matmuls as pointwise code "
                                            "that fuses with each block's other work"] = True,
         cache_dir: Annotated[str | None, "inductor cache, shared by jobs of the same shape; "
