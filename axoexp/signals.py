@@ -5,6 +5,9 @@ Inside :func:`interruptible` the first SIGTERM, SIGHUP or SIGINT raises :class:`
 is logged and the MLflow run ends KILLED naming the signal. Later signals are noted and
 ignored, so the clean-up itself is not interrupted. HTTP timeouts to the tracking store are
 shortened at the first signal, so the clean-up fits in SLURM's grace period (30 s by default).
+A process forked from the run (inductor's compile workers are) gets the default handlers
+back: it is not the run, and a signal to it (SLURM signals every process of a job) must not
+act for the run, e.g. signal a sweep's workers.
 """
 
 from __future__ import annotations
@@ -63,7 +66,26 @@ def install(before_raising: Callable[[str], None] | None = None) -> dict[int, An
             before_raising(name)
         raise Interrupted(name)
 
+    _reset_in_forked_children()
     return {signum: signal.signal(signum, handle) for signum in HANDLED}
+
+
+_DEFAULTS = {signal.SIGTERM: signal.SIG_DFL, signal.SIGHUP: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler}
+_fork_hook_registered = False
+
+
+def _default_handlers_in_child() -> None:
+    for signum in HANDLED:
+        handler = signal.getsignal(signum)
+        if getattr(handler, "__module__", None) == __name__:  # one of ours: the run's, not this child's
+            signal.signal(signum, _DEFAULTS[signum])
+
+
+def _reset_in_forked_children() -> None:
+    global _fork_hook_registered
+    if not _fork_hook_registered:
+        os.register_at_fork(after_in_child=_default_handlers_in_child)
+        _fork_hook_registered = True
 
 
 @contextmanager

@@ -103,6 +103,24 @@ def test_stop_signal_ends_the_run_killed_with_what_was_measured(tmp_path: Path, 
     assert "already complete" in sync(str(tmp_path / "outputs"), cwd=tmp_path).stdout
 
 
+def test_a_process_forked_during_a_run_dies_of_sigterm_rather_than_acting_for_the_run() -> None:
+    """Inductor forks its compile workers from the run's process, and SLURM signals every
+    process of a job: a forked child must die of SIGTERM, not raise the run's Interrupted."""
+    from axoexp.signals import interruptible
+
+    with interruptible():
+        pid = os.fork()
+        if pid == 0:  # the child: exit 3 if the run's handler raised here
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(10)
+            finally:
+                os._exit(3)
+        _, status = os.waitpid(pid, 0)
+        assert signal.getsignal(signal.SIGTERM).__module__ == "axoexp.signals"  # the run keeps its own
+    assert os.waitstatus_to_exitcode(status) == -signal.SIGTERM
+
+
 def killed_after(updates: int, *, cwd: Path) -> tuple[subprocess.Popen[str], Path]:
     """A long run killed with SIGKILL once it journaled ``updates`` updates, and its journal."""
     process = start_cli(*LONG_RUN, cwd=cwd)
