@@ -14,8 +14,10 @@ axoexp used before 2026-12-03), ``prewarm`` (done before ``prepare`` and timed
 apart: ``pool`` inductor's compile workers, ``import`` its modules and Triton, ``device``
 one eager forward and backward for cuBLAS), ``profile`` (cProfile of ``prepare``, the top
 functions printed). One JSON line per process: wall times of each stage, ``prepare``'s
-phases, the kernels compiled (and how many of them in the process itself, not in the
-workers), dynamo's ``calculate_time_spent`` and ``compile_times`` breakdowns, and the
+phases, the compile workers' start method, ``kernels_compiled`` (inductor's
+``async_compile_cache_miss`` counter: the Triton kernels it set up, from source or from the
+cache) and ``kernels_compiled_in_process`` (how many it compiled in the process itself
+because the workers had not answered yet), dynamo's ``calculate_time_spent`` and ``compile_times`` breakdowns, and the
 median of 200 replayed updates.
 """
 
