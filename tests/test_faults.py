@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -104,11 +105,14 @@ def test_stop_signal_ends_the_run_killed_with_what_was_measured(tmp_path: Path, 
 
 
 def test_a_process_forked_during_a_run_dies_of_sigterm_rather_than_acting_for_the_run() -> None:
-    """Inductor forks its compile workers from the run's process, and SLURM signals every
-    process of a job: a forked child must die of SIGTERM, not raise the run's Interrupted."""
+    """Inductor's compile workers are forked from the run's process (by the compiler start-up's
+    thread), and SLURM signals every process of a job: a forked child must die of SIGTERM,
+    not raise the run's Interrupted."""
     from axoexp.signals import interruptible
 
-    with interruptible():
+    statuses: list[int] = []
+
+    def fork_and_signal_the_child() -> None:
         pid = os.fork()
         if pid == 0:  # the child: exit 3 if the run's handler raised here
             try:
@@ -116,9 +120,15 @@ def test_a_process_forked_during_a_run_dies_of_sigterm_rather_than_acting_for_th
                 time.sleep(10)
             finally:
                 os._exit(3)
-        _, status = os.waitpid(pid, 0)
+        statuses.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+
+    with interruptible():
+        fork_and_signal_the_child()  # from the main thread
+        thread = threading.Thread(target=fork_and_signal_the_child)  # and from another, as the start-up forks
+        thread.start()
+        thread.join(timeout=30)
         assert signal.getsignal(signal.SIGTERM).__module__ == "axoexp.signals"  # the run keeps its own
-    assert os.waitstatus_to_exitcode(status) == -signal.SIGTERM
+    assert statuses == [-signal.SIGTERM, -signal.SIGTERM]
 
 
 def killed_after(updates: int, *, cwd: Path) -> tuple[subprocess.Popen[str], Path]:
