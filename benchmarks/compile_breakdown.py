@@ -1,24 +1,26 @@
 """Where a compiled executor's compile time goes, cold and warm, one fresh process each.
 
     python benchmarks/compile_breakdown.py --shape 64x256x32 --out breakdown.jsonl \
-        '{"k": 8}' '{"k": 8, "prewarm": ["pool", "import", "device"]}' '{"k": 16, "profile": true}'
+        '{"k": 8}' '{"k": 8, "prewarm": ["device"]}' '{"k": 16, "profile": true}'
 
 Each SPEC (JSON) runs twice in a new process, first with a new, empty inductor cache
 directory (cold), then with the same one (warm). As a run does, the process begins the
 executor's one-off set-up (the compiler's start-up) as soon as the run is planned. A SPEC
-may set ``executor`` (default ``regional_cudagraph``), ``k`` (``tokens_per_region``) and
-``edges`` (``compile_edges``), both at the executor's defaults when absent, ``overrides`` (more Hydra overrides, e.g.
-``["executor.decompose_matmuls=false"]``), ``options`` (inductor config keys, dotted),
-``workers`` (``TORCHINDUCTOR_WORKER_START``: ``subprocess`` is inductor's own pool, which
-axoexp used before 2026-12-03), ``prewarm`` (done before ``prepare`` and timed
-apart: ``pool`` inductor's compile workers, ``import`` its modules and Triton, ``device``
-one eager forward and backward for cuBLAS), ``profile`` (cProfile of ``prepare``, the top
-functions printed). One JSON line per process: wall times of each stage, ``prepare``'s
-phases, the compile workers' start method, ``kernels_compiled`` (inductor's
-``async_compile_cache_miss`` counter: the Triton kernels it set up, from source or from the
-cache) and ``kernels_compiled_in_process`` (how many it compiled in the process itself
-because the workers had not answered yet), dynamo's ``calculate_time_spent`` and ``compile_times`` breakdowns, and the
-median of 200 replayed updates.
+may set ``executor`` (default ``regional_cudagraph``); ``k`` (``tokens_per_region``) and
+``edges`` (``compile_edges``), both at the executor's defaults when absent; ``overrides``
+(more Hydra overrides, e.g. ``["executor.decompose_matmuls=false"]``); ``options``
+(inductor config keys, dotted); ``workers`` (``TORCHINDUCTOR_WORKER_START``: ``subprocess``
+is inductor's own pool, which axoexp used before 2026-12-03); ``prewarm`` (``["device"]``:
+one eager forward and backward for cuBLAS before ``prepare``, timed apart; the imports and
+the compile workers are the start-up's work, ``compiler_startup``); ``profile`` (cProfile of
+``prepare``, the top functions printed).
+
+One JSON line per process: wall times of each stage, ``prepare``'s phases, the compile
+workers' start method, ``kernels_compiled`` (inductor's ``async_compile_cache_miss``
+counter: the Triton kernels it set up, from source or from the cache) and
+``kernels_compiled_in_process`` (how many it compiled in the process itself because the
+workers had not answered yet), dynamo's ``calculate_time_spent`` and ``compile_times``
+breakdowns, and the median of 200 replayed updates.
 """
 
 from __future__ import annotations
@@ -60,18 +62,6 @@ def worker(shape: str, spec: dict) -> None:
         for part in path:
             target = getattr(target, part)
         setattr(target, last, value)
-    prewarm = spec.get("prewarm", [])
-    if "pool" in prewarm:
-        start = time.perf_counter()
-        from torch._inductor.async_compile import AsyncCompile
-
-        AsyncCompile.warm_pool()
-        mark("prewarm_pool_call", start)
-    if "import" in prewarm:
-        start = time.perf_counter()
-        import torch._inductor.codegen.triton  # noqa: F401
-        import torch._inductor.compile_fx  # noqa: F401
-        mark("prewarm_import", start)
 
     start = time.perf_counter()
     neurons, time_steps, contacts = shape.split("x")
@@ -87,7 +77,7 @@ def worker(shape: str, spec: dict) -> None:
     setup = plan.build_population()
     torch.cuda.synchronize()
     mark("population", start)
-    if "device" in prewarm:
+    if "device" in spec.get("prewarm", []):
         import copy
 
         start = time.perf_counter()
