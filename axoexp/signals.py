@@ -66,12 +66,10 @@ def install(before_raising: Callable[[str], None] | None = None) -> dict[int, An
             before_raising(name)
         raise Interrupted(name)
 
-    _reset_in_forked_children()
     return {signum: signal.signal(signum, handle) for signum in HANDLED}
 
 
 _DEFAULTS = {signal.SIGTERM: signal.SIG_DFL, signal.SIGHUP: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler}
-_fork_hook_registered = False
 
 
 def _default_handlers_in_child() -> None:
@@ -81,11 +79,7 @@ def _default_handlers_in_child() -> None:
             signal.signal(signum, _DEFAULTS[signum])
 
 
-def _reset_in_forked_children() -> None:
-    global _fork_hook_registered
-    if not _fork_hook_registered:
-        os.register_at_fork(after_in_child=_default_handlers_in_child)
-        _fork_hook_registered = True
+os.register_at_fork(after_in_child=_default_handlers_in_child)
 
 
 @contextmanager
