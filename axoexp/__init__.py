@@ -14,8 +14,12 @@ from axoexp.errors import AxoexpError, ConfigError
 from axoexp.plugins import load_plugins
 from axoexp.registry import REGISTRY, Registry, component
 
-_LAZY = {"run_experiment": "axoexp.experiment", "ExperimentResult": "axoexp.experiment",
-         "plan_experiment": "axoexp.plan", "Plan": "axoexp.plan"}
+_LAZY = {
+    "run_experiment": "axoexp.experiment",
+    "ExperimentResult": "axoexp.experiment",
+    "plan_experiment": "axoexp.plan",
+    "Plan": "axoexp.plan",
+}
 
 __all__ = ["REGISTRY", "AxoexpError", "ConfigError", "Registry", "component", "load_plugins", *_LAZY]
 

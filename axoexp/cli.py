@@ -48,13 +48,20 @@ def hydra_app(config: DictConfig) -> float | None:
         run_name = describe_run.job_run_name(config, hydra_config.job.num, hydra_config.overrides.task)
         previous = sweep.reused_run(config, hydra_config.job.num)
         if previous is not None:
-            print(f"reused {job_name}: FINISHED as MLflow run {previous.info.run_id} "
-                  f"'{previous.info.run_name}' (sweep.resume=false re-measures)", flush=True)
+            print(
+                f"reused {job_name}: FINISHED as MLflow run {previous.info.run_id} "
+                f"'{previous.info.run_name}' (sweep.resume=false re-measures)",
+                flush=True,
+            )
             return None
     try:
         in_this_terminal = hydra_config.mode != RunMode.MULTIRUN or "BasicLauncher" in hydra_config.launcher._target_
-        result = run_experiment(config, Path(hydra_config.runtime.output_dir), run_name=run_name,
-                                observers=run_observers(config.run.progress, in_this_terminal))
+        result = run_experiment(
+            config,
+            Path(hydra_config.runtime.output_dir),
+            run_name=run_name,
+            observers=run_observers(config.run.progress, in_this_terminal),
+        )
     except AxoexpError as error:
         if hydra_config.mode == RunMode.MULTIRUN:
             if isinstance(error, ConfigError):  # it made no run: the parent records why
@@ -84,8 +91,10 @@ def main() -> None:
     try:
         hydra_app()
     except Interrupted as interrupted:  # the run ended KILLED with what was measured
-        _exit_with(f"{interrupted}; what was measured is logged (see the journal in the output directory)",
-                   interrupted.exit_code)
+        _exit_with(
+            f"{interrupted}; what was measured is logged (see the journal in the output directory)",
+            interrupted.exit_code,
+        )
     except (AxoexpError, *CONFIG_ERRORS) as error:
         if _tracebacks_wanted:
             raise

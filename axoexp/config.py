@@ -12,7 +12,7 @@ import dataclasses
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from axoexp.registry import AT_LEAST_ONE, GROUPS, NON_NEGATIVE, POSITIVE, Bounds, Component, Registry
 
@@ -30,21 +30,34 @@ def setting(default: Any, help: str, bounds: Bounds | None = None) -> Any:
 
 @dataclass
 class RunConfig:
-    warmup_updates: int = setting(5, "updates timed and logged before the measured ones, not in the summary",
-                                  NON_NEGATIVE)
+    warmup_updates: int = setting(
+        5, "updates timed and logged before the measured ones, not in the summary", NON_NEGATIVE
+    )
     measured_updates: int = setting(50, "updates in the steady-state summary (median, p10, p90, ...)", AT_LEAST_ONE)
-    threads: Optional[int] = setting(None, "torch intra-op threads; null: the CPUs this process may use, "
-                                     "at most 16 (logged resolved)", AT_LEAST_ONE)
-    min_time_s: float = setting(0.0, "measure past measured_updates until the measured updates add up to this "
-                                "many seconds and IQR/median <= 0.1; 0: off", NON_NEGATIVE)
-    max_time_s: float = setting(60.0, "with min_time_s: stop measuring after this many seconds, stable or not",
-                                POSITIVE)
-    require_quiet: bool = setting(False, "end the run FAILED (keeping what it measured) when timing.contention "
-                                  "is not none")
-    lease_timeout_s: float = setting(600.0, "seconds a job waits for its device lease (GPU or CPU set) before "
-                                     "failing; 0: fail at once if another job holds it", NON_NEGATIVE)
-    lease_cpus: Optional[int] = setting(None, "CPUs a job leases and is pinned to; null: all it may use on "
-                                        "device=cpu, none on cuda", AT_LEAST_ONE)
+    threads: int | None = setting(
+        None, "torch intra-op threads; null: the CPUs this process may use, at most 16 (logged resolved)", AT_LEAST_ONE
+    )
+    min_time_s: float = setting(
+        0.0,
+        "measure past measured_updates until the measured updates add up to this "
+        "many seconds and IQR/median <= 0.1; 0: off",
+        NON_NEGATIVE,
+    )
+    max_time_s: float = setting(
+        60.0, "with min_time_s: stop measuring after this many seconds, stable or not", POSITIVE
+    )
+    require_quiet: bool = setting(
+        False, "end the run FAILED (keeping what it measured) when timing.contention is not none"
+    )
+    lease_timeout_s: float = setting(
+        600.0,
+        "seconds a job waits for its device lease (GPU or CPU set) before "
+        "failing; 0: fail at once if another job holds it",
+        NON_NEGATIVE,
+    )
+    lease_cpus: int | None = setting(
+        None, "CPUs a job leases and is pinned to; null: all it may use on device=cpu, none on cuda", AT_LEAST_ONE
+    )
     progress: bool = setting(True, "live progress on stderr when it is a terminal, redrawn only between timed updates")
 
 
@@ -65,23 +78,30 @@ class DeterminismConfig:
 
 @dataclass
 class TrackingConfig:
-    uri: Optional[str] = setting(None, "MLflow store; null: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the cwd")
+    uri: str | None = setting(None, "MLflow store; null: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the cwd")
     experiment: str = setting("axoexp", "MLflow experiment name")
-    run_name: Optional[str] = setting(None, "null: the job's overrides in a sweep, else executor, shape, loss, optimizer, device")
-    http_max_retries: int = setting(2, "HTTP retries to a tracking server (bounded, so a dead one fails in seconds)",
-                                    NON_NEGATIVE)
+    run_name: str | None = setting(
+        None, "null: the job's overrides in a sweep, else executor, shape, loss, optimizer, device"
+    )
+    http_max_retries: int = setting(
+        2, "HTTP retries to a tracking server (bounded, so a dead one fails in seconds)", NON_NEGATIVE
+    )
     http_timeout_s: int = setting(10, "seconds per HTTP request to a tracking server", AT_LEAST_ONE)
     http_backoff_factor: int = setting(1, "seconds between HTTP retries, doubling per retry", NON_NEGATIVE)
 
 
 @dataclass
 class SweepConfig:
-    resume: str = setting("same_sweep", "in a multirun, reuse a FINISHED run of the job's resolved config from an "
-                                         "earlier sweep with the same overrides (same_sweep), from any run (any), or "
-                                         "never (false)")
-    parent_run_id: Optional[str] = setting(None, "set by the sweep itself: the MLflow parent run of its jobs")
-    repeats: int = setting(1, "in a multirun, run each job this many times as separate child runs "
-                           "(the report pools them)", AT_LEAST_ONE)
+    resume: str = setting(
+        "same_sweep",
+        "in a multirun, reuse a FINISHED run of the job's resolved config from an "
+        "earlier sweep with the same overrides (same_sweep), from any run (any), or "
+        "never (false)",
+    )
+    parent_run_id: str | None = setting(None, "set by the sweep itself: the MLflow parent run of its jobs")
+    repeats: int = setting(
+        1, "in a multirun, run each job this many times as separate child runs (the report pools them)", AT_LEAST_ONE
+    )
     repeat: int = setting(0, "set by the sweep itself: which of the sweep.repeats runs this job is", NON_NEGATIVE)
 
 
@@ -123,10 +143,10 @@ def _config_type(annotation: Any, default: Any) -> Any:
     if origin in (typing.Union, types.UnionType):
         members = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
         if len(members) == 1 and members[0] in CONFIG_SCALARS:
-            return Optional[members[0]]
+            return members[0] | None
         return Any
     if annotation in CONFIG_SCALARS:
-        return Optional[annotation] if default is None else annotation
+        return annotation | None if default is None else annotation
     return Any
 
 
@@ -137,8 +157,13 @@ def node_class(entry: Component) -> type:
         fields.append((key, Any, setting(framework_setting.default, framework_setting.help)))
     for parameter in entry.documented_parameters():
         default = parameter.default if parameter.name in entry.defaults() else "???"
-        fields.append((parameter.name, _config_type(parameter.annotation, default),
-                       setting(default, parameter.help, parameter.bounds)))
+        fields.append(
+            (
+                parameter.name,
+                _config_type(parameter.annotation, default),
+                setting(default, parameter.help, parameter.bounds),
+            )
+        )
     return dataclasses.make_dataclass(f"{entry.group}_{entry.name}", fields)
 
 
@@ -193,8 +218,9 @@ def describe(registry: Registry) -> str:
             origin = "" if entry.source == "builtin" else f"  [from {entry.source}]"
             summary = (entry.factory.__doc__ or "").strip().splitlines()
             lines.append(f"  {entry.name}{origin}: {summary[0] if summary else ''}")
-            lines += _table([(f"{group}.{key}", *rest) for key, *rest in _rows(node_class(entry))
-                             if key != "name"], indent="    ")
+            lines += _table(
+                [(f"{group}.{key}", *rest) for key, *rest in _rows(node_class(entry)) if key != "name"], indent="    "
+            )
     return "\n".join(lines)
 
 
@@ -202,8 +228,10 @@ def _table(rows: list[tuple[str, str, str, str]], indent: str = "  ") -> list[st
     if not rows:
         return [f"{indent}(no parameters)"]
     widths = [max(len(row[column]) for row in rows) for column in range(3)]
-    return [f"{indent}{key:<{widths[0]}}  {kind:<{widths[1]}}  {default:<{widths[2]}}  {text}".rstrip()
-            for key, kind, default, text in rows]
+    return [
+        f"{indent}{key:<{widths[0]}}  {kind:<{widths[1]}}  {default:<{widths[2]}}  {text}".rstrip()
+        for key, kind, default, text in rows
+    ]
 
 
 HELP_TEMPLATE = """${hydra.help.header}
@@ -226,11 +254,11 @@ def help_node(registry: Registry) -> dict[str, str]:
     return {
         "app_name": "axoexp",
         "header": "axoexp: time and verify fixed-shape adaptation updates of AxoSim populations.\n"
-                  "Usage: python -m axoexp [group=option ...] [key=value ...]   (-m for a sweep)",
+        "Usage: python -m axoexp [group=option ...] [key=value ...]   (-m for a sweep)",
         "footer": "Examples:\n"
-                  "  python -m axoexp executor=cudagraph device=cuda loss=causal_mse verify.enabled=true\n"
-                  "  python -m axoexp -m population.neurons=64,1024 executor=eager,cudagraph device=cuda\n"
-                  "Plugins: *.py files in $$AXOEXP_PLUGINS_DIR (default ./plugins) and the\n"
-                  "'axoexp.plugins' entry-point group add options to these groups.",
+        "  python -m axoexp executor=cudagraph device=cuda loss=causal_mse verify.enabled=true\n"
+        "  python -m axoexp -m population.neurons=64,1024 executor=eager,cudagraph device=cuda\n"
+        "Plugins: *.py files in $$AXOEXP_PLUGINS_DIR (default ./plugins) and the\n"
+        "'axoexp.plugins' entry-point group add options to these groups.",
         "template": HELP_TEMPLATE.replace("$DESCRIPTION", description),
     }

@@ -21,10 +21,14 @@ def format_result(result: ExperimentResult) -> str:
         f"(p10 {update.p10:.3f}, p90 {update.p90:.3f}, mean {update.mean:.3f})"
     )
     if result.device_update is not None and result.host_overhead_ms is not None:
-        lines.append(f"{'device clock':<14}{result.device_update.median:10.3f} ms  median (CUDA events), "
-                     f"host overhead {result.host_overhead_ms:.3f} ms")
-    lines.append(f"{'timing':<14}noise {noise_verdict(update.rel_iqr)} (IQR/median {update.rel_iqr:.3f}), "
-                 f"contention {result.contention}, {result.threads} threads")
+        lines.append(
+            f"{'device clock':<14}{result.device_update.median:10.3f} ms  median (CUDA events), "
+            f"host overhead {result.host_overhead_ms:.3f} ms"
+        )
+    lines.append(
+        f"{'timing':<14}noise {noise_verdict(update.rel_iqr)} (IQR/median {update.rel_iqr:.3f}), "
+        f"contention {result.contention}, {result.threads} threads"
+    )
     lines.append(f"{'loss':<14}{result.losses[0]:10.4g} -> {result.losses[-1]:.4g}")
     if result.verification is not None:
         check = result.verification

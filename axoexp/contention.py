@@ -33,9 +33,9 @@ import torch
 
 from axoexp import names
 from axoexp.errors import ContentionError
+from axoexp.interfaces import RunLog
 from axoexp.measure import MEASURED, PREPARE, WARMUP, WINDOWS, Observer
 from axoexp.runtime import allowed_cpus
-from axoexp.interfaces import RunLog
 
 GUARDED = (PREPARE, WARMUP, MEASURED)
 CPU_OTHER_THRESHOLD = 0.10
@@ -44,8 +44,11 @@ TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 CPU, GPU_SHARED, GPU_THROTTLED = "cpu", "gpu-shared", "gpu-throttled"
 NONE = "none"
 THROTTLE_REASONS = {  # NVML clocks-event reasons that slow a kernel; idle (0x1), app clocks (0x2),
-    0x4: "sw-power-cap", 0x8: "hw-slowdown",  # sync boost (0x10) and display clocks (0x100) do not
-    0x20: "sw-thermal", 0x40: "hw-thermal", 0x80: "hw-power-brake",
+    0x4: "sw-power-cap",
+    0x8: "hw-slowdown",  # sync boost (0x10) and display clocks (0x100) do not
+    0x20: "sw-thermal",
+    0x40: "hw-thermal",
+    0x80: "hw-power-brake",
 }
 
 log = logging.getLogger(__name__)
@@ -120,11 +123,14 @@ class GpuProbe:
         uuid = str(torch.cuda.get_device_properties(index).uuid)
         try:
             self.handle = pynvml.nvmlDeviceGetHandleByUUID(
-                (uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}").encode())
+                (uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}").encode()
+            )
         except (pynvml.NVMLError, TypeError):
             self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        self.reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-            pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        self.reasons = (
+            getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+            or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
 
     def _read(self, call: Callable[[], Any], default: Any) -> Any:
         try:
@@ -134,8 +140,12 @@ class GpuProbe:
 
     def other_processes(self) -> int:
         """Compute processes on the GPU other than this one (counted as ``_others`` counts)."""
-        return _others({process.pid for process in self._read(
-            lambda: self.nvml.nvmlDeviceGetComputeRunningProcesses(self.handle), [])})
+        return _others(
+            {
+                process.pid
+                for process in self._read(lambda: self.nvml.nvmlDeviceGetComputeRunningProcesses(self.handle), [])
+            }
+        )
 
     def free_bytes(self) -> int | None:
         """The GPU's free memory, read without creating a CUDA context."""
@@ -162,8 +172,9 @@ class GpuProbe:
             other_processes=self.other_processes(),
             busy_other_processes=None if since_us is None else self.busy_other_processes(since_us),
             sm_clock_mhz=float(self._read(lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM), "nan")),
-            temperature_c=float(self._read(
-                lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU), "nan")),
+            temperature_c=float(
+                self._read(lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU), "nan")
+            ),
             throttle_reasons=int(self._read(lambda: self.reasons(handle), 0)),
             memory_used_mb=memory.used / 1e6 if memory else float("nan"),
             memory_percent=memory.used / memory.total * 100 if memory else float("nan"),
@@ -178,7 +189,7 @@ def gpu_probe(device: torch.device) -> GpuProbe | None:
         return None
     try:
         return GpuProbe(device)
-    except Exception as error:  # noqa: BLE001 - no NVML (missing package, library or driver): CPU figures only
+    except Exception as error:
         log.warning("contention guard: no NVML readings of %s (%s); only CPU contention is checked", device, error)
         return None
 
@@ -218,16 +229,19 @@ class ContentionGuard(Observer):
         end_cpu, end_gpu = CpuSample.take(self.cpus), self.gpu.take(since_us) if self.gpu else None
         self.windows.append(self._judge(window, start_cpu, end_cpu, start_gpu, end_gpu))
 
-    def _judge(self, window: str, start: CpuSample, end: CpuSample,
-               start_gpu: GpuSample | None, end_gpu: GpuSample | None) -> WindowContention:
+    def _judge(
+        self, window: str, start: CpuSample, end: CpuSample, start_gpu: GpuSample | None, end_gpu: GpuSample | None
+    ) -> WindowContention:
         wall = max(end.wall_s - start.wall_s, 1e-9)
         capacity = wall * len(self.cpus)
         other = max((end.allowed_busy_s - start.allowed_busy_s) - (end.own_s - start.own_s), 0.0)
         kinds, details = [], []
         if other > CPU_OTHER_THRESHOLD * capacity + TICK_S * len(self.cpus):
             kinds.append(CPU)
-            details.append(f"other processes used {other / capacity:.0%} of the {len(self.cpus)} allowed CPUs "
-                           f"({other:.2f} CPU-s in {wall:.2f} s)")
+            details.append(
+                f"other processes used {other / capacity:.0%} of the {len(self.cpus)} allowed CPUs "
+                f"({other:.2f} CPU-s in {wall:.2f} s)"
+            )
         metrics = {"cpu_other": other / capacity, "wall_s": wall}
         all_busy = (end.all_busy_s - start.all_busy_s) / (wall * (psutil.cpu_count() or 1))
         system = {"cpu_utilization_percentage": min(all_busy, 1.0) * 100}  # tick rounding can pass 100
@@ -237,25 +251,35 @@ class ContentionGuard(Observer):
             present = max(start_gpu.other_processes, end_gpu.other_processes)
             busy = end_gpu.busy_other_processes
             sharing = present if busy is None else busy
-            reasons = (start_gpu.throttle_reasons | end_gpu.throttle_reasons)
+            reasons = start_gpu.throttle_reasons | end_gpu.throttle_reasons
             slowing = [label for bit, label in THROTTLE_REASONS.items() if reasons & bit]
             if sharing:
                 kinds.append(GPU_SHARED)
-                details.append(f"{sharing} other compute process(es) on the GPU" if busy is None
-                               else f"{sharing} other process(es) used the GPU")
+                details.append(
+                    f"{sharing} other compute process(es) on the GPU"
+                    if busy is None
+                    else f"{sharing} other process(es) used the GPU"
+                )
             if slowing:
                 kinds.append(GPU_THROTTLED)
                 details.append(f"GPU clocks reduced ({', '.join(slowing)})")
-            metrics.update(gpu_other_processes=float(present), gpu_busy_other_processes=float(sharing),
-                           gpu_sm_clock_mhz=end_gpu.sm_clock_mhz,
-                           gpu_temperature_c=end_gpu.temperature_c, gpu_throttle_reasons=float(reasons))
+            metrics.update(
+                gpu_other_processes=float(present),
+                gpu_busy_other_processes=float(sharing),
+                gpu_sm_clock_mhz=end_gpu.sm_clock_mhz,
+                gpu_temperature_c=end_gpu.temperature_c,
+                gpu_throttle_reasons=float(reasons),
+            )
             index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-            system.update({f"gpu_{index}_memory_usage_megabytes": end_gpu.memory_used_mb,
-                           f"gpu_{index}_memory_usage_percentage": end_gpu.memory_percent,
-                           f"gpu_{index}_utilization_percentage": end_gpu.utilization_percent,
-                           f"gpu_{index}_power_usage_watts": end_gpu.power_w})
-        return WindowContention(window, kinds,
-                                f"{window}: {'; '.join(details)}" if details else "", metrics, system)
+            system.update(
+                {
+                    f"gpu_{index}_memory_usage_megabytes": end_gpu.memory_used_mb,
+                    f"gpu_{index}_memory_usage_percentage": end_gpu.memory_percent,
+                    f"gpu_{index}_utilization_percentage": end_gpu.utilization_percent,
+                    f"gpu_{index}_power_usage_watts": end_gpu.power_w,
+                }
+            )
+        return WindowContention(window, kinds, f"{window}: {'; '.join(details)}" if details else "", metrics, system)
 
     @property
     def kinds(self) -> list[str]:
@@ -273,17 +297,26 @@ class ContentionGuard(Observer):
     def log_to(self, tracker: RunLog) -> None:
         """Tags, per-window metrics and system metrics (step = window index), and a console warning."""
         tracker.set_tags({names.TIMING_CONTENTION: self.verdict(), names.TIMING_CONTENTION_DETAIL: self.detail()})
-        tracker.log_metrics({names.contention_metric(seen.window, figure): value
-                             for seen in self.windows for figure, value in seen.metrics.items()})
+        tracker.log_metrics(
+            {
+                names.contention_metric(seen.window, figure): value
+                for seen in self.windows
+                for figure, value in seen.metrics.items()
+            }
+        )
         for seen in self.windows:
-            tracker.log_metrics({names.system_metric(figure): value for figure, value in seen.system.items()},
-                                step=WINDOWS.index(seen.window))
+            tracker.log_metrics(
+                {names.system_metric(figure): value for figure, value in seen.system.items()},
+                step=WINDOWS.index(seen.window),
+            )
         if self.kinds:
-            log.warning("timing.contention=%s: the timings of this run were disturbed (%s)",
-                        self.verdict(), self.detail())
+            log.warning(
+                "timing.contention=%s: the timings of this run were disturbed (%s)", self.verdict(), self.detail()
+            )
 
     def raise_if_contended(self) -> None:
         if self.kinds:
             raise ContentionError(
                 f"timing.contention={self.verdict()} and run.require_quiet=true: {self.detail()}; "
-                "what was measured is logged; rerun on a quiet machine or set run.require_quiet=false")
+                "what was measured is logged; rerun on a quiet machine or set run.require_quiet=false"
+            )

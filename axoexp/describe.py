@@ -35,10 +35,14 @@ def run_tags(plan: Plan, resolved_config: dict[str, Any]) -> dict[str, str]:
     """Tags known before anything is built: components and their sources, seed, config hash."""
     tags = {names.component_tag(group): entry.name for group, entry in plan.components.items()}
     tags.update({names.component_source_tag(group): entry.source for group, entry in plan.components.items()})
-    tags.update({
-        names.SEED: str(plan.config.seed), names.CONFIG_HASH: config_digest(resolved_config),
-        names.PROCESS_PID: str(os.getpid()), names.SHAPE: shape_of(plan),
-    })
+    tags.update(
+        {
+            names.SEED: str(plan.config.seed),
+            names.CONFIG_HASH: config_digest(resolved_config),
+            names.PROCESS_PID: str(os.getpid()),
+            names.SHAPE: shape_of(plan),
+        }
+    )
     tags.update(metadata.source_tags())
     parent = plan.config.sweep.parent_run_id
     if parent:
@@ -50,14 +54,16 @@ def workload_tags(setup: PopulationSetup, plan: Plan) -> dict[str, str]:
     """Shapes, dtypes, device, the adaptation banks and the population's own description."""
     inputs, targets = setup.batches[0]
     tags = {
-        names.SHAPE_INPUTS: str(tuple(inputs.shape)), names.SHAPE_TARGETS: str(tuple(targets.shape)),
-        names.DTYPE_INPUTS: str(inputs.dtype), names.DTYPE_PARAMETERS: str(plan.dtype),
-        names.DEVICE_RESOLVED: str(inputs.device), names.OPTIMIZER_CAPTURABLE: str(plan.capturable).lower(),
+        names.SHAPE_INPUTS: str(tuple(inputs.shape)),
+        names.SHAPE_TARGETS: str(tuple(targets.shape)),
+        names.DTYPE_INPUTS: str(inputs.dtype),
+        names.DTYPE_PARAMETERS: str(plan.dtype),
+        names.DEVICE_RESOLVED: str(inputs.device),
+        names.OPTIMIZER_CAPTURABLE: str(plan.capturable).lower(),
     }
     for name, parameter in setup.module.named_parameters():
         if name in BANKS:
-            tags[names.bank_tag(name)] = (f"{tuple(parameter.shape)} "
-                                          f"trainable={str(parameter.requires_grad).lower()}")
+            tags[names.bank_tag(name)] = f"{tuple(parameter.shape)} trainable={str(parameter.requires_grad).lower()}"
     tags.update({names.population_tag(key): str(value) for key, value in setup.description.items()})
     return tags
 
@@ -101,8 +107,9 @@ def job_run_name(config: Mapping[str, Any], job_number: int, overrides: Iterable
     overrides, e.g. ``03 cudagraph 64x256x32 clip_norm``. The full overrides are in its params."""
     population = config["population"]
     shape = names.shape_label(*(population.get(key, "?") for key in ("neurons", "time_steps", "contacts")))
-    return " ".join([f"{job_number:02d}", str(config["executor"]["name"]), shape,
-                     *short_overrides(overrides, NOT_IN_NAMES)])
+    return " ".join(
+        [f"{job_number:02d}", str(config["executor"]["name"]), shape, *short_overrides(overrides, NOT_IN_NAMES)]
+    )
 
 
 def sweep_run_name(overrides: Iterable[str]) -> str:
@@ -135,7 +142,14 @@ def workload_dataset(setup: PopulationSetup, plan: Plan) -> MetaDataset:
         for tensor in batch:
             digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     inputs, targets = setup.batches[0]
-    specs = [TensorSpec(_numpy_dtype(tensor.dtype), (len(setup.batches), *tensor.shape), name)
-             for name, tensor in (("inputs", inputs), ("targets", targets)) if _numpy_dtype(tensor.dtype) is not None]
-    return MetaDataset(source, name=f"{population}-{shape_of(plan)}", digest=digest.hexdigest()[:16],
-                       schema=Schema(specs) if specs else None)
+    specs = [
+        TensorSpec(_numpy_dtype(tensor.dtype), (len(setup.batches), *tensor.shape), name)
+        for name, tensor in (("inputs", inputs), ("targets", targets))
+        if _numpy_dtype(tensor.dtype) is not None
+    ]
+    return MetaDataset(
+        source,
+        name=f"{population}-{shape_of(plan)}",
+        digest=digest.hexdigest()[:16],
+        schema=Schema(specs) if specs else None,
+    )

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from axoexp import describe, metadata, names, signals
 from axoexp.contention import ContentionGuard
 from axoexp.guard import FiniteGuard
+from axoexp.interfaces import RunLog
 from axoexp.journal import journaled_run
 from axoexp.lease import device_lease
 from axoexp.measure import PREPARE, VERIFY, Observer, measure_updates, window
@@ -23,7 +24,6 @@ from axoexp.plan import Plan, plan_experiment
 from axoexp.registry import REGISTRY, Registry
 from axoexp.runtime import configure_determinism, configure_threads
 from axoexp.timing import LatencySummary
-from axoexp.interfaces import RunLog
 from axoexp.tracking import configure_tracking, flatten
 from axoexp.verification import Verification, verify_parity
 
@@ -56,8 +56,12 @@ class ExperimentResult:
 
 
 def run_experiment(
-    config: DictConfig, output_dir: Path | None = None, *, run_name: str | None = None,
-    registry: Registry = REGISTRY, observers: Sequence[Observer] = (),
+    config: DictConfig,
+    output_dir: Path | None = None,
+    *,
+    run_name: str | None = None,
+    registry: Registry = REGISTRY,
+    observers: Sequence[Observer] = (),
 ) -> ExperimentResult:
     """Run the experiment ``config`` describes and log it as one MLflow run.
 
@@ -73,10 +77,17 @@ def run_experiment(
     assert isinstance(container, dict)
     run_name = config.tracking.run_name or run_name or describe.default_run_name(plan)
     tags = {**describe.run_tags(plan, container), names.RESULT_KEY: metadata.result_key(plan.device, container)}
-    with signals.interruptible(), journaled_run(tracking_uri, config.tracking.experiment, run_name, tags,
-                                                output_dir=output_dir) as tracker:
-        log.info("MLflow run %s (%s) in experiment %r at %s", tracker.run_id, run_name,
-                 config.tracking.experiment, tracking_uri)
+    with (
+        signals.interruptible(),
+        journaled_run(tracking_uri, config.tracking.experiment, run_name, tags, output_dir=output_dir) as tracker,
+    ):
+        log.info(
+            "MLflow run %s (%s) in experiment %r at %s",
+            tracker.run_id,
+            run_name,
+            config.tracking.experiment,
+            tracking_uri,
+        )
         params = flatten(container)
         del params[names.RUN_THREADS_PARAM]  # logged once resolved, inside the lease
         tracker.log_params(params)
@@ -123,9 +134,16 @@ def _execute(plan: Plan, tracker: RunLog, tracking_uri: str, observers: Sequence
         tracker.set_tags(executor.prepared_tags)
         if prepare_ms:
             log.info("prepare: %s", ", ".join(f"{phase} {ms:.1f} ms" for phase, ms in prepare_ms.items()))
-        warmup, measured = measure_updates(executor, setup.batches, config.run.warmup_updates,
-                                           config.run.measured_updates, tracker, observers,
-                                           config.run.min_time_s, config.run.max_time_s)
+        warmup, measured = measure_updates(
+            executor,
+            setup.batches,
+            config.run.warmup_updates,
+            config.run.measured_updates,
+            tracker,
+            observers,
+            config.run.min_time_s,
+            config.run.max_time_s,
+        )
     finally:
         guard.log_to(tracker)
     if config.run.require_quiet:
@@ -135,18 +153,29 @@ def _execute(plan: Plan, tracker: RunLog, tracking_uri: str, observers: Sequence
     if pristine is not None:
         with window(observers, VERIFY):
             verification = verify_parity(
-                plan.build_executor, plan.components["executor"].name, pristine, setup.batches,
-                config.verify.updates, config.verify.loss_atol, config.verify.param_atol,
+                plan.build_executor,
+                plan.components["executor"].name,
+                pristine,
+                setup.batches,
+                config.verify.updates,
+                config.verify.loss_atol,
+                config.verify.param_atol,
             )
         tracker.log_metrics(verification.metrics())
         verification.raise_if_failed()
     return ExperimentResult(
-        run_id=tracker.run_id, tracking_uri=tracking_uri, experiment=config.tracking.experiment,
-        prepare_ms=prepare_ms, update=LatencySummary.of(measured.latencies_ms),
-        warmup_ms=warmup.latencies_ms, losses=warmup.losses + measured.losses,
-        description=setup.description, verification=verification,
+        run_id=tracker.run_id,
+        tracking_uri=tracking_uri,
+        experiment=config.tracking.experiment,
+        prepare_ms=prepare_ms,
+        update=LatencySummary.of(measured.latencies_ms),
+        warmup_ms=warmup.latencies_ms,
+        losses=warmup.losses + measured.losses,
+        description=setup.description,
+        verification=verification,
         device_update=LatencySummary.of(measured.device_ms) if measured.device_ms else None,
         host_overhead_ms=float(np.median(np.subtract(measured.latencies_ms, measured.device_ms)))
-        if measured.device_ms else None,
+        if measured.device_ms
+        else None,
         contention=guard.verdict(),
     )

@@ -13,24 +13,26 @@ import torch
 
 from axoexp import names
 from axoexp.errors import NonFiniteResultError
-from axoexp.measure import Observer
 from axoexp.interfaces import RunLog
+from axoexp.measure import Observer
 
 
 class FiniteGuard(Observer):
     """Checks the loss and the trainable parameters after every timed update (outside the clock)."""
 
     def __init__(self, module: torch.nn.Module, run: RunLog) -> None:
-        self.parameters = [(name, parameter) for name, parameter in module.named_parameters()
-                           if parameter.requires_grad]
+        self.parameters = [
+            (name, parameter) for name, parameter in module.named_parameters() if parameter.requires_grad
+        ]
         self.run = run
 
     def update_finished(self, window: str, index: int, latency_ms: float, loss: float) -> None:
         problem = None
         if not math.isfinite(loss):
             problem = f"its loss is {loss}"
-        elif self.parameters and not bool(torch.stack(
-                [parameter.detach().isfinite().all() for _, parameter in self.parameters]).all()):
+        elif self.parameters and not bool(
+            torch.stack([parameter.detach().isfinite().all() for _, parameter in self.parameters]).all()
+        ):
             bad = next(name for name, parameter in self.parameters if not parameter.detach().isfinite().all())
             problem = f"parameter {bad} holds non-finite values"
         if problem is None:

@@ -210,8 +210,12 @@ def process_tags() -> dict[str, str]:
 
 @contextmanager
 def journaled_run(
-    tracking_uri: str, experiment: str, run_name: str | None, tags: Mapping[str, str],
-    *, output_dir: Path | None,
+    tracking_uri: str,
+    experiment: str,
+    run_name: str | None,
+    tags: Mapping[str, str],
+    *,
+    output_dir: Path | None,
 ) -> Iterator[JournaledLog]:
     """An MLflow run, journaled in ``output_dir``, that ends FINISHED, FAILED (reason in tag
     ``axoexp.failure``) or KILLED (a signal or Ctrl-C).
@@ -230,8 +234,9 @@ def journaled_run(
     try:
         client = open_client(tracking_uri)
         with store_lock(tracking_uri):
-            run = client.create_run(experiment_id(client, experiment), start_time=start_time,
-                                    run_name=run_name, tags=tags)
+            run = client.create_run(
+                experiment_id(client, experiment), start_time=start_time, run_name=run_name, tags=tags
+            )
         remote = Tracker(client, run.info.run_id)
     except UNREACHABLE as error:
         if journal is None:
@@ -239,9 +244,16 @@ def journaled_run(
         lost = f"{type(error).__name__}: {error}"[:2000]
     run_id = remote.run_id if remote is not None else f"journal-{journal.id}"  # type: ignore[union-attr]
     log = JournaledLog(journal, remote, run_id, remote_lost=lost)
-    log._record(START, journal_id=journal.id if journal else None, run_id=remote.run_id if remote else None,
-                experiment=experiment, run_name=run_name, tracking_uri=tracking_uri, tags=tags,
-                start_time=start_time)
+    log._record(
+        START,
+        journal_id=journal.id if journal else None,
+        run_id=remote.run_id if remote else None,
+        experiment=experiment,
+        run_name=run_name,
+        tracking_uri=tracking_uri,
+        tags=tags,
+        start_time=start_time,
+    )
     if lost is not None:
         log._record(TRACKING_LOST, reason=lost)
     try:
@@ -258,9 +270,13 @@ def journaled_run(
         if journal is None:
             raise TrackingUnavailableError(
                 f"MLflow tracking at {tracking_uri} stopped answering during the run ({log.remote_lost[:300]}); "
-                "no output directory was given, so only the returned result holds what was measured")
-        kept = f"the run's results are in {journal.path}" if journal.lost is None else (
-            f"and the local journal failed too ({journal.lost})")
+                "no output directory was given, so only the returned result holds what was measured"
+            )
+        kept = (
+            f"the run's results are in {journal.path}"
+            if journal.lost is None
+            else (f"and the local journal failed too ({journal.lost})")
+        )
         raise TrackingUnavailableError(
             f"MLflow tracking at {tracking_uri} is unreachable ({log.remote_lost.splitlines()[0][:300]}); "
             f"{kept}; upload them with: python -m axoexp.sync {journal.path.parent} "

@@ -49,8 +49,12 @@ class Lease:
     released_at: float | None = None
 
     def tags(self) -> dict[str, str]:
-        tags = {names.LEASE_DEVICE: self.device, names.LEASE_CPUS: ",".join(map(str, self.cpus)),
-                names.LEASE_WAITED_S: f"{self.waited_s:.3f}", names.LEASE_ACQUIRED_AT: f"{self.acquired_at:.6f}"}
+        tags = {
+            names.LEASE_DEVICE: self.device,
+            names.LEASE_CPUS: ",".join(map(str, self.cpus)),
+            names.LEASE_WAITED_S: f"{self.waited_s:.3f}",
+            names.LEASE_ACQUIRED_AT: f"{self.acquired_at:.6f}",
+        }
         if self.released_at is not None:
             tags[names.LEASE_RELEASED_AT] = f"{self.released_at:.6f}"
         return tags
@@ -86,8 +90,10 @@ def _cpu_request(count: int | None) -> SlotRequest:
     cpus = allowed_cpus()
     need = len(cpus) if count is None else count
     if need > len(cpus):
-        raise LeaseError(f"run.lease_cpus={count}: this process may use only {len(cpus)} CPUs "
-                         f"({','.join(map(str, cpus))}); lease at most that many")
+        raise LeaseError(
+            f"run.lease_cpus={count}: this process may use only {len(cpus)} CPUs "
+            f"({','.join(map(str, cpus))}); lease at most that many"
+        )
     host = socket.gethostname()
     return SlotRequest([f"cpu-{host}-{cpu}" for cpu in cpus], need, {f"cpu-{host}-{cpu}": str(cpu) for cpu in cpus})
 
@@ -98,13 +104,17 @@ def _gpu_request(device: torch.device) -> SlotRequest:
         gpus = [gpu for gpu in gpus if gpu[0] == device.index]
     if not gpus:
         raise LeaseError(f"device={device}: no such GPU here ({torch.cuda.device_count()} visible)")
-    return SlotRequest([f"gpu-{identity}" for _, identity in gpus], 1,
-                       {f"gpu-{identity}": f"cuda:{index} {identity}" for index, identity in gpus})
+    return SlotRequest(
+        [f"gpu-{identity}" for _, identity in gpus],
+        1,
+        {f"gpu-{identity}": f"cuda:{index} {identity}" for index, identity in gpus},
+    )
 
 
 @contextmanager
-def device_lease(device: torch.device, *, cpus: int | None, timeout_s: float,
-                 directory: Path | None = None) -> Iterator[Lease]:
+def device_lease(
+    device: torch.device, *, cpus: int | None, timeout_s: float, directory: Path | None = None
+) -> Iterator[Lease]:
     """Hold ``device`` alone for the duration of the block (see the module docstring).
 
     ``cpus`` is ``run.lease_cpus``: on CUDA, ``None`` leases no CPUs. The yielded
@@ -136,8 +146,7 @@ def device_lease(device: torch.device, *, cpus: int | None, timeout_s: float,
 
 
 @contextmanager
-def hold(requests: Sequence[SlotRequest], *, timeout_s: float,
-         directory: Path) -> Iterator[tuple[list[str], float]]:
+def hold(requests: Sequence[SlotRequest], *, timeout_s: float, directory: Path) -> Iterator[tuple[list[str], float]]:
     """Lock every request's slots, all or nothing, polling until ``timeout_s``.
 
     Yields the slots taken and the seconds waited. Slots are never held while waiting
@@ -159,9 +168,13 @@ def hold(requests: Sequence[SlotRequest], *, timeout_s: float,
             if waited >= timeout_s:
                 raise LeaseTimeoutError(
                     f"no device lease after {waited:.0f} s (run.lease_timeout_s={timeout_s:g}): {wanted}; "
-                    "run fewer jobs at once, or wait longer")
-            print(f"axoexp: waiting up to {timeout_s:g} s (run.lease_timeout_s) for a device lease: {wanted}",
-                  file=sys.stderr, flush=True)
+                    "run fewer jobs at once, or wait longer"
+                )
+            print(
+                f"axoexp: waiting up to {timeout_s:g} s (run.lease_timeout_s) for a device lease: {wanted}",
+                file=sys.stderr,
+                flush=True,
+            )
             reported = True
         time.sleep(POLL_S)
     waited_s = time.monotonic() - start
@@ -204,8 +217,7 @@ def _lock(path: Path) -> int | None:
         return None
     try:  # who holds it, for the messages of those who wait
         os.ftruncate(descriptor, 0)
-        os.write(descriptor, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')}"
-                 .encode())
+        os.write(descriptor, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')}".encode())
     except OSError:
         pass
     return descriptor
@@ -233,6 +245,7 @@ def _pin(cpus: Sequence[int]) -> None:
 
 # --- resolvers for the launcher presets (conf/hydra/launcher/*.yaml)
 
+
 def parallel_jobs(device: str, lease_cpus: int | None) -> int:
     """How many jobs this host can time at once for ``device``: its GPUs, or its CPU sets."""
     if device.startswith("cuda"):
@@ -248,8 +261,11 @@ def cpus_per_job(lease_cpus: int | None) -> int:
     return lease_cpus or 1
 
 
-RESOLVERS = {"axoexp_parallel_jobs": parallel_jobs, "axoexp_gpus_per_job": gpus_per_job,
-             "axoexp_cpus_per_job": cpus_per_job}
+RESOLVERS = {
+    "axoexp_parallel_jobs": parallel_jobs,
+    "axoexp_gpus_per_job": gpus_per_job,
+    "axoexp_cpus_per_job": cpus_per_job,
+}
 
 
 def register_resolvers() -> None:

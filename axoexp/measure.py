@@ -42,8 +42,9 @@ class Observer:
 
 
 @contextmanager
-def window(observers: Sequence[Observer], name: str, planned_updates: int = 0,
-           trace: UpdateTrace | None = None) -> Iterator[None]:
+def window(
+    observers: Sequence[Observer], name: str, planned_updates: int = 0, trace: UpdateTrace | None = None
+) -> Iterator[None]:
     """Tell ``observers`` that window ``name`` starts and, however it ends, that it ended."""
     for observer in observers:
         observer.window_started(name, planned_updates)
@@ -64,8 +65,15 @@ class UpdateTrace:
     device_ms: list[float] = field(default_factory=list)
 
 
-def run_updates(executor: Executor, batches: list[Batch], count: int, first: int, trace: UpdateTrace,
-                observers: Sequence[Observer] = (), window_name: str = MEASURED) -> None:
+def run_updates(
+    executor: Executor,
+    batches: list[Batch],
+    count: int,
+    first: int,
+    trace: UpdateTrace,
+    observers: Sequence[Observer] = (),
+    window_name: str = MEASURED,
+) -> None:
     """Time ``count`` updates, cycling through the batches.
 
     The clock covers exactly one update and the synchronisations around it; the loss is
@@ -101,9 +109,17 @@ def run_updates(executor: Executor, batches: list[Batch], count: int, first: int
     trace.device_ms += elapsed_ms(events, completed)
 
 
-def measure_until_stable(executor: Executor, batches: list[Batch], first: int, trace: UpdateTrace,
-                         observers: Sequence[Observer], block: int, min_time_s: float, max_time_s: float,
-                         started: float) -> str:
+def measure_until_stable(
+    executor: Executor,
+    batches: list[Batch],
+    first: int,
+    trace: UpdateTrace,
+    observers: Sequence[Observer],
+    block: int,
+    min_time_s: float,
+    max_time_s: float,
+    started: float,
+) -> str:
     """Adaptive measuring (``run.min_time_s``): more blocks of updates until the measured updates
     add up to ``min_time_s`` and IQR / median is at most the noise threshold, or until
     ``max_time_s`` have passed since the window began. Says which happened."""
@@ -111,12 +127,16 @@ def measure_until_stable(executor: Executor, batches: list[Batch], first: int, t
         measured_s = sum(trace.latencies_ms) / 1e3
         spread = rel_iqr(trace.latencies_ms)
         if measured_s >= min_time_s and spread <= NOISE_THRESHOLD:
-            return (f"stable after {len(trace.latencies_ms)} updates ({measured_s:.2f} s measured, "
-                    f"IQR/median {spread:.3f} <= {NOISE_THRESHOLD})")
+            return (
+                f"stable after {len(trace.latencies_ms)} updates ({measured_s:.2f} s measured, "
+                f"IQR/median {spread:.3f} <= {NOISE_THRESHOLD})"
+            )
         remaining_s = max_time_s - (time.monotonic() - started)
         if remaining_s <= 0:
-            return (f"stopped at run.max_time_s={max_time_s:g} after {len(trace.latencies_ms)} updates "
-                    f"({measured_s:.2f} s measured, IQR/median {spread:.3f})")
+            return (
+                f"stopped at run.max_time_s={max_time_s:g} after {len(trace.latencies_ms)} updates "
+                f"({measured_s:.2f} s measured, IQR/median {spread:.3f})"
+            )
         median_s = float(np.median(trace.latencies_ms)) / 1e3
         count = max(1, min(block, math.ceil(remaining_s / median_s) if median_s > 0 else block))
         run_updates(executor, batches, count, first + len(trace.latencies_ms), trace, observers, MEASURED)
@@ -137,7 +157,7 @@ def log_traces(tracker: RunLog, warmup: UpdateTrace, measured: UpdateTrace, plan
     if measured.device_ms:
         device = LatencySummary.of(measured.device_ms)
         metrics.update({names.device_metric(stat): getattr(device, stat) for stat in ("median", "p10", "p90")})
-        overhead = np.subtract(measured.latencies_ms[:len(measured.device_ms)], measured.device_ms)
+        overhead = np.subtract(measured.latencies_ms[: len(measured.device_ms)], measured.device_ms)
         metrics[names.HOST_OVERHEAD_MEDIAN] = float(np.median(overhead))
     losses = warmup.losses + measured.losses
     if losses:
@@ -148,8 +168,14 @@ def log_traces(tracker: RunLog, warmup: UpdateTrace, measured: UpdateTrace, plan
 
 
 def measure_updates(
-    executor: Executor, batches: list[Batch], warmup_count: int, measured_count: int, tracker: RunLog,
-    observers: Sequence[Observer] = (), min_time_s: float = 0.0, max_time_s: float = math.inf,
+    executor: Executor,
+    batches: list[Batch],
+    warmup_count: int,
+    measured_count: int,
+    tracker: RunLog,
+    observers: Sequence[Observer] = (),
+    min_time_s: float = 0.0,
+    max_time_s: float = math.inf,
 ) -> tuple[UpdateTrace, UpdateTrace]:
     """Warm-up then measured updates (more with ``min_time_s``, see :func:`measure_until_stable`);
     whatever completed is logged, also on failure."""
@@ -161,8 +187,17 @@ def measure_updates(
             started = time.monotonic()
             run_updates(executor, batches, measured_count, warmup_count, measured, observers, MEASURED)
             if min_time_s > 0:
-                outcome = measure_until_stable(executor, batches, warmup_count, measured, observers,
-                                               measured_count, min_time_s, max_time_s, started)
+                outcome = measure_until_stable(
+                    executor,
+                    batches,
+                    warmup_count,
+                    measured,
+                    observers,
+                    measured_count,
+                    min_time_s,
+                    max_time_s,
+                    started,
+                )
         if min_time_s > 0:
             tracker.set_tags({names.TIMING_ADAPTIVE: outcome})
     finally:

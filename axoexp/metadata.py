@@ -23,9 +23,7 @@ PACKAGES = ("axoexp", "axosim", "torch", "numpy", "hydra-core", "omegaconf", "ml
 
 def _git(args: list[str], cwd: Path) -> str | None:
     try:
-        result = subprocess.run(
-            ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=True
-        )
+        result = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=True)
     except (OSError, subprocess.SubprocessError):
         return None
     return result.stdout.strip()
@@ -60,8 +58,10 @@ def code_state() -> dict[str, str]:
     from axoexp.plugins import loaded_plugin_files
 
     sources = [path for pattern in ("*.py", "*.yaml") for path in PACKAGE_DIR.rglob(pattern)]
-    state = {names.CODE_HASH: _sha256_of_files(sources, PACKAGE_DIR),
-             names.PLUGINS_HASH: _sha256_of_files(loaded_plugin_files())}
+    state = {
+        names.CODE_HASH: _sha256_of_files(sources, PACKAGE_DIR),
+        names.PLUGINS_HASH: _sha256_of_files(loaded_plugin_files()),
+    }
     diff = _git(["diff", "HEAD", "--binary"], PACKAGE_DIR)
     state["git.diff_sha256"] = hashlib.sha256(diff.encode()).hexdigest() if diff is not None else "unknown"
     return state
@@ -69,8 +69,11 @@ def code_state() -> dict[str, str]:
 
 def device_identity(device: torch.device) -> dict[str, str]:
     """The hardware a timing belongs to: host, CPU and, on CUDA, the GPU model."""
-    identity = {"device": device.type, "hostname": socket.gethostname(),
-                "cpu": platform.processor() or platform.machine()}
+    identity = {
+        "device": device.type,
+        "hostname": socket.gethostname(),
+        "cpu": platform.processor() or platform.machine(),
+    }
     if device.type == "cuda" and torch.cuda.is_available():
         index = device.index if device.index is not None else torch.cuda.current_device()
         identity.update({"device": f"cuda:{index}", "gpu.name": torch.cuda.get_device_name(index)})
@@ -82,9 +85,13 @@ def result_key(device: torch.device, resolved_config: Mapping[str, Any]) -> str:
     go), the code, the package versions and the device. Resume reuses a run only on a match."""
     from axoexp.tracking import config_digest
 
-    key = {"config": config_digest(resolved_config), "code": code_state(),
-           "git.commit": git_state(PACKAGE_DIR)["git.commit"],
-           "versions": package_versions(), "device": device_identity(device)}
+    key = {
+        "config": config_digest(resolved_config),
+        "code": code_state(),
+        "git.commit": git_state(PACKAGE_DIR)["git.commit"],
+        "versions": package_versions(),
+        "device": device_identity(device),
+    }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
@@ -104,7 +111,10 @@ def _nvidia_driver() -> str:
     try:
         result = subprocess.run(
             ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=10, check=True,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
         )
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -122,13 +132,15 @@ def device_info(device: torch.device) -> dict[str, str]:
     }
     if device.type == "cuda":
         properties = torch.cuda.get_device_properties(device)
-        info.update({
-            "gpu.name": properties.name,
-            "gpu.capability": f"{properties.major}.{properties.minor}",
-            "gpu.memory_gib": f"{properties.total_memory / 2**30:.1f}",
-            "gpu.driver": _nvidia_driver(),
-            "version.cudnn": str(torch.backends.cudnn.version()),
-        })
+        info.update(
+            {
+                "gpu.name": properties.name,
+                "gpu.capability": f"{properties.major}.{properties.minor}",
+                "gpu.memory_gib": f"{properties.total_memory / 2**30:.1f}",
+                "gpu.driver": _nvidia_driver(),
+                "version.cudnn": str(torch.backends.cudnn.version()),
+            }
+        )
     return info
 
 

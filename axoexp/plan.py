@@ -26,14 +26,16 @@ from axoexp.runtime import allowed_cpus
 from axoexp.tracking import resolve_tracking_uri, store_problem
 
 DTYPES = {
-    "float32": torch.float32, "float64": torch.float64,
-    "bfloat16": torch.bfloat16, "float16": torch.float16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
 }
 CAPTURABLE_CHOICES = ("auto", True, False)
 REFUSED_DTYPES = {
     "float16": "float16 parameters and optimizer state underflow (Adam's squared gradients and eps=1e-8 "
-               "round to 0, so the first step divides 0 by 0: NaN) and axoexp keeps no float32 master "
-               "weights or loss scaling; use bfloat16 (16 bits with float32's range) or float32",
+    "round to 0, so the first step divides 0 by 0: NaN) and axoexp keeps no float32 master "
+    "weights or loss scaling; use bfloat16 (16 bits with float32's range) or float32",
 }
 
 
@@ -75,7 +77,8 @@ class Plan:
         entry = chosen if executor is None else self.registry.get("executor", executor)
         return entry.build(
             self.params["executor"] if entry is chosen else {},
-            module=module, optimizer=optimizer,
+            module=module,
+            optimizer=optimizer,
             loss_fn=self.components["loss"].build(self.params["loss"]),
             gradient_transform=transform,
         )
@@ -115,8 +118,10 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
         if problem:
             problems.append(f"{key}={OmegaConf.select(config, key)!r}: {problem}")
     if config.run.min_time_s > config.run.max_time_s:
-        problems.append(f"run.min_time_s={config.run.min_time_s!r} exceeds run.max_time_s={config.run.max_time_s!r}, "
-                        "the cap on adaptive measuring; raise run.max_time_s or lower run.min_time_s")
+        problems.append(
+            f"run.min_time_s={config.run.min_time_s!r} exceeds run.max_time_s={config.run.max_time_s!r}, "
+            "the cap on adaptive measuring; raise run.max_time_s or lower run.min_time_s"
+        )
     lease_cpus = config.run.lease_cpus
     if isinstance(lease_cpus, int) and lease_cpus > len(allowed_cpus()):
         problems.append(f"run.lease_cpus={lease_cpus}: this process may use only {len(allowed_cpus())} CPUs")
@@ -147,13 +152,21 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
     if executor is not None and dtype is not None and "population" in components:
         refusal = executor.factory.refusal(population=components["population"].name, dtype=dtype)
         if refusal:
-            able = [entry.name for entry in registry.components() if entry.group == "executor"
-                    and not entry.factory.refusal(population=components["population"].name, dtype=dtype)]
-            problems.append(f"executor={executor.name} cannot run this experiment: {refusal}; "
-                            f"executors that can: {', '.join(sorted(able))}")
+            able = [
+                entry.name
+                for entry in registry.components()
+                if entry.group == "executor"
+                and not entry.factory.refusal(population=components["population"].name, dtype=dtype)
+            ]
+            problems.append(
+                f"executor={executor.name} cannot run this experiment: {refusal}; "
+                f"executors that can: {', '.join(sorted(able))}"
+            )
     if problems:
-        raise ConfigError("invalid experiment config: " + (
-            problems[0] if len(problems) == 1 else "".join(f"\n  - {problem}" for problem in problems)))
+        raise ConfigError(
+            "invalid experiment config: "
+            + (problems[0] if len(problems) == 1 else "".join(f"\n  - {problem}" for problem in problems))
+        )
     assert device is not None and dtype is not None
     return Plan(config, device, dtype, components, params, capturable, registry)
 
@@ -173,8 +186,9 @@ def available_bytes(device: torch.device) -> int:
     return psutil.virtual_memory().available
 
 
-def memory_problems(population: Component, params: dict[str, Any], device: torch.device,
-                    dtype: torch.dtype) -> list[str]:
+def memory_problems(
+    population: Component, params: dict[str, Any], device: torch.device, dtype: torch.dtype
+) -> list[str]:
     """A population whose factory has a ``memory_estimate(params, dtype) -> bytes`` is refused
     when that cannot fit in the memory available, before anything is allocated."""
     estimate = getattr(population.factory, "memory_estimate", None)
@@ -187,9 +201,12 @@ def memory_problems(population: Component, params: dict[str, Any], device: torch
         return []
     where = f"device {device}" if device.type == "cuda" else "host"
     shape = names.shape_label(*(merged.get(key, "?") for key in ("neurons", "time_steps", "contacts")))
-    return [f"population {population.name} of shape {shape} (neurons x time_steps x contacts) needs about {needed / 2**30:.1f} GiB "
-            f"({dtype}; an estimate), but {where} memory has {available / 2**30:.1f} GiB available; "
-            "reduce population.neurons (or time_steps, contacts, batches)"]
+    return [
+        f"population {population.name} of shape {shape} (neurons x time_steps x contacts) "
+        f"needs about {needed / 2**30:.1f} GiB "
+        f"({dtype}; an estimate), but {where} memory has {available / 2**30:.1f} GiB available; "
+        "reduce population.neurons (or time_steps, contacts, batches)"
+    ]
 
 
 def _parse_device(value: str, problems: list[str]) -> torch.device | None:
@@ -223,4 +240,3 @@ def resolve_capturable(setting: object, executor: Component, device: torch.devic
             "set optimizer.capturable=auto (or false)"
         )
     return needs if setting == "auto" else bool(setting)
-

@@ -25,9 +25,15 @@ ENTRY_POINT_GROUP = "axoexp.plugins"
 PLUGINS_DIR_ENV = "AXOEXP_PLUGINS_DIR"
 DEFAULT_PLUGINS_DIR = "plugins"
 BUILTIN_MODULES = (
-    "axoexp.components.population", "axoexp.components.losses", "axoexp.components.optimizers",
-    "axoexp.components.gradient_transforms", "axoexp.executors.eager", "axoexp.executors.cudagraph",
-    "axoexp.executors.compiled", "axoexp.executors.reduce_overhead", "axoexp.executors.regional",
+    "axoexp.components.population",
+    "axoexp.components.losses",
+    "axoexp.components.optimizers",
+    "axoexp.components.gradient_transforms",
+    "axoexp.executors.eager",
+    "axoexp.executors.cudagraph",
+    "axoexp.executors.compiled",
+    "axoexp.executors.reduce_overhead",
+    "axoexp.executors.regional",
     "axoexp.executors.fused",
 )
 
@@ -35,8 +41,9 @@ _loaded_sources: set[str] = set()
 _plugin_files: list[Path] = []
 
 
-def load_plugins(plugins_dir: str | os.PathLike[str] | None = None,
-                 on_error: Callable[[AxoexpError], None] | None = None) -> Registry:
+def load_plugins(
+    plugins_dir: str | os.PathLike[str] | None = None, on_error: Callable[[AxoexpError], None] | None = None
+) -> Registry:
     """Register built-ins and entry-point plugins (once), then the plugin files of a directory.
 
     The directory is ``plugins_dir``, else ``$AXOEXP_PLUGINS_DIR``, else ``./plugins``;
@@ -72,8 +79,9 @@ def loaded_plugin_files() -> list[Path]:
     return sorted(set(_plugin_files))
 
 
-def _import_as_plugin(source: str, load: Callable[[], Any],
-                      on_error: Callable[[AxoexpError], None] | None = None) -> None:
+def _import_as_plugin(
+    source: str, load: Callable[[], Any], on_error: Callable[[AxoexpError], None] | None = None
+) -> None:
     try:
         with registering_from(source):
             try:

@@ -71,8 +71,14 @@ class RunProgress(Observer):
             return
         median = f", median {statistics.median(self.latencies_ms):.3f} ms" if self.latencies_ms else ""
         if completed_updates < self.planned:
-            log.warning("%s: stopped after %d of %d updates in %.2f s%s", label, completed_updates, self.planned,
-                        seconds, median)
+            log.warning(
+                "%s: stopped after %d of %d updates in %.2f s%s",
+                label,
+                completed_updates,
+                self.planned,
+                seconds,
+                median,
+            )
         else:
             log.info("%s: %d updates in %.2f s%s", label, completed_updates, seconds, median)
 
@@ -83,8 +89,14 @@ class RunProgress(Observer):
         else:
             columns += [TextColumn("...")]
         # auto_refresh=False: no refresh thread; redrawn only from these hooks, between updates
-        self.progress = Progress(*columns, console=self.console, transient=True, auto_refresh=False,
-                                 redirect_stdout=False, redirect_stderr=False)
+        self.progress = Progress(
+            *columns,
+            console=self.console,
+            transient=True,
+            auto_refresh=False,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
         self.task = self.progress.add_task(label, total=planned_updates or None, last="")
         self.progress.start()
         self.next_refresh = 0.0  # the first update is shown at once

@@ -86,8 +86,11 @@ class GroupSpec:
             return [f"has no inspectable signature ({error})"]
         accepted = signature.parameters
         takes_any = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
-        problems = [f"must accept the framework's argument {name!r} ({self.contract})"
-                    for name in self.context if name not in accepted and not takes_any]
+        problems = [
+            f"must accept the framework's argument {name!r} ({self.contract})"
+            for name in self.context
+            if name not in accepted and not takes_any
+        ]
         for name, parameter in accepted.items():
             if name in self.context or parameter.kind in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL):
                 continue
@@ -96,23 +99,41 @@ class GroupSpec:
             elif name in self.settings:
                 problems.append(f"parameter {name!r} clashes with the framework setting {self.name}.{name}")
             elif parameter.default is not parameter.empty and not isinstance(parameter.default, CONFIG_VALUE_TYPES):
-                problems.append(f"parameter {name!r} has default {parameter.default!r}, which a config cannot "
-                                "hold (use None, a bool, int, float or str)")
+                problems.append(
+                    f"parameter {name!r} has default {parameter.default!r}, which a config cannot "
+                    "hold (use None, a bool, int, float or str)"
+                )
         return problems
 
 
-GROUPS: dict[str, GroupSpec] = {spec.name: spec for spec in (
-    GroupSpec("population", ("device", "dtype", "seed"),
-              "a callable returning axoexp.interfaces.PopulationSetup"),
-    GroupSpec("loss", (), "a callable returning loss_fn(prediction, target) -> scalar tensor"),
-    GroupSpec("optimizer", ("parameters", "capturable"), "a callable returning a torch.optim.Optimizer",
-              settings={"capturable": Setting(
-                  "auto", "auto: true exactly when the executor captures the optimizer step; or true/false")}),
-    GroupSpec("gradient_transform", ("parameters",),
-              "a callable returning a no-argument, graph-safe transform of the gradients, or None"),
-    GroupSpec("executor", ("module", "optimizer", "loss_fn", "gradient_transform"),
-              "a subclass of axoexp.executors.base.Executor", executor_class=True),
-)}
+GROUPS: dict[str, GroupSpec] = {
+    spec.name: spec
+    for spec in (
+        GroupSpec("population", ("device", "dtype", "seed"), "a callable returning axoexp.interfaces.PopulationSetup"),
+        GroupSpec("loss", (), "a callable returning loss_fn(prediction, target) -> scalar tensor"),
+        GroupSpec(
+            "optimizer",
+            ("parameters", "capturable"),
+            "a callable returning a torch.optim.Optimizer",
+            settings={
+                "capturable": Setting(
+                    "auto", "auto: true exactly when the executor captures the optimizer step; or true/false"
+                )
+            },
+        ),
+        GroupSpec(
+            "gradient_transform",
+            ("parameters",),
+            "a callable returning a no-argument, graph-safe transform of the gradients, or None",
+        ),
+        GroupSpec(
+            "executor",
+            ("module", "optimizer", "loss_fn", "gradient_transform"),
+            "a subclass of axoexp.executors.base.Executor",
+            executor_class=True,
+        ),
+    )
+}
 
 
 @dataclass(frozen=True)
@@ -150,8 +171,11 @@ class Component:
 
     def defaults(self) -> dict[str, Any]:
         """The factory's keyword defaults: the component's config."""
-        return {name: parameter.default for name, parameter in self.parameters().items()
-                if parameter.default is not inspect.Parameter.empty}
+        return {
+            name: parameter.default
+            for name, parameter in self.parameters().items()
+            if parameter.default is not inspect.Parameter.empty
+        }
 
     def documented_parameters(self) -> list[ParameterDoc]:
         """Each config parameter with its type, default and help line."""
@@ -166,11 +190,15 @@ class Component:
             if typing.get_origin(annotation) is typing.Annotated:
                 annotation, *extras = typing.get_args(annotation)
             default = parameter.default if parameter.default is not inspect.Parameter.empty else None
-            documented.append(ParameterDoc(
-                name, annotation, default,
-                help=next((extra for extra in extras if isinstance(extra, str)), ""),
-                bounds=next((extra for extra in extras if isinstance(extra, Bounds)), None),
-            ))
+            documented.append(
+                ParameterDoc(
+                    name,
+                    annotation,
+                    default,
+                    help=next((extra for extra in extras if isinstance(extra, str)), ""),
+                    bounds=next((extra for extra in extras if isinstance(extra, Bounds)), None),
+                )
+            )
         return documented
 
     def value_problems(self, params: Mapping[str, Any]) -> list[str]:
@@ -191,8 +219,11 @@ class Component:
                 f"{self.group}={self.name} does not accept {', '.join(map(repr, unknown))}; "
                 f"its parameters are: {', '.join(sorted(accepted)) or '(none)'}"
             )
-        missing = sorted(name for name, parameter in accepted.items()
-                         if parameter.default is inspect.Parameter.empty and params.get(name) is None)
+        missing = sorted(
+            name
+            for name, parameter in accepted.items()
+            if parameter.default is inspect.Parameter.empty and params.get(name) is None
+        )
         if missing:
             raise RegistryError(f"{self.group}={self.name} needs {', '.join(missing)}")
 
@@ -206,17 +237,13 @@ class Component:
 class Registry:
     """Components by group and name."""
 
-    _components: dict[str, dict[str, Component]] = field(
-        default_factory=lambda: {group: {} for group in GROUPS}
-    )
+    _components: dict[str, dict[str, Component]] = field(default_factory=lambda: {group: {} for group in GROUPS})
 
     def register(self, group: str, name: str, factory: Callable[..., Any], *, source: str) -> None:
         """Add a component; a broken factory or a name already taken is an error naming the source."""
         entries = self._group(group)
         if name in entries:
-            raise RegistryError(
-                f"{group}={name} is registered twice: by {entries[name].source} and by {source}"
-            )
+            raise RegistryError(f"{group}={name} is registered twice: by {entries[name].source} and by {source}")
         problems = GROUPS[group].problems(factory)
         if problems:
             raise RegistryError(f"{group}={name} from {source}: " + "; ".join(problems))
@@ -226,9 +253,7 @@ class Registry:
         """The component, or an error naming the bad value and the valid choices."""
         entries = self._group(group)
         if name not in entries:
-            raise RegistryError(
-                f"unknown {group} {name!r}; valid {group} names: {', '.join(sorted(entries))}"
-            )
+            raise RegistryError(f"unknown {group} {name!r}; valid {group} names: {', '.join(sorted(entries))}")
         return entries[name]
 
     def names(self, group: str) -> list[str]:

@@ -27,19 +27,19 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.axes import Axes  # noqa: E402
-from matplotlib.ticker import FuncFormatter  # noqa: E402
-from mlflow.entities import Run  # noqa: E402
-from mlflow.tracking import MlflowClient  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.ticker import FuncFormatter
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
 
-from axoexp import names  # noqa: E402
-from axoexp.errors import AxoexpError, NoSweepError  # noqa: E402
-from axoexp.registry import GROUPS  # noqa: E402
-from axoexp.statistics import median_ratio_interval  # noqa: E402
-from axoexp.sweep import child_runs  # noqa: E402
-from axoexp.tracking import newest_run, resolve_tracking_uri  # noqa: E402
+from axoexp import names
+from axoexp.errors import AxoexpError, NoSweepError
+from axoexp.registry import GROUPS
+from axoexp.statistics import median_ratio_interval
+from axoexp.sweep import child_runs
+from axoexp.tracking import newest_run, resolve_tracking_uri
 
 SQLITE_PREFIX = "sqlite:///"
 EXECUTOR_KEY = f"{names.EXECUTOR_PARAM_PREFIX}name"
@@ -109,8 +109,7 @@ def swept_keys(runs: Sequence[Run]) -> list[str]:
 
 def sweep_runs(client: MlflowClient, parent: Run) -> list[Run]:
     """The parent's children and the earlier runs its jobs reused."""
-    reused = [client.get_run(run_id) for key, run_id in parent.data.tags.items()
-              if key.startswith(names.REUSED_PREFIX)]
+    reused = [client.get_run(run_id) for key, run_id in parent.data.tags.items() if key.startswith(names.REUSED_PREFIX)]
     return child_runs(client, parent) + reused
 
 
@@ -161,8 +160,11 @@ def build_rows(runs: list[Run], client: MlflowClient | None = None, parent_id: s
     ``parent_id``, a run that is not that parent's child is marked ``reused``."""
     executor_tag = names.component_tag("executor")
     groups = _group(runs, client)
-    eager = {_pairing_key(group.runs[0]): group for group in groups
-             if group.runs[0].data.tags.get(executor_tag) == BASELINE and group.runs[0].info.status == "FINISHED"}
+    eager = {
+        _pairing_key(group.runs[0]): group
+        for group in groups
+        if group.runs[0].data.tags.get(executor_tag) == BASELINE and group.runs[0].info.status == "FINISHED"
+    }
     swept = [key for key in swept_keys(runs) if key != EXECUTOR_KEY]
     rows = []
     for group in groups:
@@ -176,21 +178,31 @@ def build_rows(runs: list[Run], client: MlflowClient | None = None, parent_id: s
         elif baseline is not None and baseline.series is not None and group.series is not None:
             interval = median_ratio_interval(baseline.series, group.series)
             speedup, low, high = interval.estimate, interval.low, interval.high
-        rows.append(ReportRow(
-            shape=first.data.tags.get(names.SHAPE, "?"), executor=first.data.tags.get(executor_tag, "?"),
-            status=first.info.status, median_ms=median, capture_ms=group.capture_ms(),
-            speedup_vs_eager=speedup, run_id=first.info.run_id, job=first.info.run_name or "",
-            p10_ms=group.statistic(10, names.update_metric("p10")),
-            p90_ms=group.statistic(90, names.update_metric("p90")),
-            reused=parent_id is not None and first.data.tags.get(names.PARENT_RUN_ID) != parent_id,
-            settings=tuple((setting_label(key), first.data.params.get(key, "")) for key in swept),
-            speedup_low=low, speedup_high=high, repeats=len(group.runs),
-            run_ids=tuple(run.info.run_id for run in group.runs),
-        ))
+        rows.append(
+            ReportRow(
+                shape=first.data.tags.get(names.SHAPE, "?"),
+                executor=first.data.tags.get(executor_tag, "?"),
+                status=first.info.status,
+                median_ms=median,
+                capture_ms=group.capture_ms(),
+                speedup_vs_eager=speedup,
+                run_id=first.info.run_id,
+                job=first.info.run_name or "",
+                p10_ms=group.statistic(10, names.update_metric("p10")),
+                p90_ms=group.statistic(90, names.update_metric("p90")),
+                reused=parent_id is not None and first.data.tags.get(names.PARENT_RUN_ID) != parent_id,
+                settings=tuple((setting_label(key), first.data.params.get(key, "")) for key in swept),
+                speedup_low=low,
+                speedup_high=high,
+                repeats=len(group.runs),
+                run_ids=tuple(run.info.run_id for run in group.runs),
+            )
+        )
     return sorted(rows, key=lambda row: (names.shape_size(row.shape), row.shape, row.settings, row.executor))
 
 
 # --- the table
+
 
 def _number(value: float | None, digits: int) -> str:
     return "" if value is None or math.isnan(value) else f"{value:.{digits}f}"
@@ -201,18 +213,47 @@ def _speedup(row: ReportRow) -> str:
 
 
 def _interval(row: ReportRow) -> str:
-    return "" if row.speedup_low is None or row.speedup_high is None else f"[{row.speedup_low:.3g}, {row.speedup_high:.3g}]"
+    return (
+        ""
+        if row.speedup_low is None or row.speedup_high is None
+        else f"[{row.speedup_low:.3g}, {row.speedup_high:.3g}]"
+    )
 
 
-COLUMNS = ("shape", "executor", "status", "median ms", "p10 ms", "p90 ms", "capture ms", "vs eager",
-           "95% interval", "runs", "reused", "settings", "run id")
+COLUMNS = (
+    "shape",
+    "executor",
+    "status",
+    "median ms",
+    "p10 ms",
+    "p90 ms",
+    "capture ms",
+    "vs eager",
+    "95% interval",
+    "runs",
+    "reused",
+    "settings",
+    "run id",
+)
 NUMERIC_COLUMNS = range(3, 10)
 
 
 def _cells(row: ReportRow) -> tuple[str, ...]:
-    return (row.shape, row.executor, row.status, _number(row.median_ms, 3), _number(row.p10_ms, 3),
-            _number(row.p90_ms, 3), _number(row.capture_ms, 1), _speedup(row), _interval(row), str(row.repeats),
-            "reused" if row.reused else "", row.settings_text, row.run_id)
+    return (
+        row.shape,
+        row.executor,
+        row.status,
+        _number(row.median_ms, 3),
+        _number(row.p10_ms, 3),
+        _number(row.p90_ms, 3),
+        _number(row.capture_ms, 1),
+        _speedup(row),
+        _interval(row),
+        str(row.repeats),
+        "reused" if row.reused else "",
+        row.settings_text,
+        row.run_id,
+    )
 
 
 def format_table(rows: list[ReportRow], style: str = "text") -> str:
@@ -230,9 +271,13 @@ def format_table(rows: list[ReportRow], style: str = "text") -> str:
         rule = ["---:" if index in NUMERIC_COLUMNS else "---" for index in range(len(COLUMNS))]
         return "\n".join("| " + " | ".join(line) + " |" for line in [cells[0], rule, *cells[1:]])
     widths = [max(len(line[index]) for line in cells) for index in range(len(COLUMNS))]
-    return "\n".join("  ".join(cell.rjust(width) if index in NUMERIC_COLUMNS else cell.ljust(width)
-                               for index, (cell, width) in enumerate(zip(line, widths, strict=True))).rstrip()
-                     for line in cells)
+    return "\n".join(
+        "  ".join(
+            cell.rjust(width) if index in NUMERIC_COLUMNS else cell.ljust(width)
+            for index, (cell, width) in enumerate(zip(line, widths, strict=True))
+        ).rstrip()
+        for line in cells
+    )
 
 
 def _json_row(row: ReportRow) -> dict[str, object]:
@@ -242,6 +287,7 @@ def _json_row(row: ReportRow) -> dict[str, object]:
 
 
 # --- the figure
+
 
 def _numeric(values: set[str]) -> bool:
     try:
@@ -264,8 +310,10 @@ def title(parent: Run, runs: list[Run]) -> str:
     devices = sorted({tag.get("gpu.name") or f"CPU {tag.get('cpu', '')}".strip() for tag in tags if "device" in tag})
     torches = sorted({tag["version.torch"] for tag in tags if "version.torch" in tag})
     date = time.strftime("%Y-%m-%d %H:%M", time.localtime(parent.info.start_time / 1000))
-    return (f"{parent.info.run_name or parent.info.run_id}\n"
-            f"{', '.join(devices) or 'device unknown'} · torch {', '.join(torches) or '?'} · {date}")
+    return (
+        f"{parent.info.run_name or parent.info.run_id}\n"
+        f"{', '.join(devices) or 'device unknown'} · torch {', '.join(torches) or '?'} · {date}"
+    )
 
 
 def plot(rows: list[ReportRow], heading: str, path: Path) -> None:
@@ -286,32 +334,43 @@ def plot(rows: list[ReportRow], heading: str, path: Path) -> None:
     grid = figure.add_gridspec(panel_rows + (1 if speedups else 0), columns)
     latency_axes: list[Axes] = []
     for index, panel in enumerate(panels):
-        axes = figure.add_subplot(grid[index // columns, index % columns],
-                                  sharey=latency_axes[0] if latency_axes else None)
+        axes = figure.add_subplot(
+            grid[index // columns, index % columns], sharey=latency_axes[0] if latency_axes else None
+        )
         latency_axes.append(axes)
         members = [row for row in finished if tuple(row.setting(label) for label in panel_labels) == panel]
         _latency_panel(axes, members, x_label, executors, colours)
-        axes.set_title(", ".join(f"{label}={value}" for label, value in zip(panel_labels, panel, strict=True)),
-                       fontsize=9)
+        axes.set_title(
+            ", ".join(f"{label}={value}" for label, value in zip(panel_labels, panel, strict=True)), fontsize=9
+        )
         if index % columns == 0:
             axes.set_ylabel("median update latency (ms)\nbars: p10-p90")
     if speedups:
         _speedup_panel(figure.add_subplot(grid[panel_rows, :]), speedups, x_label, panel_labels, colours)
     handles = [plt.Line2D([], [], color=colours[name], marker="o", label=name) for name in executors]
     if any(row.reused for row in finished):
-        handles.append(plt.Line2D([], [], color="grey", marker="o", markerfacecolor="white", linestyle="",
-                                  label="reused (earlier sweep)"))
+        handles.append(
+            plt.Line2D(
+                [], [], color="grey", marker="o", markerfacecolor="white", linestyle="", label="reused (earlier sweep)"
+            )
+        )
     legend_width = 2.0 / figure.get_figwidth()
-    figure.legend(handles=handles, loc="center left", bbox_to_anchor=(1 - legend_width, 0.5), fontsize=8,
-                  title="executor", title_fontsize=8, frameon=False)
+    figure.legend(
+        handles=handles,
+        loc="center left",
+        bbox_to_anchor=(1 - legend_width, 0.5),
+        fontsize=8,
+        title="executor",
+        title_fontsize=8,
+        frameon=False,
+    )
     figure.suptitle(heading, fontsize=10, x=0.02, ha="left")
     figure.tight_layout(rect=(0, 0, 1 - legend_width, 1))
     figure.savefig(path, dpi=110)
     plt.close(figure)
 
 
-def _latency_panel(axes: Axes, rows: list[ReportRow], x_label: str | None, executors: list[str],
-                   colours: dict) -> None:
+def _latency_panel(axes: Axes, rows: list[ReportRow], x_label: str | None, executors: list[str], colours: dict) -> None:
     """Points joined only along the numeric x axis; without one, a dot per executor."""
     present = [name for name in executors if any(row.executor == name for row in rows)]
     for offset, executor in enumerate(present):
@@ -324,12 +383,26 @@ def _latency_panel(axes: Axes, rows: list[ReportRow], x_label: str | None, execu
         ys = [row.median_ms for row in mine]
         low = [max(row.median_ms - row.p10_ms, 0) if not math.isnan(row.p10_ms) else 0 for row in mine]
         high = [max(row.p90_ms - row.median_ms, 0) if not math.isnan(row.p90_ms) else 0 for row in mine]
-        axes.errorbar(xs, ys, yerr=[low, high], color=colours[executor], marker="o", capsize=3,
-                      linestyle="-" if x_label is not None else "none", label=executor)
+        axes.errorbar(
+            xs,
+            ys,
+            yerr=[low, high],
+            color=colours[executor],
+            marker="o",
+            capsize=3,
+            linestyle="-" if x_label is not None else "none",
+            label=executor,
+        )
         reused = [(x, row.median_ms) for x, row in zip(xs, mine, strict=True) if row.reused]
         if reused:
-            axes.plot(*zip(*reused, strict=True), linestyle="", marker="o", markerfacecolor="white",
-                      markeredgecolor=colours[executor], zorder=3)
+            axes.plot(
+                *zip(*reused, strict=True),
+                linestyle="",
+                marker="o",
+                markerfacecolor="white",
+                markeredgecolor=colours[executor],
+                zorder=3,
+            )
     axes.set_yscale("log")
     axes.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     axes.yaxis.set_minor_formatter(FuncFormatter(_minor_label))
@@ -352,8 +425,9 @@ def _minor_label(value: float, _: object) -> str:
     return f"{value:g}" if round(mantissa) in (2, 5) and abs(mantissa - round(mantissa)) < 1e-6 else ""
 
 
-def _speedup_panel(axes: Axes, rows: list[ReportRow], x_label: str | None, panel_labels: list[str],
-                   colours: dict) -> None:
+def _speedup_panel(
+    axes: Axes, rows: list[ReportRow], x_label: str | None, panel_labels: list[str], colours: dict
+) -> None:
     """Bars of speedup over eager per configuration, one colour per executor, intervals where known."""
     order = [*panel_labels, *([x_label] if x_label else [])]  # left to right as the panels above read
 
@@ -374,23 +448,45 @@ def _speedup_panel(axes: Axes, rows: list[ReportRow], x_label: str | None, panel
                 bar.set_hatch("//")
             above = row.speedup_vs_eager >= 1
             end = (row.speedup_high if above else row.speedup_low) or row.speedup_vs_eager  # past the interval
-            axes.annotate(f"{row.speedup_vs_eager:.3g}x", (bar.get_x() + bar.get_width() / 2, end),
-                          ha="center", va="bottom" if above else "top", fontsize=7,
-                          xytext=(0, 2 if above else -2), textcoords="offset points")
+            axes.annotate(
+                f"{row.speedup_vs_eager:.3g}x",
+                (bar.get_x() + bar.get_width() / 2, end),
+                ha="center",
+                va="bottom" if above else "top",
+                fontsize=7,
+                xytext=(0, 2 if above else -2),
+                textcoords="offset points",
+            )
         for x, y, row in zip(xs, ys, mine, strict=True):
             if row.speedup_low is not None and row.speedup_high is not None:
-                axes.errorbar([x], [y], yerr=[[y - row.speedup_low], [row.speedup_high - y]], fmt="none",
-                              ecolor="black", capsize=3, linewidth=1)
+                axes.errorbar(
+                    [x],
+                    [y],
+                    yerr=[[y - row.speedup_low], [row.speedup_high - y]],
+                    fmt="none",
+                    ecolor="black",
+                    capsize=3,
+                    linewidth=1,
+                )
     axes.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     axes.set_yscale("log")  # a ratio: 0.5x and 2x equally far from eager
-    values = [value for row in rows for value in (row.speedup_vs_eager, row.speedup_low, row.speedup_high)
-              if value is not None]
+    values = [
+        value
+        for row in rows
+        for value in (row.speedup_vs_eager, row.speedup_low, row.speedup_high)
+        if value is not None
+    ]
     low, high = min(*values, 1.0), max(*values, 1.0)
     axes.set_ylim(low / 1.6, high * 1.6)
     axes.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}x"))
     axes.yaxis.set_minor_formatter(FuncFormatter(lambda value, _: f"{_minor_label(value, _)}x".lstrip("x")))
-    labels = ["\n".join(f"{label}={value:g}" if isinstance(value, float) else f"{label}={value}"
-                        for label, value in zip(order, config, strict=True)) for config in configurations]
+    labels = [
+        "\n".join(
+            f"{label}={value:g}" if isinstance(value, float) else f"{label}={value}"
+            for label, value in zip(order, config, strict=True)
+        )
+        for config in configurations
+    ]
     axes.set_xticks(range(len(configurations)), labels, fontsize=8)
     axes.set_ylabel("speedup over eager\n(above 1x: faster)")
     axes.set_title("speedup over the eager run of the same settings (dashed: eager)", fontsize=9)
@@ -398,6 +494,7 @@ def _speedup_panel(axes: Axes, rows: list[ReportRow], x_label: str | None, panel
 
 
 # --- the command
+
 
 def latest_parent(client: MlflowClient, experiment: str) -> Run:
     run = newest_run(client, experiment, f"tags.`{names.SWEEP_ROLE}` = 'parent'")
@@ -422,15 +519,21 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def report(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m axoexp.report", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m axoexp.report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
     parser.add_argument("--experiment", default="axoexp")
     parser.add_argument("--parent", default=None, help="the sweep's parent run id (default: the newest sweep)")
-    parser.add_argument("--format", choices=FORMATS, default="text",
-                        help="how the table prints; markdown, csv and json are also written as report.md|csv|json")
-    parser.add_argument("--out", type=Path, default=None,
-                        help=f"the figure's path (default: {FIGURE} in the sweep's output directory)")
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="text",
+        help="how the table prints; markdown, csv and json are also written as report.md|csv|json",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help=f"the figure's path (default: {FIGURE} in the sweep's output directory)"
+    )
     args = parser.parse_args(argv)
     uri = resolve_tracking_uri(args.tracking_uri)
     if uri.startswith(SQLITE_PREFIX) and not Path(uri.removeprefix(SQLITE_PREFIX)).is_file():

@@ -45,8 +45,12 @@ class Interval:
 
 
 def median_ratio_interval(
-    numerator: Sequence[Sequence[float]], denominator: Sequence[Sequence[float]], *,
-    confidence: float = CONFIDENCE, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
+    numerator: Sequence[Sequence[float]],
+    denominator: Sequence[Sequence[float]],
+    *,
+    confidence: float = CONFIDENCE,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
 ) -> Interval:
     """median(numerator) / median(denominator) with a percentile-bootstrap interval.
 
@@ -84,10 +88,11 @@ def _bootstrap_medians(runs: list[np.ndarray], resamples: int, rng: np.random.Ge
             chunk = min(per_chunk, resamples - start)
             chosen = rng.integers(0, count, size=(chunk, count, 1))
             within = rng.integers(0, size, size=(chunk, count, size))
-            medians[start:start + chunk] = np.median(flat[offsets[chosen] + within].reshape(chunk, -1), axis=1)
+            medians[start : start + chunk] = np.median(flat[offsets[chosen] + within].reshape(chunk, -1), axis=1)
         return medians
     for index in range(resamples):  # unequal lengths (adaptive runs): one replicate at a time
         chosen = rng.integers(0, count, size=count)
-        medians[index] = np.median(np.concatenate(
-            [flat[offsets[run] + rng.integers(0, sizes[run], size=sizes[run])] for run in chosen]))
+        medians[index] = np.median(
+            np.concatenate([flat[offsets[run] + rng.integers(0, sizes[run], size=sizes[run])] for run in chosen])
+        )
     return medians

@@ -26,11 +26,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from hydra.experimental.callback import Callback
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
-import torch
 
 from axoexp import metadata, names, processes, signals
 from axoexp.describe import sweep_run_name
@@ -38,7 +38,12 @@ from axoexp.journal import process_tags
 from axoexp.plan import resume_mode
 from axoexp.sync import end_dead_run, process_gone
 from axoexp.tracking import (
-    UNREACHABLE, configure_tracking, experiment_id, open_client, store_lock, with_mlflow_context,
+    UNREACHABLE,
+    configure_tracking,
+    experiment_id,
+    open_client,
+    store_lock,
+    with_mlflow_context,
 )
 
 PARENT_FILE = "mlflow_parent_run_id"
@@ -60,8 +65,9 @@ def sweep_definition(overrides: list[str]) -> str:
 
 def child_runs(client: MlflowClient, parent: Run) -> list[Run]:
     """The runs whose ``mlflow.parentRunId`` is ``parent``."""
-    return client.search_runs([parent.info.experiment_id],
-                              filter_string=f"tags.`{names.PARENT_RUN_ID}` = '{parent.info.run_id}'")
+    return client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.`{names.PARENT_RUN_ID}` = '{parent.info.run_id}'"
+    )
 
 
 class MlflowSweepCallback(Callback):
@@ -83,11 +89,17 @@ class MlflowSweepCallback(Callback):
                 run = client.create_run(
                     experiment_id(client, config.tracking.experiment),
                     run_name=sweep_run_name(overrides),
-                    tags=with_mlflow_context({
-                        names.SWEEP_ROLE: "parent", names.SWEEP_DIR: str(sweep_dir.resolve()),
-                        names.SWEEP_OVERRIDES: " ".join(overrides),
-                        names.SWEEP_DEFINITION: sweep_definition(overrides), names.COMMAND: " ".join(sys.argv),
-                        **process_tags(), **metadata.source_tags(metadata.HYDRA_APP_SOURCE)}),
+                    tags=with_mlflow_context(
+                        {
+                            names.SWEEP_ROLE: "parent",
+                            names.SWEEP_DIR: str(sweep_dir.resolve()),
+                            names.SWEEP_OVERRIDES: " ".join(overrides),
+                            names.SWEEP_DEFINITION: sweep_definition(overrides),
+                            names.COMMAND: " ".join(sys.argv),
+                            **process_tags(),
+                            **metadata.source_tags(metadata.HYDRA_APP_SOURCE),
+                        }
+                    ),
                 )
         except UNREACHABLE as error:
             log.error("MLflow tracking at %s is unreachable, so the sweep has no parent run: %s", uri, error)
@@ -105,8 +117,12 @@ class MlflowSweepCallback(Callback):
         workers = _workers()
         if not workers or self.client is None or self.parent_run_id is None:
             return
-        print(f"axoexp: {signal_name}: stopping {len(workers)} worker processes, "
-              f"waiting up to {WORKER_GRACE_S:.0f} s for their runs to end", file=sys.stderr, flush=True)
+        print(
+            f"axoexp: {signal_name}: stopping {len(workers)} worker processes, "
+            f"waiting up to {WORKER_GRACE_S:.0f} s for their runs to end",
+            file=sys.stderr,
+            flush=True,
+        )
         _signal_all(workers, signal.SIGTERM)
         deadline = time.monotonic() + WORKER_GRACE_S
         while time.monotonic() < deadline and self._running_children():
@@ -121,8 +137,11 @@ class MlflowSweepCallback(Callback):
             if child.info.status != "RUNNING":
                 continue
             if process_gone(child.data.tags):
-                end_dead_run(self.client, child.info.run_id, "its worker process ended before the run did "
-                             f"(the sweep was stopped by {signals.received()})")
+                end_dead_run(
+                    self.client,
+                    child.info.run_id,
+                    f"its worker process ended before the run did (the sweep was stopped by {signals.received()})",
+                )
             else:
                 running.append(child)
         return running
@@ -140,8 +159,11 @@ class MlflowSweepCallback(Callback):
         stopped_by = signals.received()
         for child in child_runs(client, parent_run):
             if child.info.status == "RUNNING" and (stopped_by or process_gone(child.data.tags)):
-                end_dead_run(client, child.info.run_id, f"the sweep was stopped ({stopped_by or 'its job failed'}) "
-                             "before this run ended")
+                end_dead_run(
+                    client,
+                    child.info.run_id,
+                    f"the sweep was stopped ({stopped_by or 'its job failed'}) before this run ended",
+                )
         children = child_runs(client, parent_run)
         print_reuse(client, parent_run, len(children))
         unfinished = [child for child in children if child.info.status != "FINISHED"]
@@ -210,7 +232,8 @@ def note_refused_job(config: DictConfig, job_number: int, job_name: str, error: 
         return
     try:
         open_client(configure_tracking(config.tracking)).set_tag(
-            config.sweep.parent_run_id, f"{names.REFUSED_PREFIX}job{job_number}", f"{job_name}: {error}"[:5000])
+            config.sweep.parent_run_id, f"{names.REFUSED_PREFIX}job{job_number}", f"{job_name}: {error}"[:5000]
+        )
     except UNREACHABLE as unreachable:
         log.error("could not record the refused job %s on the parent run: %s", job_name, unreachable)
 
@@ -239,8 +262,9 @@ def reused_run(config: DictConfig, job_number: int) -> Run | None:
         return None
     try:
         client = open_client(configure_tracking(config.tracking))
-        run = _newest_reusable(client, config.tracking.experiment, result_key(config), parent_id, mode,
-                               config.sweep.repeat)
+        run = _newest_reusable(
+            client, config.tracking.experiment, result_key(config), parent_id, mode, config.sweep.repeat
+        )
         if run is not None:
             client.set_tag(parent_id, f"{names.REUSED_PREFIX}job{job_number}", run.info.run_id)
     except UNREACHABLE:
@@ -248,24 +272,37 @@ def reused_run(config: DictConfig, job_number: int) -> Run | None:
     return run
 
 
-def _newest_reusable(client: MlflowClient, experiment: str, key: str, parent_id: str, mode: str,
-                     repeat: int) -> Run | None:
+def _newest_reusable(
+    client: MlflowClient, experiment: str, key: str, parent_id: str, mode: str, repeat: int
+) -> Run | None:
     found = client.get_experiment_by_name(experiment)
     if found is None:
         return None
-    finished = (f"tags.`{names.RESULT_KEY}` = '{key}' and attributes.status = 'FINISHED' "
-                f"and params.`{names.SWEEP_REPEAT_PARAM}` = '{repeat}'")
-    candidates = [run for run in client.search_runs([found.experiment_id], filter_string=finished,
-                                                    order_by=["attributes.start_time DESC"],
-                                                    max_results=RESUME_CANDIDATES)
-                  if all(math.isfinite(value) for value in run.data.metrics.values())]
+    finished = (
+        f"tags.`{names.RESULT_KEY}` = '{key}' and attributes.status = 'FINISHED' "
+        f"and params.`{names.SWEEP_REPEAT_PARAM}` = '{repeat}'"
+    )
+    candidates = [
+        run
+        for run in client.search_runs(
+            [found.experiment_id],
+            filter_string=finished,
+            order_by=["attributes.start_time DESC"],
+            max_results=RESUME_CANDIDATES,
+        )
+        if all(math.isfinite(value) for value in run.data.metrics.values())
+    ]
     if mode == "any":
         return next(iter(candidates), None)
     definition = client.get_run(parent_id).data.tags.get(names.SWEEP_DEFINITION)
     if definition is None:
         return None
-    same_sweeps = {run.info.run_id for run in client.search_runs(
-        [found.experiment_id], filter_string=f"tags.`{names.SWEEP_DEFINITION}` = '{definition}'")} - {parent_id}
+    same_sweeps = {
+        run.info.run_id
+        for run in client.search_runs(
+            [found.experiment_id], filter_string=f"tags.`{names.SWEEP_DEFINITION}` = '{definition}'"
+        )
+    } - {parent_id}
     return next((run for run in candidates if run.data.tags.get(names.PARENT_RUN_ID) in same_sweeps), None)
 
 
@@ -278,5 +315,8 @@ def print_reuse(client: MlflowClient, parent: Run, children: int) -> None:
     sources = []
     for run_id in dict.fromkeys(client.get_run(run_id).data.tags.get(names.PARENT_RUN_ID) for run_id in reused):
         sources.append(f"'{client.get_run(run_id).info.run_name}' ({run_id})" if run_id else "single runs")
-    print(f"reused {len(reused)} of {len(reused) + children + refused} jobs from {', '.join(sources)} "
-          "(sweep.resume=false re-measures)", flush=True)
+    print(
+        f"reused {len(reused)} of {len(reused) + children + refused} jobs from {', '.join(sources)} "
+        "(sweep.resume=false re-measures)",
+        flush=True,
+    )

@@ -28,7 +28,18 @@ from mlflow.utils.time import get_current_time_millis
 
 from axoexp import names, processes
 from axoexp.journal import (
-    ARTIFACT, DATASET, END, JOURNAL_FILE, METRICS, PARAMS, SERIES, START, TAGS, TRACKING_LOST, UPDATE, WINDOW,
+    ARTIFACT,
+    DATASET,
+    END,
+    JOURNAL_FILE,
+    METRICS,
+    PARAMS,
+    SERIES,
+    START,
+    TAGS,
+    TRACKING_LOST,
+    UPDATE,
+    WINDOW,
     read_journal,
 )
 from axoexp.measure import MEASURED, WARMUP, UpdateTrace, log_traces
@@ -91,8 +102,9 @@ def _run(client: MlflowClient, start: Mapping[str, Any]) -> Run | None:
     found = client.get_experiment_by_name(start["experiment"])
     if found is None:
         return None
-    runs = client.search_runs([found.experiment_id],
-                              filter_string=f"tags.`{names.JOURNAL_ID}` = '{start['journal_id']}'", max_results=1)
+    runs = client.search_runs(
+        [found.experiment_id], filter_string=f"tags.`{names.JOURNAL_ID}` = '{start['journal_id']}'", max_results=1
+    )
     return runs[0] if runs else None
 
 
@@ -113,18 +125,26 @@ def sync_journal(client: MlflowClient, path: Path) -> str:
     gone = process_gone(start["tags"])
     if not ends and not gone:
         where = start["tags"].get(names.HOSTNAME, "an unknown host")
-        return (f"skipped: its process {start['tags'].get(names.PROCESS_PID)} on {where} "
-                f"{'still runs' if gone is False else 'cannot be checked from this host'}")
+        return (
+            f"skipped: its process {start['tags'].get(names.PROCESS_PID)} on {where} "
+            f"{'still runs' if gone is False else 'cannot be checked from this host'}"
+        )
     if run is None:
-        run = client.create_run(experiment_id(client, start["experiment"]), start_time=start["start_time"],
-                                run_name=start.get("run_name"), tags=start["tags"])
+        run = client.create_run(
+            experiment_id(client, start["experiment"]),
+            start_time=start["start_time"],
+            run_name=start.get("run_name"),
+            tags=start["tags"],
+        )
     missing = _replay(Tracker(client, run.info.run_id), records)
     if ends:
         status, reason, end_time = ends[-1]["status"], ends[-1]["reason"], ends[-1]["end_time"]
     else:
         status, end_time = "KILLED", records[-1]["time"]
-        reason = (f"process {start['tags'][names.PROCESS_PID]} on {start['tags'][names.HOSTNAME]} ended without "
-                  "ending its run (killed); completed from its journal by axoexp.sync")
+        reason = (
+            f"process {start['tags'][names.PROCESS_PID]} on {start['tags'][names.HOSTNAME]} ended without "
+            "ending its run (killed); completed from its journal by axoexp.sync"
+        )
     tags = {names.SYNCED: f"from {path} at {get_current_time_millis()} ms"}
     if missing:
         tags[names.SYNCED] += f"; missing artifact files: {', '.join(missing)}"
@@ -166,8 +186,7 @@ def _replay(tracker: Tracker, records: list[dict[str, Any]]) -> list[str]:
         for update in sorted(updates, key=lambda record: record["index"]):
             traces[update["window"]].latencies_ms.append(update["ms"])
             traces[update["window"]].losses.append(update["loss"])
-        log_traces(_AtTime(tracker, updates[-1]["time"]), traces[WARMUP], traces[MEASURED],
-                   _planned_measured(records))
+        log_traces(_AtTime(tracker, updates[-1]["time"]), traces[WARMUP], traces[MEASURED], _planned_measured(records))
     return missing
 
 
@@ -201,11 +220,16 @@ def end_dead_runs(client: MlflowClient) -> list[str]:
             continue
         journal = Path(tags[names.JOURNAL]) if names.JOURNAL in tags else None
         if journal is not None and journal.is_file():
-            done.append(f"run {run.info.run_id}: its process is gone; journal {journal}: {sync_journal(client, journal)}")
+            done.append(
+                f"run {run.info.run_id}: its process is gone; journal {journal}: {sync_journal(client, journal)}"
+            )
             continue
-        end_dead_run(client, run.info.run_id,
-                     f"process {tags[names.PROCESS_PID]} on {tags[names.HOSTNAME]} is gone and never ended this run "
-                     "(killed, or its machine failed); ended by axoexp.sync")
+        end_dead_run(
+            client,
+            run.info.run_id,
+            f"process {tags[names.PROCESS_PID]} on {tags[names.HOSTNAME]} is gone and never ended this run "
+            "(killed, or its machine failed); ended by axoexp.sync",
+        )
         done.append(f"run {run.info.run_id} ({run.info.run_name}): its process is gone; ended KILLED")
     return done
 
@@ -213,8 +237,11 @@ def end_dead_runs(client: MlflowClient) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m axoexp.sync", description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="*", type=Path, help="journals, or directories to search for journal.jsonl")
-    parser.add_argument("--tracking-uri", default=None,
-                        help="the MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)")
+    parser.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="the MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)",
+    )
     args = parser.parse_args(argv)
     uri = resolve_tracking_uri(args.tracking_uri)
     problem = store_problem(uri)
@@ -228,8 +255,9 @@ def main(argv: list[str] | None = None) -> int:
         for line in end_dead_runs(client):
             print(line, flush=True)
     except UNREACHABLE as error:
-        print(f"axoexp.sync: MLflow tracking at {uri} is unreachable: {str(error).splitlines()[0][:300]}",
-              file=sys.stderr)
+        print(
+            f"axoexp.sync: MLflow tracking at {uri} is unreachable: {str(error).splitlines()[0][:300]}", file=sys.stderr
+        )
         return 1
     return 0
 

@@ -77,8 +77,13 @@ class LatencySummary:
         values = np.asarray(samples_ms, dtype=np.float64)
         p10, median, p90 = np.percentile(values, [10, 50, 90])
         return cls(
-            count=len(values), median=float(median), p10=float(p10), p90=float(p90),
-            mean=float(values.mean()), min=float(values.min()), max=float(values.max()),
+            count=len(values),
+            median=float(median),
+            p10=float(p10),
+            p90=float(p90),
+            mean=float(values.mean()),
+            min=float(values.min()),
+            max=float(values.max()),
             rel_iqr=rel_iqr(values),
         )
 

@@ -82,19 +82,18 @@ class Tracker:
     def log_params(self, params: Mapping[str, Any]) -> None:
         items = [Param(key, str(value)[:MAX_PARAM_LENGTH]) for key, value in params.items()]
         for start in range(0, len(items), 100):
-            self.client.log_batch(self.run_id, params=items[start:start + 100])
+            self.client.log_batch(self.run_id, params=items[start : start + 100])
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         items = [RunTag(key, str(value)) for key, value in tags.items()]
         for start in range(0, len(items), 100):
-            self.client.log_batch(self.run_id, tags=items[start:start + 100])
+            self.client.log_batch(self.run_id, tags=items[start : start + 100])
 
     def log_metrics(self, metrics: Mapping[str, float], step: int = 0, timestamp_ms: int | None = None) -> None:
         now = timestamp_ms or get_current_time_millis()
         self._log([Metric(key, float(value), now, step) for key, value in metrics.items()])
 
-    def log_series(self, name: str, values: list[float], first_step: int = 0,
-                   timestamp_ms: int | None = None) -> None:
+    def log_series(self, name: str, values: list[float], first_step: int = 0, timestamp_ms: int | None = None) -> None:
         """One metric value per step, e.g. the loss of every update. An explicit timestamp
         makes logging the same values again a no-op (the store drops identical metrics)."""
         now = timestamp_ms or get_current_time_millis()
@@ -113,12 +112,13 @@ class Tracker:
 
     def log_dataset_record(self, record: Mapping[str, Any], context: str) -> None:
         """A dataset input from its ``Dataset.to_dict()`` record (as the journal keeps it)."""
-        self.client.log_inputs(self.run_id, [DatasetInput(DatasetEntity(**record),
-                                                          [InputTag(names.DATASET_CONTEXT, context)])])
+        self.client.log_inputs(
+            self.run_id, [DatasetInput(DatasetEntity(**record), [InputTag(names.DATASET_CONTEXT, context)])]
+        )
 
     def _log(self, metrics: list[Metric]) -> None:
         for start in range(0, len(metrics), MAX_BATCH):
-            self.client.log_batch(self.run_id, metrics=metrics[start:start + MAX_BATCH])
+            self.client.log_batch(self.run_id, metrics=metrics[start : start + MAX_BATCH])
 
 
 def _ui_column(kind: str, key: str) -> str:
@@ -127,24 +127,33 @@ def _ui_column(kind: str, key: str) -> str:
 
 RUNS_VIEW_COLUMNS = (
     *(_ui_column("metrics", names.update_metric(stat)) for stat in ("median", "p10", "p90")),
-    _ui_column("metrics", names.CAPTURE), _ui_column("tags", names.component_tag("executor")),
-    _ui_column("tags", names.SHAPE), *(_ui_column("attributes", key) for key in ("Dataset", "Source", "Version")),
+    _ui_column("metrics", names.CAPTURE),
+    _ui_column("tags", names.component_tag("executor")),
+    _ui_column("tags", names.SHAPE),
+    *(_ui_column("attributes", key) for key in ("Dataset", "Source", "Version")),
 )
 
 
 def runs_view() -> str:
     """The MLflow UI's runs table as axoexp's results read best: the summary columns first."""
-    widths = {_ui_column("attributes", "Run Name"): 300,
-              **{column: 130 for column in RUNS_VIEW_COLUMNS if column.startswith("metrics.")}}
-    return json.dumps({"selectedColumns": list(RUNS_VIEW_COLUMNS), "columnWidths": widths,
-                       "columnOrder": [_ui_column("attributes", "Run Name"), *RUNS_VIEW_COLUMNS]})
+    widths = {
+        _ui_column("attributes", "Run Name"): 300,
+        **{column: 130 for column in RUNS_VIEW_COLUMNS if column.startswith("metrics.")},
+    }
+    return json.dumps(
+        {
+            "selectedColumns": list(RUNS_VIEW_COLUMNS),
+            "columnWidths": widths,
+            "columnOrder": [_ui_column("attributes", "Run Name"), *RUNS_VIEW_COLUMNS],
+        }
+    )
 
 
 def sqlite_path(tracking_uri: str) -> Path | None:
     """The database file of a ``sqlite:///`` URI (``None`` for any other store)."""
     if not tracking_uri.startswith(SQLITE_PREFIX):
         return None
-    return Path(tracking_uri[len(SQLITE_PREFIX):].partition("?")[0]).expanduser()
+    return Path(tracking_uri[len(SQLITE_PREFIX) :].partition("?")[0]).expanduser()
 
 
 def store_problem(tracking_uri: str) -> str | None:
@@ -200,8 +209,10 @@ def experiment_id(client: MlflowClient, name: str) -> str:
     """The experiment ``name``, created if missing (also when another process creates it
     meanwhile), tagged for the MLflow UI: of the training kind, with axoexp's runs view
     (:func:`runs_view`)."""
-    tags = {names.EXPERIMENT_KIND: names.EXPERIMENT_KIND_TRAINING,
-            names.SHARED_VIEW_PREFIX + names.RUNS_VIEW: runs_view()}
+    tags = {
+        names.EXPERIMENT_KIND: names.EXPERIMENT_KIND_TRAINING,
+        names.SHARED_VIEW_PREFIX + names.RUNS_VIEW: runs_view(),
+    }
     found = client.get_experiment_by_name(name)
     if found is None:
         try:
@@ -233,6 +244,7 @@ def newest_run(client: MlflowClient, experiment: str, filter_string: str) -> Run
     found = client.get_experiment_by_name(experiment)
     if found is None:
         return None
-    runs = client.search_runs([found.experiment_id], filter_string=filter_string,
-                              order_by=["attributes.start_time DESC"], max_results=1)
+    runs = client.search_runs(
+        [found.experiment_id], filter_string=filter_string, order_by=["attributes.start_time DESC"], max_results=1
+    )
     return runs[0] if runs else None

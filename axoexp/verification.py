@@ -68,9 +68,16 @@ def _max_abs_diff(left: list[torch.Tensor], right: list[torch.Tensor]) -> float:
     return max(float((a.double() - b.double()).abs().max()) for a, b in zip(left, right, strict=True))
 
 
-def verify_parity(build: BuildExecutor, executor_name: str, pristine: torch.nn.Module, batches: list[Batch],
-                  updates: int, loss_atol: float, param_atol: float,
-                  prepared: Executor | None = None) -> Verification:
+def verify_parity(
+    build: BuildExecutor,
+    executor_name: str,
+    pristine: torch.nn.Module,
+    batches: list[Batch],
+    updates: int,
+    loss_atol: float,
+    param_atol: float,
+    prepared: Executor | None = None,
+) -> Verification:
     """Run ``updates`` eager and ``updates`` executor updates from copies of ``pristine``.
 
     ``prepared``, when given, is the planned executor already prepared on an unchanged copy
@@ -81,9 +88,11 @@ def verify_parity(build: BuildExecutor, executor_name: str, pristine: torch.nn.M
     losses, params = _adapt(executor, batches, updates)
     initial = [parameter.detach() for parameter in pristine.trainable_adaptation_parameters()]
     return Verification(
-        executor=executor_name, updates=updates,
+        executor=executor_name,
+        updates=updates,
         max_abs_loss_diff=_max_abs_diff(reference_losses, losses),
         max_abs_param_diff=_max_abs_diff(reference_params, params),
         max_abs_param_change=_max_abs_diff(reference_params, initial),
-        loss_atol=loss_atol, param_atol=param_atol,
+        loss_atol=loss_atol,
+        param_atol=param_atol,
     )

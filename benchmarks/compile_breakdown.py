@@ -66,8 +66,13 @@ def worker(shape: str, spec: dict) -> None:
     start = time.perf_counter()
     neurons, time_steps, contacts = shape.split("x")
     executor = spec.get("executor", "regional_cudagraph")
-    overrides = ["device=cuda", f"executor={executor}", f"population.neurons={neurons}",
-                 f"population.time_steps={time_steps}", f"population.contacts={contacts}"]
+    overrides = [
+        "device=cuda",
+        f"executor={executor}",
+        f"population.neurons={neurons}",
+        f"population.time_steps={time_steps}",
+        f"population.contacts={contacts}",
+    ]
     if executor == "regional_cudagraph":
         overrides += [f"executor.tokens_per_region={spec['k']}"] if "k" in spec else []
         overrides += [f"executor.compile_edges={str(spec['edges']).lower()}"] if "edges" in spec else []
@@ -100,14 +105,20 @@ def worker(shape: str, spec: dict) -> None:
     mark("prepare", start)
     if profiler is not None:
         profiler.disable()
-    marks.update(worker_start_method=torch._inductor.config.worker_start_method,
-                 kernels_compiled_in_process=len(torch._dynamo.utils.compilation_time_metrics.get(
-                     "async_compile.precompile", [])),
-                 kernels_compiled=torch._dynamo.utils.counters["inductor"]["async_compile_cache_miss"])
-    marks.update(phases_ms={key: round(value, 1) for key, value in phases.items()}, tags=prepared.prepared_tags,
-                 time_spent={k: round(v, 3) for k, v in torch._dynamo.utils.calculate_time_spent().items()},
-                 compile_times=torch._dynamo.utils.compile_times(repr="str", aggregate=True),
-                 compile_threads=torch._inductor.config.compile_threads)
+    marks.update(
+        worker_start_method=torch._inductor.config.worker_start_method,
+        kernels_compiled_in_process=len(
+            torch._dynamo.utils.compilation_time_metrics.get("async_compile.precompile", [])
+        ),
+        kernels_compiled=torch._dynamo.utils.counters["inductor"]["async_compile_cache_miss"],
+    )
+    marks.update(
+        phases_ms={key: round(value, 1) for key, value in phases.items()},
+        tags=prepared.prepared_tags,
+        time_spent={k: round(v, 3) for k, v in torch._dynamo.utils.calculate_time_spent().items()},
+        compile_times=torch._dynamo.utils.compile_times(repr="str", aggregate=True),
+        compile_threads=torch._inductor.config.compile_threads,
+    )
     samples = []
     for index in range(230):
         batch = setup.batches[index % len(setup.batches)]
@@ -117,8 +128,9 @@ def worker(shape: str, spec: dict) -> None:
         torch.cuda.synchronize()
         if index >= 30:
             samples.append((time.perf_counter() - begin) * 1e3)
-    marks.update(replay_median_ms=round(sorted(samples)[len(samples) // 2], 4),
-                 process_s=round(time.perf_counter() - STARTED, 2))
+    marks.update(
+        replay_median_ms=round(sorted(samples)[len(samples) // 2], 4), process_s=round(time.perf_counter() - STARTED, 2)
+    )
     print("ROW " + json.dumps({"shape": shape, "spec": spec, **marks}), flush=True)
     if profiler is not None:
         import pstats
@@ -143,16 +155,30 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="inductor-") as cache:
             for phase in ("cold",) if args.cold_only else ("cold", "warm"):
                 done = subprocess.run(
-                    [sys.executable, __file__, "--worker", "--shape", args.shape, "--out", str(args.out),
-                     json.dumps(spec)], env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, **workers},
-                    capture_output=True, text=True, timeout=args.timeout)
+                    [
+                        sys.executable,
+                        __file__,
+                        "--worker",
+                        "--shape",
+                        args.shape,
+                        "--out",
+                        str(args.out),
+                        json.dumps(spec),
+                    ],
+                    env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, **workers},
+                    capture_output=True,
+                    text=True,
+                    timeout=args.timeout,
+                )
                 rows = [line[4:] for line in done.stdout.splitlines() if line.startswith("ROW ")]
                 row = json.loads(rows[0]) if rows else {"shape": args.shape, "spec": spec, "error": done.stderr[-3000:]}
                 row["phase"] = phase
                 with args.out.open("a") as out:
                     out.write(json.dumps(row) + "\n")
-                print(json.dumps({k: row.get(k) for k in ("spec", "phase", "phases_ms", "replay_median_ms", "error")}),
-                      flush=True)
+                print(
+                    json.dumps({k: row.get(k) for k in ("spec", "phase", "phases_ms", "replay_median_ms", "error")}),
+                    flush=True,
+                )
                 if spec.get("profile"):
                     print(done.stderr[-9000:], flush=True)
 

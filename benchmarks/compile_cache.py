@@ -29,12 +29,19 @@ from axoexp import names
 
 def one_run(shape: str, cache: str, overrides: list[str], uri: str) -> dict[str, object]:
     neurons, time_steps, contacts = shape.split("x")
-    command = [sys.executable, "-m", "axoexp", "device=cuda", f"population.neurons={neurons}",
-               f"population.time_steps={time_steps}", f"population.contacts={contacts}", *overrides,
-               f"tracking.uri={uri}"]
+    command = [
+        sys.executable,
+        "-m",
+        "axoexp",
+        "device=cuda",
+        f"population.neurons={neurons}",
+        f"population.time_steps={time_steps}",
+        f"population.contacts={contacts}",
+        *overrides,
+        f"tracking.uri={uri}",
+    ]
     start = time.perf_counter()
-    done = subprocess.run(command, env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache},
-                          capture_output=True, text=True)
+    done = subprocess.run(command, env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}, capture_output=True, text=True)
     wall_s = time.perf_counter() - start
     if done.returncode != 0:
         return {"shape": shape, "error": done.stderr[-2000:], "wall_s": wall_s}
@@ -42,21 +49,33 @@ def one_run(shape: str, cache: str, overrides: list[str], uri: str) -> dict[str,
     experiment = client.get_experiment_by_name("axoexp")
     (run,) = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time DESC"], max_results=1)
     metrics, tags = run.data.metrics, run.data.tags
-    return {"shape": shape, "cache": tags.get(names.COMPILE_CACHE), "wall_s": round(wall_s, 2),
-            **{phase: metrics.get(names.phase_metric(phase)) for phase in ("compiler_startup", "compile", "capture")},
-            "median_ms": metrics[names.UPDATE_MEDIAN], "run_id": run.info.run_id}
+    return {
+        "shape": shape,
+        "cache": tags.get(names.COMPILE_CACHE),
+        "wall_s": round(wall_s, 2),
+        **{phase: metrics.get(names.phase_metric(phase)) for phase in ("compiler_startup", "compile", "capture")},
+        "median_ms": metrics[names.UPDATE_MEDIAN],
+        "run_id": run.info.run_id,
+    }
 
 
 def markdown(rows: list[dict[str, object]], overrides: list[str], day: str) -> str:
-    lines = [f"# Compile, cold and warm cache — {day}", "", f"overrides: {' '.join(overrides)}", "",
-             "| shape | compile cache | compiler start-up ms | compile ms | capture ms | median ms | process s |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"# Compile, cold and warm cache — {day}",
+        "",
+        f"overrides: {' '.join(overrides)}",
+        "",
+        "| shape | compile cache | compiler start-up ms | compile ms | capture ms | median ms | process s |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for row in rows:
         if "error" in row:
             lines.append(f"| {row['shape']} | failed | | | | | {row['wall_s']:.1f} |")
             continue
-        lines.append(f"| {row['shape']} | {row['cache']} | {row['compiler_startup'] or 0:.0f} | {row['compile']:.0f} "
-                     f"| {row['capture']:.0f} | {row['median_ms']:.3f} | {row['wall_s']:.1f} |")
+        lines.append(
+            f"| {row['shape']} | {row['cache']} | {row['compiler_startup'] or 0:.0f} | {row['compile']:.0f} "
+            f"| {row['capture']:.0f} | {row['median_ms']:.3f} | {row['wall_s']:.1f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -76,8 +95,9 @@ def main() -> None:
             for _ in range(1 + args.warm):
                 rows.append(one_run(shape, cache, args.overrides, uri))
                 print(json.dumps(rows[-1]), flush=True)
-    (args.out / f"{args.label}.json").write_text(json.dumps(
-        {"date": str(date.today()), "overrides": args.overrides, "rows": rows}, indent=2))
+    (args.out / f"{args.label}.json").write_text(
+        json.dumps({"date": str(date.today()), "overrides": args.overrides, "rows": rows}, indent=2)
+    )
     table = markdown(rows, args.overrides, str(date.today()))
     (args.out / f"{args.label}.md").write_text(table)
     print(table)

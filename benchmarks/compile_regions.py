@@ -97,12 +97,30 @@ SCRIPT = Path(__file__).resolve()
 DEFAULT_SHAPES = ("64x256x32",)
 SELF_CHECK_SHAPES = ("3x12x4", "4x32x4")
 DEFAULT_STRATEGIES = (
-    "token", "blocks-2", "blocks-4", "blocks-8", "blocks-16", "token+edges",
-    "best+edges", "best@mmdecomp", "best@cdt", "whole",
+    "token",
+    "blocks-2",
+    "blocks-4",
+    "blocks-8",
+    "blocks-16",
+    "token+edges",
+    "best+edges",
+    "best@mmdecomp",
+    "best@cdt",
+    "whole",
 )
 SELF_CHECK_STRATEGIES = (
-    "whole", "token", "token+edges", "blocks-1", "blocks-2", "blocks-4", "blocks-16",
-    "blocks-2+edges", "blocks-3+edges+unbound", "blocks-4+edges@mmdecomp", "blocks-2@aggr", "scan",
+    "whole",
+    "token",
+    "token+edges",
+    "blocks-1",
+    "blocks-2",
+    "blocks-4",
+    "blocks-16",
+    "blocks-2+edges",
+    "blocks-3+edges+unbound",
+    "blocks-4+edges@mmdecomp",
+    "blocks-2@aggr",
+    "scan",
 )
 PARITY_UPDATES = 5
 GOAL = {"compile_s": 10.0, "ratio_vs_bare": 0.37, "parity": 1e-6}
@@ -157,11 +175,14 @@ class Spec:
 
 
 def parse_spec(text: str) -> Spec:
-    match = re.fullmatch(r"(whole|token|scan|best|blocks-(\d+))(\+edges)?(\+zerostate)?(\+unbound)?(?:@([\w,]+))?",
-                         text.strip())
+    match = re.fullmatch(
+        r"(whole|token|scan|best|blocks-(\d+))(\+edges)?(\+zerostate)?(\+unbound)?(?:@([\w,]+))?", text.strip()
+    )
     if not match:
-        raise ValueError(f"strategy {text!r} is not BASE[+edges][+zerostate][+unbound][@PRESET,...] with BASE one of "
-                         "whole, token, blocks-K, scan, best")
+        raise ValueError(
+            f"strategy {text!r} is not BASE[+edges][+zerostate][+unbound][@PRESET,...] with BASE one of "
+            "whole, token, blocks-K, scan, best"
+        )
     base = "blocks" if match.group(2) else match.group(1)
     k = int(match.group(2) or 0)
     if base == "blocks" and k < 1:
@@ -176,8 +197,14 @@ def parse_spec(text: str) -> Spec:
         raise ValueError("token keeps axosim's own loop; token+edges+zerostate re-expresses it")
     if match.group(5) and base != "blocks":
         raise ValueError(f"strategy {text!r}: +unbound applies to blocks-K only")
-    return Spec(base=base, k=k, edges=bool(match.group(3)), presets=presets, grad_state=not match.group(4),
-                unbound=bool(match.group(5)))
+    return Spec(
+        base=base,
+        k=k,
+        edges=bool(match.group(3)),
+        presets=presets,
+        grad_state=not match.group(4),
+        unbound=bool(match.group(5)),
+    )
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -340,15 +367,18 @@ def import_axoexp() -> dict[str, Any]:
     from axoexp.executors.base import eager_update
     from axoexp.executors.capture import release_autograd_graphs
 
-    return {"lite": lite, "causal_mse": causal_mse, "release_autograd_graphs": release_autograd_graphs,
-            "eager_update": eager_update}
+    return {
+        "lite": lite,
+        "causal_mse": causal_mse,
+        "release_autograd_graphs": release_autograd_graphs,
+        "eager_update": eager_update,
+    }
 
 
 def make_optimizer(module: Any, device_type: str) -> Any:
     import torch
 
-    return torch.optim.Adam(list(module.trainable_adaptation_parameters()), lr=1e-3,
-                            capturable=device_type == "cuda")
+    return torch.optim.Adam(list(module.trainable_adaptation_parameters()), lr=1e-3, capturable=device_type == "cuda")
 
 
 def trainable(module: Any) -> list[Any]:
@@ -364,8 +394,15 @@ def percentiles(samples: list[float]) -> dict[str, float]:
 
     values = np.asarray(samples, dtype=np.float64)
     p10, median, p90 = np.percentile(values, [10, 50, 90])
-    return {"median": float(median), "p10": float(p10), "p90": float(p90), "mean": float(values.mean()),
-            "min": float(values.min()), "max": float(values.max()), "count": int(values.size)}
+    return {
+        "median": float(median),
+        "p10": float(p10),
+        "p90": float(p90),
+        "mean": float(values.mean()),
+        "min": float(values.min()),
+        "max": float(values.max()),
+        "count": int(values.size),
+    }
 
 
 def dynamo_counters() -> dict[str, Any]:
@@ -379,7 +416,7 @@ def dynamo_counters() -> dict[str, Any]:
             "graph_breaks": int(sum(counters["graph_break"].values())),
             "decompose_mm": {k: int(v) for k, v in counters["inductor"].items() if k.startswith("decompose_")},
         }
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:
         return {"error": repr(error)}
 
 
@@ -396,7 +433,7 @@ def raise_recompile_limit() -> None:
     for name in ("recompile_limit", "cache_size_limit"):
         try:
             setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 16))
-        except Exception:  # noqa: BLE001 - the name differs between releases
+        except Exception:
             pass
 
 
@@ -404,26 +441,29 @@ def environment(device: Any) -> dict[str, Any]:
     import torch
 
     info: dict[str, Any] = {
-        "torch": torch.__version__, "python": platform.python_version(), "host": platform.node(),
-        "cpus": os.cpu_count(), "cuda_runtime": torch.version.cuda,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "cuda_runtime": torch.version.cuda,
     }
     try:
         import triton
 
         info["triton"] = triton.__version__
-    except Exception:  # noqa: BLE001
+    except Exception:
         info["triton"] = None
     try:
         import axosim
 
         info["axosim"] = getattr(axosim, "__version__", None) or _dist_version("axosim")
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
         try:
             info["driver"] = torch.cuda.driver_version() if hasattr(torch.cuda, "driver_version") else None
-        except Exception:  # noqa: BLE001
+        except Exception:
             info["driver"] = None
     return info
 
@@ -433,7 +473,7 @@ def _dist_version(name: str) -> str | None:
         from importlib.metadata import version
 
         return version(name)
-    except Exception:  # noqa: BLE001
+    except Exception:
         return None
 
 
@@ -468,15 +508,20 @@ def run_worker(args: argparse.Namespace) -> int:
     shape = parse_shape(args.shape)
     spec = parse_spec(args.strategy)
     row: dict[str, Any] = {
-        "shape": shape_label(shape), "strategy": args.requested or spec.name, "resolved": spec.name,
-        "phase": args.phase, "ok": False, "error": None, "options": spec.options(),
+        "shape": shape_label(shape),
+        "strategy": args.requested or spec.name,
+        "resolved": spec.name,
+        "phase": args.phase,
+        "ok": False,
+        "error": None,
+        "options": spec.options(),
         "cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
     }
     report = Reporter(row)
     try:
         _worker_body(args, shape, spec, report)
         row["ok"] = True
-    except BaseException as error:  # noqa: BLE001 - every failure becomes a row
+    except BaseException as error:
         row["error"] = f"{type(error).__name__}: {error}"[:2000]
         row["traceback"] = traceback.format_exc()[-6000:]
         print(row["traceback"], file=sys.stderr, flush=True)
@@ -500,8 +545,9 @@ def _worker_body(args: argparse.Namespace, shape: tuple[int, int, int], spec: Sp
     report.stage("imports", env=environment(device))
 
     neurons, time_steps, contacts = shape
-    setup = axoexp["lite"](device=device, dtype=torch.float32, seed=0, neurons=neurons,
-                           time_steps=time_steps, contacts=contacts)
+    setup = axoexp["lite"](
+        device=device, dtype=torch.float32, seed=0, neurons=neurons, time_steps=time_steps, contacts=contacts
+    )
     pristine = copy.deepcopy(setup.module)
     batches = setup.batches
     loss_fn = axoexp["causal_mse"]()
@@ -513,8 +559,10 @@ def _worker_body(args: argparse.Namespace, shape: tuple[int, int, int], spec: Sp
     # eager reference: PARITY_UPDATES updates of the uncompiled module from the same state
     reference = copy.deepcopy(pristine)
     reference_optimizer = make_optimizer(reference, device.type)
-    reference_losses = [eager_update(reference, reference_optimizer, loss_fn, None, *batches[i % len(batches)])
-                        for i in range(PARITY_UPDATES)]
+    reference_losses = [
+        eager_update(reference, reference_optimizer, loss_fn, None, *batches[i % len(batches)])
+        for i in range(PARITY_UPDATES)
+    ]
     reference_params = trainable(reference)
     initial_params = trainable(pristine)
     sync()
@@ -524,7 +572,7 @@ def _worker_body(args: argparse.Namespace, shape: tuple[int, int, int], spec: Sp
         sync()
         return {
             "max_abs_param_diff": max_abs_diff(reference_params, trainable(module)),
-            "max_abs_loss_diff": max(abs(float(a) - float(b)) for a, b in zip(reference_losses, losses)),
+            "max_abs_loss_diff": max(abs(float(a) - float(b)) for a, b in zip(reference_losses, losses, strict=True)),
             "max_abs_param_change": max_abs_diff(reference_params, initial_params),
         }
 
@@ -544,8 +592,7 @@ def _worker_body(args: argparse.Namespace, shape: tuple[int, int, int], spec: Sp
     bare_step = capture(bare_module, bare_module, bare_optimizer)
     sync()
     bare_capture_s = time.perf_counter() - start
-    report.stage("bare_capture", bare_capture_s=round(bare_capture_s, 4),
-                 bare_parity=parity(bare_step, bare_module))
+    report.stage("bare_capture", bare_capture_s=round(bare_capture_s, 4), bare_parity=parity(bare_step, bare_module))
 
     # the strategy
     module = copy.deepcopy(pristine)
@@ -573,9 +620,13 @@ def _worker_body(args: argparse.Namespace, shape: tuple[int, int, int], spec: Sp
         optimizer.zero_grad(set_to_none=False)
     sync()
     compile_s = time.perf_counter() - start
-    report.stage("compile", compile_s=round(compile_s, 4), counters_after_compile=dynamo_counters(),
-                 kernels_generated=metrics.generated_kernel_count - generated_before,
-                 kernels_compiled=count_triton_kernels())
+    report.stage(
+        "compile",
+        compile_s=round(compile_s, 4),
+        counters_after_compile=dynamo_counters(),
+        kernels_generated=metrics.generated_kernel_count - generated_before,
+        kernels_compiled=count_triton_kernels(),
+    )
 
     sync()
     start = time.perf_counter()
@@ -583,8 +634,12 @@ def _worker_body(args: argparse.Namespace, shape: tuple[int, int, int], spec: Sp
     sync()
     capture_s = time.perf_counter() - start
     counters = dynamo_counters()
-    report.stage("capture", capture_s=round(capture_s, 4), counters_after_capture=counters,
-                 recompiled_during_capture=counters.get("frames_ok") != report.row["counters_after_compile"].get("frames_ok"))
+    report.stage(
+        "capture",
+        capture_s=round(capture_s, 4),
+        counters_after_capture=counters,
+        recompiled_during_capture=counters.get("frames_ok") != report.row["counters_after_compile"].get("frames_ok"),
+    )
 
     checked = parity(step, module)
     report.stage("parity", parity=checked, parity_max_abs_param_diff=checked["max_abs_param_diff"])
@@ -603,7 +658,7 @@ def _worker_body(args: argparse.Namespace, shape: tuple[int, int, int], spec: Sp
         sync()
         return (time.perf_counter_ns() - begin) / 1e6
 
-    for name, call in variants.items():
+    for call in variants.values():
         for _ in range(args.warmup):
             one(call)
     order = list(variants)
@@ -613,8 +668,14 @@ def _worker_body(args: argparse.Namespace, shape: tuple[int, int, int], spec: Sp
             samples[name] += [one(variants[name]) for _ in range(args.updates)]
     replay = percentiles(samples["strategy"])
     bare = percentiles(samples["bare"])
-    report.stage("replay", replay_ms=replay, bare_ms=bare, replay_median_ms=replay["median"],
-                 bare_median_ms=bare["median"], ratio_vs_bare=replay["median"] / bare["median"])
+    report.stage(
+        "replay",
+        replay_ms=replay,
+        bare_ms=bare,
+        replay_median_ms=replay["median"],
+        bare_median_ms=bare["median"],
+        ratio_vs_bare=replay["median"] / bare["median"],
+    )
 
     if cuda and args.pipelined > 0:
         pipelined = {}
@@ -631,7 +692,7 @@ def _worker_body(args: argparse.Namespace, shape: tuple[int, int, int], spec: Sp
     if cuda and args.profile > 0:
         try:
             report.stage("profile", **profile_variants(variants, batches, sync, args.profile))
-        except Exception as error:  # noqa: BLE001 - profiling is a bonus
+        except Exception as error:
             report.stage("profile", profile_error=f"{type(error).__name__}: {error}")
 
 
@@ -657,33 +718,64 @@ def profile_variants(variants: dict[str, Any], batches: list[Any], sync: Any, co
 
 def git_state() -> dict[str, Any]:
     try:
-        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
-                                text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain"], capture_output=True,
-                               text=True, timeout=10).stdout.strip()
+        commit = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
         return {"commit": commit or None, "dirty": bool(dirty)}
-    except Exception:  # noqa: BLE001
+    except Exception:
         return {"commit": None, "dirty": None}
 
 
-def run_phase(args: argparse.Namespace, shape: tuple[int, int, int], requested: str, spec: Spec,
-              phase: str, cache_dir: Path, timeout: float, log_dir: Path | None) -> dict[str, Any]:
+def run_phase(
+    args: argparse.Namespace,
+    shape: tuple[int, int, int],
+    requested: str,
+    spec: Spec,
+    phase: str,
+    cache_dir: Path,
+    timeout: float,
+    log_dir: Path | None,
+) -> dict[str, Any]:
     """One subprocess; its row, or a failure row built from its last PARTIAL line."""
     env = dict(os.environ)
-    env.update({
-        "TORCHINDUCTOR_CACHE_DIR": str(cache_dir / "inductor"),
-        "TRITON_CACHE_DIR": str(cache_dir / "triton"),
-        "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
-        "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
-        "PYTHONUNBUFFERED": "1",
-    })
+    env.update(
+        {
+            "TORCHINDUCTOR_CACHE_DIR": str(cache_dir / "inductor"),
+            "TRITON_CACHE_DIR": str(cache_dir / "triton"),
+            "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
+            "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    command = [sys.executable, str(SCRIPT), "--worker", "--shape", shape_label(shape), "--strategy", spec.name,
-               "--requested", requested, "--phase", phase, "--device", args.device,
-               "--warmup", str(args.warmup), "--rounds", str(args.rounds),
-               "--updates", str(args.updates if phase == "cold" else args.warm_updates),
-               "--pipelined", str(args.pipelined),
-               "--profile", str(args.profile if phase == "cold" else 0)]
+    command = [
+        sys.executable,
+        str(SCRIPT),
+        "--worker",
+        "--shape",
+        shape_label(shape),
+        "--strategy",
+        spec.name,
+        "--requested",
+        requested,
+        "--phase",
+        phase,
+        "--device",
+        args.device,
+        "--warmup",
+        str(args.warmup),
+        "--rounds",
+        str(args.rounds),
+        "--updates",
+        str(args.updates if phase == "cold" else args.warm_updates),
+        "--pipelined",
+        str(args.pipelined),
+        "--profile",
+        str(args.profile if phase == "cold" else 0),
+    ]
     tag = f"[{shape_label(shape)} {spec.name} {phase}]"
     log_path = None
     if log_dir is not None:
@@ -693,8 +785,16 @@ def run_phase(args: argparse.Namespace, shape: tuple[int, int, int], requested: 
     holder: dict[str, Any] = {}
     start = time.perf_counter()
     print(f"# {tag} start (timeout {timeout:.0f} s)", flush=True)
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                               cwd=str(REPO), start_new_session=True, bufsize=1)
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=str(REPO),
+        start_new_session=True,
+        bufsize=1,
+    )
 
     def pump() -> None:
         with open(log_path, "w") if log_path else open(os.devnull, "w") as log:
@@ -725,12 +825,17 @@ def run_phase(args: argparse.Namespace, shape: tuple[int, int, int], requested: 
     elapsed = time.perf_counter() - start
     row = holder.get("result")
     if row is None:
-        row = dict(holder.get("partial") or {"shape": shape_label(shape), "strategy": requested,
-                                              "resolved": spec.name, "phase": phase})
+        row = dict(
+            holder.get("partial")
+            or {"shape": shape_label(shape), "strategy": requested, "resolved": spec.name, "phase": phase}
+        )
         row["ok"] = False
         reached = row.get("stage", "start")
-        row["error"] = (f"timeout after {timeout:.0f} s (last stage reached: {reached})" if timed_out
-                        else f"exit code {process.returncode} (last stage reached: {reached})")
+        row["error"] = (
+            f"timeout after {timeout:.0f} s (last stage reached: {reached})"
+            if timed_out
+            else f"exit code {process.returncode} (last stage reached: {reached})"
+        )
         row["output_tail"] = "\n".join(tail)[-4000:]
     row["subprocess_s"] = round(elapsed, 3)
     row["log"] = str(log_path) if log_path else None
@@ -760,9 +865,16 @@ def _kill_group(process: subprocess.Popen, signals: tuple[int, ...] = (signal.SI
 
 def resolve_best(spec: Spec, rows: list[dict[str, Any]], shape: str, budget: float) -> tuple[Spec | None, str]:
     """``best...``: the best region measured so far for ``shape``, with spec's edges and presets added."""
-    candidates = [r for r in rows if r.get("shape") == shape and r.get("phase") == "cold" and r.get("ok")
-                  and r.get("ratio_vs_bare") is not None and not r["resolved"].startswith(("whole", "scan"))
-                  and (r.get("parity_max_abs_param_diff") or 0.0) <= 1e-4]
+    candidates = [
+        r
+        for r in rows
+        if r.get("shape") == shape
+        and r.get("phase") == "cold"
+        and r.get("ok")
+        and r.get("ratio_vs_bare") is not None
+        and not r["resolved"].startswith(("whole", "scan"))
+        and (r.get("parity_max_abs_param_diff") or 0.0) <= 1e-4
+    ]
     within = [r for r in candidates if (r.get("compile_s") or 1e9) <= budget]
     pool = within or candidates
     if not pool:
@@ -770,14 +882,19 @@ def resolve_best(spec: Spec, rows: list[dict[str, Any]], shape: str, budget: flo
     best = min(pool, key=lambda r: r["ratio_vs_bare"])
     chosen = parse_spec(best["resolved"])
     presets = tuple(dict.fromkeys(chosen.presets + spec.presets))
-    why = (f"best so far: {best['resolved']} (ratio {best['ratio_vs_bare']:.3f}, compile "
-           f"{best['compile_s']:.1f} s{'' if within else ', none within the compile budget'})")
+    why = (
+        f"best so far: {best['resolved']} (ratio {best['ratio_vs_bare']:.3f}, compile "
+        f"{best['compile_s']:.1f} s{'' if within else ', none within the compile budget'})"
+    )
     return replace(chosen, edges=chosen.edges or spec.edges, presets=presets), why
 
 
 def meets_goal(row: dict[str, Any]) -> bool:
-    return (row.get("compile_s") or 1e9) <= GOAL["compile_s"] and row["ratio_vs_bare"] <= GOAL["ratio_vs_bare"] \
+    return (
+        (row.get("compile_s") or 1e9) <= GOAL["compile_s"]
+        and row["ratio_vs_bare"] <= GOAL["ratio_vs_bare"]
         and (row.get("parity_max_abs_param_diff") or 0.0) <= GOAL["parity"]
+    )
 
 
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
@@ -827,21 +944,33 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         mine = [r for r in cold if r["shape"] == shape]
         fast = min(mine, key=lambda r: r["ratio_vs_bare"])
         quick = [r for r in mine if (r.get("compile_s") or 1e9) <= GOAL["compile_s"]]
-        lines += ["", f"{shape}: lowest ratio {fast['ratio_vs_bare']:.3f} ({fast['resolved']}, compile "
-                  f"{fast['compile_s']:.1f} s cold)"
-                  + (f"; lowest ratio within {GOAL['compile_s']:g} s cold compile: "
-                     f"{min(quick, key=lambda r: r['ratio_vs_bare'])['ratio_vs_bare']:.3f} "
-                     f"({min(quick, key=lambda r: r['ratio_vs_bare'])['resolved']})" if quick else
-                     f"; none compiled within {GOAL['compile_s']:g} s cold")
-                  + f"; meeting the whole goal: {', '.join(r['resolved'] for r in mine if meets_goal(r)) or 'none'}."]
-    notes = [f"{r['strategy']} -> {r['resolved']}: {r['best_note']}" for r in rows
-             if r.get("best_note") and r.get("phase") == "cold"]
+        lines += [
+            "",
+            f"{shape}: lowest ratio {fast['ratio_vs_bare']:.3f} ({fast['resolved']}, compile "
+            f"{fast['compile_s']:.1f} s cold)"
+            + (
+                f"; lowest ratio within {GOAL['compile_s']:g} s cold compile: "
+                f"{min(quick, key=lambda r: r['ratio_vs_bare'])['ratio_vs_bare']:.3f} "
+                f"({min(quick, key=lambda r: r['ratio_vs_bare'])['resolved']})"
+                if quick
+                else f"; none compiled within {GOAL['compile_s']:g} s cold"
+            )
+            + f"; meeting the whole goal: {', '.join(r['resolved'] for r in mine if meets_goal(r)) or 'none'}.",
+        ]
+    notes = [
+        f"{r['strategy']} -> {r['resolved']}: {r['best_note']}"
+        for r in rows
+        if r.get("best_note") and r.get("phase") == "cold"
+    ]
     if notes:
         lines += ["", "Resolved: " + "; ".join(notes) + "."]
     bare = [r for r in rows if r.get("bare_device_ms") is not None]
     if bare:
-        lines += ["", "Bare helper device ms / device ops per update (cold rows): " + ", ".join(
-            f"{r['resolved']}: {r['bare_device_ms']:.3f} / {r['bare_device_ops']:.0f}" for r in bare)]
+        lines += [
+            "",
+            "Bare helper device ms / device ops per update (cold rows): "
+            + ", ".join(f"{r['resolved']}: {r['bare_device_ms']:.3f} / {r['bare_device_ops']:.0f}" for r in bare),
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -855,8 +984,13 @@ def run_driver(args: argparse.Namespace) -> int:
     jsonl = out.with_suffix(".jsonl")
     jsonl.write_text("")
     log_dir = out.parent / f"{out.stem}-logs"
-    meta: dict[str, Any] = {"date": str(date.today()), "git": git_state(), "args": vars(args), "environment": None,
-                            "command": sys.argv}
+    meta: dict[str, Any] = {
+        "date": str(date.today()),
+        "git": git_state(),
+        "args": vars(args),
+        "environment": None,
+        "command": sys.argv,
+    }
     rows: list[dict[str, Any]] = []
     begin = time.perf_counter()
     cache_root = Path(args.cache_root) if args.cache_root else None
@@ -871,8 +1005,11 @@ def run_driver(args: argparse.Namespace) -> int:
         out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2, default=str))
         out.with_suffix(".md").write_text(markdown(rows, meta))
 
-    print(f"# compile_regions: shapes {[shape_label(s) for s in shapes]}, strategies {requested}, "
-          f"device {args.device}, out {out}", flush=True)
+    print(
+        f"# compile_regions: shapes {[shape_label(s) for s in shapes]}, strategies {requested}, "
+        f"device {args.device}, out {out}",
+        flush=True,
+    )
     for shape in shapes:
         label = shape_label(shape)
         done: dict[str, str] = {}
@@ -880,20 +1017,44 @@ def run_driver(args: argparse.Namespace) -> int:
             spec = parse_spec(text)
             note = None
             if args.deadline_s and time.perf_counter() - begin > args.deadline_s:
-                emit({"shape": label, "strategy": text, "resolved": None, "phase": "cold", "ok": False,
-                      "error": f"skipped: --deadline-s {args.deadline_s:g} passed"})
+                emit(
+                    {
+                        "shape": label,
+                        "strategy": text,
+                        "resolved": None,
+                        "phase": "cold",
+                        "ok": False,
+                        "error": f"skipped: --deadline-s {args.deadline_s:g} passed",
+                    }
+                )
                 continue
             if spec.base == "best":
                 resolved, note = resolve_best(spec, rows, label, args.compile_budget_s)
                 if resolved is None:
-                    emit({"shape": label, "strategy": text, "resolved": None, "phase": "cold", "ok": False,
-                          "error": f"skipped: {note}"})
+                    emit(
+                        {
+                            "shape": label,
+                            "strategy": text,
+                            "resolved": None,
+                            "phase": "cold",
+                            "ok": False,
+                            "error": f"skipped: {note}",
+                        }
+                    )
                     continue
                 spec = resolved
                 print(f"# {text} -> {spec.name} ({note})", flush=True)
             if spec.name in done:
-                emit({"shape": label, "strategy": text, "resolved": spec.name, "phase": "cold", "ok": False,
-                      "error": f"skipped: same as {done[spec.name]}, measured above"})
+                emit(
+                    {
+                        "shape": label,
+                        "strategy": text,
+                        "resolved": spec.name,
+                        "phase": "cold",
+                        "ok": False,
+                        "error": f"skipped: same as {done[spec.name]}, measured above",
+                    }
+                )
                 continue
             done[spec.name] = text
             timeout = args.timeout_whole if spec.base == "whole" else args.timeout_per_strategy
@@ -937,12 +1098,16 @@ def run_self_check(args: argparse.Namespace) -> int:
     failures = []
     begin = time.perf_counter()
     print(f"# self-check on CPU, torch {torch.__version__}: shapes {[shape_label(s) for s in shapes]}", flush=True)
-    print(f"{'shape':>8} {'strategy':<28} {'uncompiled dout/dgrad':>22} {'compiled dout/dgrad':>20} "
-          f"{'5-update dparam':>15} {'compile s':>9}  result", flush=True)
+    print(
+        f"{'shape':>8} {'strategy':<28} {'uncompiled dout/dgrad':>22} {'compiled dout/dgrad':>20} "
+        f"{'5-update dparam':>15} {'compile s':>9}  result",
+        flush=True,
+    )
     for shape in shapes:
         neurons, steps, contacts = shape
-        setup = axoexp["lite"](device=device, dtype=torch.float32, seed=0, neurons=neurons, time_steps=steps,
-                               contacts=contacts)
+        setup = axoexp["lite"](
+            device=device, dtype=torch.float32, seed=0, neurons=neurons, time_steps=steps, contacts=contacts
+        )
         pristine = copy.deepcopy(setup.module)
         inputs, targets = setup.batches[0]
 
@@ -962,8 +1127,10 @@ def run_self_check(args: argparse.Namespace) -> int:
         ref_params = trainable(eager)
 
         def diffs(out: Any, grads: list[Any], soma: Any) -> tuple[float, float]:
-            return (max(float((out - ref_out).abs().max()), float((soma - ref_soma).abs().max())),
-                    max_abs_diff(ref_grads, grads))
+            return (
+                max(float((out - ref_out).abs().max()), float((soma - ref_soma).abs().max())),
+                max_abs_diff(ref_grads, grads),
+            )
 
         for text in texts:
             spec = parse_spec(text)
@@ -984,29 +1151,36 @@ def run_self_check(args: argparse.Namespace) -> int:
                 optimizer = make_optimizer(module, "cpu")
                 optimizer.zero_grad(set_to_none=False)
                 for index in range(PARITY_UPDATES):
-                    axoexp["eager_update"](model, optimizer, loss_fn, None,
-                                           *setup.batches[index % len(setup.batches)])
+                    axoexp["eager_update"](model, optimizer, loss_fn, None, *setup.batches[index % len(setup.batches)])
                 dparam = max_abs_diff(ref_params, trainable(module))
                 counters = dynamo_counters()
                 graphs = counters.get("unique_graphs", 0) - before.get("unique_graphs", 0)
-                decomposed = {k: v - before.get("decompose_mm", {}).get(k, 0)
-                              for k, v in counters.get("decompose_mm", {}).items()}
-                ok = plain[0] <= 1e-6 and plain[1] <= 1e-6 and compiled[0] <= 1e-5 and compiled[1] <= 1e-5 \
+                decomposed = {
+                    k: v - before.get("decompose_mm", {}).get(k, 0) for k, v in counters.get("decompose_mm", {}).items()
+                }
+                ok = (
+                    plain[0] <= 1e-6
+                    and plain[1] <= 1e-6
+                    and compiled[0] <= 1e-5
+                    and compiled[1] <= 1e-5
                     and dparam <= 1e-6
+                )
                 extra = f" decomposed {decomposed}" if "mmdecomp" in spec.presets else ""
-                print(f"{label:>8} {text:<28} {plain[0]:10.1e}/{plain[1]:9.1e}  {compiled[0]:9.1e}/{compiled[1]:9.1e}"
-                      f" {dparam:15.1e} {compile_s:9.1f}  {'ok' if ok else 'FAIL'}"
-                      f" (graphs {graphs}){extra}", flush=True)
+                print(
+                    f"{label:>8} {text:<28} {plain[0]:10.1e}/{plain[1]:9.1e}  {compiled[0]:9.1e}/{compiled[1]:9.1e}"
+                    f" {dparam:15.1e} {compile_s:9.1f}  {'ok' if ok else 'FAIL'}"
+                    f" (graphs {graphs}){extra}",
+                    flush=True,
+                )
                 if not ok:
                     failures.append(f"{label} {text}: tolerance")
-            except Exception as error:  # noqa: BLE001
+            except Exception as error:
                 print(f"{label:>8} {text:<28} FAIL {type(error).__name__}: {str(error)[:300]}", flush=True)
                 traceback.print_exc(limit=3)
                 failures.append(f"{label} {text}: {type(error).__name__}")
     shutil.rmtree(cache, ignore_errors=True)
     total = time.perf_counter() - begin
-    print(f"# self-check {'passed' if not failures else 'FAILED: ' + '; '.join(failures)} in {total:.0f} s",
-          flush=True)
+    print(f"# self-check {'passed' if not failures else 'FAILED: ' + '; '.join(failures)} in {total:.0f} s", flush=True)
     return 1 if failures else 0
 
 
@@ -1015,21 +1189,33 @@ def run_self_check(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", nargs="+", help=f"NxTxC (default {' '.join(DEFAULT_SHAPES)}; self-check: "
-                        f"{' '.join(SELF_CHECK_SHAPES)})")
-    parser.add_argument("--strategies", nargs="+", help=f"default: {' '.join(DEFAULT_STRATEGIES)}; presets for @: "
-                        f"{', '.join(PRESETS)}")
+    parser.add_argument(
+        "--shapes",
+        nargs="+",
+        help=f"NxTxC (default {' '.join(DEFAULT_SHAPES)}; self-check: {' '.join(SELF_CHECK_SHAPES)})",
+    )
+    parser.add_argument(
+        "--strategies", nargs="+", help=f"default: {' '.join(DEFAULT_STRATEGIES)}; presets for @: {', '.join(PRESETS)}"
+    )
     parser.add_argument("--skip", nargs="+", default=[], help="strategies to leave out of the list, e.g. whole")
-    parser.add_argument("--out", help="JSON path (default benchmarks/results/compile-regions-DATE.json); "
-                        "also writes .jsonl, .md and -logs/")
+    parser.add_argument(
+        "--out",
+        help="JSON path (default benchmarks/results/compile-regions-DATE.json); also writes .jsonl, .md and -logs/",
+    )
     parser.add_argument("--device", default="cuda", help="cuda, or cpu to test the pipeline without CUDA graphs")
-    parser.add_argument("--timeout-per-strategy", type=float, default=150.0,
-                        help="seconds per subprocess (cold and warm each)")
+    parser.add_argument(
+        "--timeout-per-strategy", type=float, default=150.0, help="seconds per subprocess (cold and warm each)"
+    )
     parser.add_argument("--timeout-whole", type=float, default=420.0, help="seconds per subprocess for whole")
-    parser.add_argument("--deadline-s", type=float, default=0.0,
-                        help="start no new strategy after this many seconds (0: no deadline)")
-    parser.add_argument("--compile-budget-s", type=float, default=GOAL["compile_s"],
-                        help="best... picks among regions whose cold compile took at most this")
+    parser.add_argument(
+        "--deadline-s", type=float, default=0.0, help="start no new strategy after this many seconds (0: no deadline)"
+    )
+    parser.add_argument(
+        "--compile-budget-s",
+        type=float,
+        default=GOAL["compile_s"],
+        help="best... picks among regions whose cold compile took at most this",
+    )
     parser.add_argument("--warmup", type=int, default=20, help="untimed updates per variant before timing")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--updates", type=int, default=50, help="timed updates per variant per round")

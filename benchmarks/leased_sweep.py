@@ -35,8 +35,12 @@ def run_pass(name: str, jobs: int, overrides: list[str], uri: str) -> str:
     subprocess.run(command, check=True)
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("axoexp")
-    parents = client.search_runs([experiment.experiment_id], f"tags.`{names.SWEEP_ROLE}` = 'parent'",
-                                 order_by=["attributes.start_time DESC"], max_results=1)
+    parents = client.search_runs(
+        [experiment.experiment_id],
+        f"tags.`{names.SWEEP_ROLE}` = 'parent'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
     return parents[0].info.run_id
 
 
@@ -46,8 +50,10 @@ def jobs_of(client: MlflowClient, parent: str) -> dict[str, dict]:
         tags = run.data.tags
         job = ",".join(part for part in run.info.run_name.split(",") if not part.startswith(("tracking.", "sweep.")))
         found[job] = {
-            "median_ms": run.data.metrics[names.UPDATE_MEDIAN], "status": run.info.status,
-            "device": tags.get(names.LEASE_DEVICE), "waited_s": float(tags.get(names.LEASE_WAITED_S, "nan")),
+            "median_ms": run.data.metrics[names.UPDATE_MEDIAN],
+            "status": run.info.status,
+            "device": tags.get(names.LEASE_DEVICE),
+            "waited_s": float(tags.get(names.LEASE_WAITED_S, "nan")),
             "held": [float(tags[names.LEASE_ACQUIRED_AT]), float(tags[names.LEASE_RELEASED_AT])],
         }
     return found
@@ -56,8 +62,12 @@ def jobs_of(client: MlflowClient, parent: str) -> dict[str, dict]:
 def overlaps(jobs: dict[str, dict]) -> list[tuple[str, str]]:
     """Pairs of jobs that held the same device at overlapping times."""
     items = sorted(jobs.items(), key=lambda item: item[1]["held"][0])
-    return [(a, b) for i, (a, ja) in enumerate(items) for b, jb in items[i + 1:]
-            if ja["device"] == jb["device"] and jb["held"][0] < ja["held"][1]]
+    return [
+        (a, b)
+        for i, (a, ja) in enumerate(items)
+        for b, jb in items[i + 1 :]
+        if ja["device"] == jb["device"] and jb["held"][0] < ja["held"][1]
+    ]
 
 
 def main() -> None:
@@ -73,17 +83,22 @@ def main() -> None:
     passes = {name: jobs_of(client, run_pass(name, args.jobs, args.overrides, uri)) for name in PASSES}
     sequential, parallel = passes["sequential"], passes["parallel"]
     clashes = overlaps(parallel)
-    rows = ["| job | sequential median ms | parallel median ms | parallel / sequential | parallel device | waited s |",
-            "|---|---:|---:|---:|---|---:|"]
+    rows = [
+        "| job | sequential median ms | parallel median ms | parallel / sequential | parallel device | waited s |",
+        "|---|---:|---:|---:|---|---:|",
+    ]
     for job in sorted(sequential):
         s, p = sequential[job], parallel.get(job, {})
         ratio = p["median_ms"] / s["median_ms"] if p else float("nan")
-        rows.append(f"| {job} | {s['median_ms']:.4g} | {p.get('median_ms', float('nan')):.4g} | {ratio:.3f} | "
-                    f"{p.get('device')} | {p.get('waited_s', float('nan')):.1f} |")
+        rows.append(
+            f"| {job} | {s['median_ms']:.4g} | {p.get('median_ms', float('nan')):.4g} | {ratio:.3f} | "
+            f"{p.get('device')} | {p.get('waited_s', float('nan')):.1f} |"
+        )
     rows.append("")
     rows.append(f"Parallel jobs that held one device at overlapping times: {clashes or 'none'}.")
-    (args.out / f"{args.label}.json").write_text(json.dumps(
-        {"overrides": args.overrides, "jobs": args.jobs, "passes": passes, "overlaps": clashes}, indent=2))
+    (args.out / f"{args.label}.json").write_text(
+        json.dumps({"overrides": args.overrides, "jobs": args.jobs, "passes": passes, "overlaps": clashes}, indent=2)
+    )
     (args.out / f"{args.label}.md").write_text("\n".join(rows) + "\n")
     print("\n".join(rows))
     sys.exit(1 if clashes else 0)

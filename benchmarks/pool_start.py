@@ -24,8 +24,11 @@ def worker(method: str, workers: int) -> dict[str, object]:
     from torch._inductor import config
     from torch._inductor.async_compile import AsyncCompile
 
-    marks: dict[str, object] = {"method": method, "workers": workers,
-                                "import_torch": round(time.perf_counter() - start, 3)}
+    marks: dict[str, object] = {
+        "method": method,
+        "workers": workers,
+        "import_torch": round(time.perf_counter() - start, 3),
+    }
     config.worker_start_method, config.compile_threads = method, workers
     for name, call in (("warm_pool", AsyncCompile.warm_pool), ("ready_after_warm", AsyncCompile.wait_pool_ready)):
         start = time.perf_counter()
@@ -49,8 +52,12 @@ def main() -> None:
         print("ROW " + json.dumps(worker(method, int(workers))), flush=True)
         return
     for setting in args.settings:
-        done = subprocess.run([sys.executable, __file__, "--worker", "--out", str(args.out), setting],
-                              capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [sys.executable, __file__, "--worker", "--out", str(args.out), setting],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         rows = [line[4:] for line in done.stdout.splitlines() if line.startswith("ROW ")]
         row = rows[0] if rows else json.dumps({"setting": setting, "error": done.stderr[-3000:]})
         with args.out.open("a") as out:

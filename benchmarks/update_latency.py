@@ -42,10 +42,17 @@ from axoexp.timing import LatencySummary, stopwatch, synchronizer
 from axoexp.verification import verify_parity
 
 BARE = "bare_helper"
-CHECKED = ("cudagraph", "compiled_cudagraph", "reduce_overhead", "regional_cudagraph",
-           "fused_cudagraph")  # parity to eager is measured
+CHECKED = (
+    "cudagraph",
+    "compiled_cudagraph",
+    "reduce_overhead",
+    "regional_cudagraph",
+    "fused_cudagraph",
+)  # parity to eager is measured
 VARIANTS = (BARE, "eager", *CHECKED)
-OPTION_SEPARATOR = "@"  # a variant NAME@key=value,key=value sets executor options, e.g. regional_cudagraph@tokens_per_region=4
+OPTION_SEPARATOR = (
+    "@"  # a variant NAME@key=value,key=value sets executor options, e.g. regional_cudagraph@tokens_per_region=4
+)
 PROFILED_UPDATES = 20
 PARITY_UPDATES = 5
 
@@ -72,10 +79,18 @@ def make_plan(variant: str, shape: tuple[int, int, int], overrides: list[str]) -
     executor, _, options = variant.partition(OPTION_SEPARATOR)
     executor_options = [f"executor.{option}" for option in options.split(",") if option]
     with initialize_config_module(config_module="axoexp.conf", version_base="1.3"):
-        config = compose("config", overrides=[
-            "device=cuda", f"executor={executor}", *executor_options, f"population.neurons={neurons}",
-            f"population.time_steps={time_steps}", f"population.contacts={contacts}", *overrides,
-        ])
+        config = compose(
+            "config",
+            overrides=[
+                "device=cuda",
+                f"executor={executor}",
+                *executor_options,
+                f"population.neurons={neurons}",
+                f"population.time_steps={time_steps}",
+                f"population.contacts={contacts}",
+                *overrides,
+            ],
+        )
     return plan_experiment(config)
 
 
@@ -85,7 +100,10 @@ def prepare_bare_helper(plan: Plan, module: torch.nn.Module, batch: tuple[torch.
     phases: dict[str, float] = {}
     with stopwatch(synchronizer(plan.device), phases, "capture"):
         helper = CudaGraphAdaptationStep.capture(
-            module, template.optimizer, *batch, template.loss_fn,
+            module,
+            template.optimizer,
+            *batch,
+            template.loss_fn,
             gradient_transform=template.gradient_transform,
         )
     return SimpleNamespace(step=helper), phases
@@ -100,8 +118,9 @@ def device_ms_per_update(variant: Any, setup: Any) -> float:
 
 def bench_shape(shape: tuple[int, int, int], args: argparse.Namespace) -> list[Row]:
     chosen = list(dict.fromkeys(args.variants))
-    plans = {name: make_plan("cudagraph" if name == BARE else name, shape, args.override)
-             for name in {"eager", *chosen}}
+    plans = {
+        name: make_plan("cudagraph" if name == BARE else name, shape, args.override) for name in {"eager", *chosen}
+    }
     setup = plans["eager"].build_population()
     pristine = copy.deepcopy(setup.module)
     variants: dict[str, Any] = {}
@@ -115,8 +134,16 @@ def bench_shape(shape: tuple[int, int, int], args: argparse.Namespace) -> list[R
             variants[name] = plans[name].build_executor(module)
             prepared[name] = variants[name].prepare(*setup.batches[0])
         if name.partition(OPTION_SEPARATOR)[0] in CHECKED:  # from the prepared executor: compiled once
-            check = verify_parity(plans[name].build_executor, name, pristine, setup.batches, PARITY_UPDATES,
-                                  1e-6, 1e-6, prepared=variants[name])
+            check = verify_parity(
+                plans[name].build_executor,
+                name,
+                pristine,
+                setup.batches,
+                PARITY_UPDATES,
+                1e-6,
+                1e-6,
+                prepared=variants[name],
+            )
             parity[name] = check.max_abs_param_diff
         run_updates(variants[name], setup.batches, args.warmup, 0, UpdateTrace())
     samples: dict[str, list[float]] = {name: [] for name in chosen}
@@ -134,10 +161,19 @@ def bench_shape(shape: tuple[int, int, int], args: argparse.Namespace) -> list[R
     for name in chosen:
         summary = LatencySummary.of(samples[name])
         overhead = np.subtract(samples[name], device_samples[name])
-        rows[name] = Row(label, name, summary.median, summary.p10, summary.p90,
-                         device_ms_per_update(variants[name], setup), float(np.median(device_samples[name])),
-                         float(np.median(overhead)), prepared[name], parity_max_abs_param_diff=parity.get(name),
-                         tags=dict(getattr(variants[name], "prepared_tags", {})))
+        rows[name] = Row(
+            label,
+            name,
+            summary.median,
+            summary.p10,
+            summary.p90,
+            device_ms_per_update(variants[name], setup),
+            float(np.median(device_samples[name])),
+            float(np.median(overhead)),
+            prepared[name],
+            parity_max_abs_param_diff=parity.get(name),
+            tags=dict(getattr(variants[name], "prepared_tags", {})),
+        )
     for row in rows.values():
         if "eager" in rows:
             row.speedup_vs_eager = rows["eager"].median_ms / row.median_ms
@@ -189,10 +225,15 @@ def _variant(text: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", nargs="+", default=["3x12x4", "64x256x32", "1024x64x32"])
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), type=_variant,
-                        help=f"any of {', '.join(VARIANTS)}, optionally NAME{OPTION_SEPARATOR}key=value,... "
-                             "for executor options; eager is always built (it makes the population); "
-                             "ratios need their baseline")
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=list(VARIANTS),
+        type=_variant,
+        help=f"any of {', '.join(VARIANTS)}, optionally NAME{OPTION_SEPARATOR}key=value,... "
+        "for executor options; eager is always built (it makes the population); "
+        "ratios need their baseline",
+    )
     parser.add_argument("--updates", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=20)
@@ -208,10 +249,12 @@ def main() -> None:
     rows: list[Row] = []
     for text in args.shapes:  # the files are rewritten after each shape: a time-out keeps the rest
         rows += bench_shape(tuple(map(int, text.split("x"))), args)
-        report = {"date": str(date.today()), "environment": environment,
-                  "settings": {k: v for k, v in vars(args).items() if k != "out"}
-                  | {"profiled_updates": PROFILED_UPDATES},
-                  "rows": [asdict(row) for row in rows]}
+        report = {
+            "date": str(date.today()),
+            "environment": environment,
+            "settings": {k: v for k, v in vars(args).items() if k != "out"} | {"profiled_updates": PROFILED_UPDATES},
+            "rows": [asdict(row) for row in rows],
+        }
         (args.out / f"{args.label}.json").write_text(json.dumps(report, indent=2, default=str))
         table = markdown(rows, environment, args)
         (args.out / f"{args.label}.md").write_text(table)

@@ -72,13 +72,18 @@ def make_config(tracking_uri: str, loaded_registry: Registry) -> Callable[..., D
     return make
 
 
-def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None,
-            timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     """``python -m axoexp ARGS`` in a fresh process."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "axoexp", *args], cwd=cwd, env=full_env,
-        capture_output=True, text=True, timeout=timeout,
+        [sys.executable, "-m", "axoexp", *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -113,9 +118,25 @@ def start_mlflow(verb: str, root: Path, port: int, *, own_session: bool = False)
     and its workers in a process group of their own, so a test can kill them all at once."""
     log = root / f"{verb}.log"
     server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", verb, "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--workers", "1"],
-        cwd=root, stdout=subprocess.DEVNULL, stderr=log.open("w"), start_new_session=own_session)
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            verb,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--backend-store-uri",
+            f"sqlite:///{root / 'mlflow.db'}",
+            "--workers",
+            "1",
+        ],
+        cwd=root,
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("w"),
+        start_new_session=own_session,
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:

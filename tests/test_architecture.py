@@ -29,13 +29,14 @@ def test_axoexp_has_no_import_cycles() -> None:
     paths = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
     graph = {name: _imports(path, set(paths)) - {name} for name, path in paths.items()}
     # a package's __init__ re-exporting its submodules is not a dependency of theirs
-    graph = {name: {target for target in targets if not name.startswith(f"{target}.")}
-             for name, targets in graph.items()}
+    graph = {
+        name: {target for target in targets if not name.startswith(f"{target}.")} for name, targets in graph.items()
+    }
     cycles = []
 
     def visit(node: str, stack: list[str], done: set[str]) -> None:
         if node in stack:
-            cycles.append(stack[stack.index(node):] + [node])
+            cycles.append(stack[stack.index(node) :] + [node])
             return
         if node in done:
             return

@@ -6,11 +6,10 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import REPO, run_cli
 from mlflow.tracking import MlflowClient
 
 from axoexp import names
-
-from conftest import REPO, run_cli
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
@@ -43,8 +42,13 @@ def test_cudagraph_on_cpu_exits_at_once_suggesting_eager(tmp_path: Path) -> None
 def test_help_lists_every_group_and_option(tmp_path: Path) -> None:
     result = run_cli("--help", cwd=tmp_path)
     assert result.returncode == 0
-    for line in ("executor: compiled_cudagraph, cudagraph, eager, fused_cudagraph, reduce_overhead, regional_cudagraph", "gradient_transform: clip_norm, clip_value, none",
-                 "loss: causal_mse, huber, mse", "optimizer: adam, adamw, sgd", "population: lite"):
+    for line in (
+        "executor: compiled_cudagraph, cudagraph, eager, fused_cudagraph, reduce_overhead, regional_cudagraph",
+        "gradient_transform: clip_norm, clip_value, none",
+        "loss: causal_mse, huber, mse",
+        "optimizer: adam, adamw, sgd",
+        "population: lite",
+    ):
         assert line in result.stdout
 
 
@@ -52,8 +56,9 @@ def test_multirun_sweeps_shapes_into_separate_runs(tmp_path: Path) -> None:
     result = run_cli("-m", "population.neurons=2,5", "run.measured_updates=3", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    runs = client.search_runs([client.get_experiment_by_name("axoexp").experiment_id],
-                              filter_string=f"tags.`{names.PARENT_RUN_ID}` != ''")
+    runs = client.search_runs(
+        [client.get_experiment_by_name("axoexp").experiment_id], filter_string=f"tags.`{names.PARENT_RUN_ID}` != ''"
+    )
     assert sorted(run.data.tags[names.SHAPE_INPUTS] for run in runs) == ["(2, 12, 4)", "(5, 12, 4)"]
     assert all(run.info.status == "FINISHED" for run in runs)
 
@@ -65,14 +70,26 @@ def test_shipped_example_plugin_is_found_in_plugins_of_the_cwd(tmp_path: Path) -
     assert "mlflow run" in result.stdout
 
 
-@pytest.mark.parametrize("override, message", [
-    ("population.neurons=abc", "population.neurons=abc: Value 'abc' of type 'str' could not be converted to Integer"),
-    ("population.neurons=3.5", "population.neurons=3.5: Value '3.5' of type 'float' could not be converted to Integer"),
-    ("optimizer.lr=abc", "optimizer.lr=abc: Value 'abc' of type 'str' could not be converted to Float"),
-    ("population.neurons=0", "invalid experiment config: population.neurons=0: must be at least 1"),
-    ("executor=graphs", "executor=graphs: no such option; valid executor options: compiled_cudagraph, "
-                        "cudagraph, eager, fused_cudagraph, reduce_overhead, regional_cudagraph"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "population.neurons=abc",
+            "population.neurons=abc: Value 'abc' of type 'str' could not be converted to Integer",
+        ),
+        (
+            "population.neurons=3.5",
+            "population.neurons=3.5: Value '3.5' of type 'float' could not be converted to Integer",
+        ),
+        ("optimizer.lr=abc", "optimizer.lr=abc: Value 'abc' of type 'str' could not be converted to Float"),
+        ("population.neurons=0", "invalid experiment config: population.neurons=0: must be at least 1"),
+        (
+            "executor=graphs",
+            "executor=graphs: no such option; valid executor options: compiled_cudagraph, "
+            "cudagraph, eager, fused_cudagraph, reduce_overhead, regional_cudagraph",
+        ),
+    ],
+)
 def test_user_errors_exit_2_with_one_line_and_no_run(tmp_path: Path, override: str, message: str) -> None:
     result = run_cli(override, cwd=tmp_path)
     assert result.returncode == 2
@@ -85,8 +102,11 @@ def test_describe_explains_every_key_with_type_default_and_help(tmp_path: Path) 
     result = run_cli("--describe", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert any(re.fullmatch(r"\s+run\.measured_updates\s+int\s+50\s+updates in the steady-state summary.*", line)
-               for line in lines)
+    assert any(
+        re.fullmatch(r"\s+run\.measured_updates\s+int\s+50\s+updates in the steady-state summary.*", line)
+        for line in lines
+    )
     assert any(re.fullmatch(r"\s+optimizer\.lr\s+float\s+0\.001\s+learning rate", line) for line in lines)
-    assert any(re.fullmatch(r"\s+optimizer\.capturable\s+any\s+auto\s+auto: true exactly when .*", line)
-               for line in lines)
+    assert any(
+        re.fullmatch(r"\s+optimizer\.capturable\s+any\s+auto\s+auto: true exactly when .*", line) for line in lines
+    )

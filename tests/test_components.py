@@ -94,8 +94,14 @@ def test_lite_population_casts_to_the_requested_dtype() -> None:
 
 
 def _saved_model(tmp_path: Path) -> Path:
-    model = make_lite_model(branches=8, route_features=5, token_dim=6, state_dim=3, morphologies=3,
-                            generator=torch.Generator().manual_seed(7))
+    model = make_lite_model(
+        branches=8,
+        route_features=5,
+        token_dim=6,
+        state_dim=3,
+        morphologies=3,
+        generator=torch.Generator().manual_seed(7),
+    )
     path = tmp_path / "lite.pt"
     save_checkpoint(model, path)
     return path
@@ -115,7 +121,9 @@ def test_an_unpinned_checkpoint_loads_weights_only(tmp_path: Path) -> None:
 
 def test_checkpoint_with_a_wrong_pin_is_refused_before_unpickling(tmp_path: Path) -> None:
     path = _saved_model(tmp_path)
-    with pytest.raises(CheckpointError, match=f"has SHA-256 {sha256_of(path)}, but population.checkpoint_sha256 pins 00ff"):
+    with pytest.raises(
+        CheckpointError, match=f"has SHA-256 {sha256_of(path)}, but population.checkpoint_sha256 pins 00ff"
+    ):
         build(checkpoint=str(path), checkpoint_sha256="00ff")
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import requires_cuda, run_cli
 from mlflow.tracking import MlflowClient
 
 from axoexp import names
@@ -21,7 +22,6 @@ from axoexp.executors.base import eager_update
 from axoexp.executors.capture import ReplayShapeError
 from axoexp.experiment import run_experiment
 from axoexp.plan import plan_experiment
-from conftest import requires_cuda, run_cli
 
 pytestmark = requires_cuda
 CAPTURED = ("cudagraph", "compiled_cudagraph", "regional_cudagraph", "fused_cudagraph")
@@ -47,6 +47,7 @@ def _state(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[to
 def cuda_plan(make_config):
     def plan(*overrides: str):
         return plan_experiment(make_config("device=cuda", *overrides))
+
     return plan
 
 
@@ -55,8 +56,9 @@ def test_prepare_consumes_no_update(cuda_plan, executor_name: str) -> None:
     plan = cuda_plan(f"executor={executor_name}", "optimizer.momentum=0.9", "optimizer=sgd")
     setup = plan.build_population()
     executor = plan.build_executor(setup.module)
-    eager_update(setup.module, executor.optimizer, executor.loss_fn, executor.gradient_transform,
-                 *setup.batches[1])  # an earlier update, so SGD has a momentum buffer to restore
+    eager_update(
+        setup.module, executor.optimizer, executor.loss_fn, executor.gradient_transform, *setup.batches[1]
+    )  # an earlier update, so SGD has a momentum buffer to restore
     before = _state(setup.module, executor.optimizer)
     phases = executor.prepare(*setup.batches[0])
     assert phases and all(milliseconds > 0 for milliseconds in phases.values())
@@ -100,7 +102,9 @@ def test_cudagraph_refuses_a_non_capturable_optimizer(make_config) -> None:
 
 
 OPTIMIZERS = {
-    "adam": ["optimizer=adam"], "adamw": ["optimizer=adamw"], "sgd": ["optimizer=sgd"],
+    "adam": ["optimizer=adam"],
+    "adamw": ["optimizer=adamw"],
+    "sgd": ["optimizer=sgd"],
     "sgd_momentum": ["optimizer=sgd", "optimizer.momentum=0.9", "optimizer.nesterov=true"],
 }
 TRANSFORMS = {  # thresholds small enough that the transforms really act
@@ -108,13 +112,20 @@ TRANSFORMS = {  # thresholds small enough that the transforms really act
     "clip_norm": ["gradient_transform=clip_norm", "gradient_transform.max_norm=0.01"],
     "clip_value": ["gradient_transform=clip_value", "gradient_transform.clip_value=0.001"],
 }
-FULL_MATRIX = [(name, o, t) for name in ("cudagraph", "regional_cudagraph", "fused_cudagraph")
-               for o in OPTIMIZERS for t in TRANSFORMS]
+FULL_MATRIX = [
+    (name, o, t)
+    for name in ("cudagraph", "regional_cudagraph", "fused_cudagraph")
+    for o in OPTIMIZERS
+    for t in TRANSFORMS
+]
 TOLERANCE = {"fused_cudagraph": "1e-5"}  # its in-register sums run in another order than cuBLAS
 # 8 blocks: regions of 3, 3 and 2 (a short last region: a second graph of the region)
 EXECUTOR_OPTIONS = {"regional_cudagraph": ["executor.tokens_per_region=3"]}
-COMPILED = [(name, optimizer, transform) for name in ("compiled_cudagraph", "reduce_overhead")
-            for optimizer, transform in (("adam", "clip_norm"), ("sgd_momentum", "clip_value"))]
+COMPILED = [
+    (name, optimizer, transform)
+    for name in ("compiled_cudagraph", "reduce_overhead")
+    for optimizer, transform in (("adam", "clip_norm"), ("sgd_momentum", "clip_value"))
+]
 
 
 @pytest.mark.parametrize("executor_name, optimizer, transform", FULL_MATRIX + COMPILED)
@@ -122,12 +133,20 @@ def test_parity_with_eager_over_several_updates(
     make_config, executor_name: str, optimizer: str, transform: str
 ) -> None:
     config = make_config(
-        "device=cuda", f"executor={executor_name}", *EXECUTOR_OPTIONS.get(executor_name, []),
-        *OPTIMIZERS[optimizer], *TRANSFORMS[transform],
-        "population.neurons=16", "population.time_steps=32", "population.contacts=8",
-        "verify.enabled=true", "verify.updates=5", f"verify.param_atol={TOLERANCE.get(executor_name, '1e-6')}",
+        "device=cuda",
+        f"executor={executor_name}",
+        *EXECUTOR_OPTIONS.get(executor_name, []),
+        *OPTIMIZERS[optimizer],
+        *TRANSFORMS[transform],
+        "population.neurons=16",
+        "population.time_steps=32",
+        "population.contacts=8",
+        "verify.enabled=true",
+        "verify.updates=5",
+        f"verify.param_atol={TOLERANCE.get(executor_name, '1e-6')}",
         f"verify.loss_atol={TOLERANCE.get(executor_name, '1e-6')}",
-        "run.warmup_updates=1", "run.measured_updates=3",
+        "run.warmup_updates=1",
+        "run.measured_updates=3",
     )
     result = run_experiment(config)
     assert result.verification is not None and result.verification.passed, result.verification
@@ -164,11 +183,22 @@ def test_first_compile_of_a_process_compiles_every_kernel_in_the_forked_workers(
     """A fresh process, a cold cache: the start-up forked inductor's workers and waited for
     them, so no kernel compiles serially in the process itself."""
     done = subprocess.run(
-        [sys.executable, "-c", FIRST_COMPILE, "device=cuda", "executor=regional_cudagraph",
-         f"executor.cache_dir={tmp_path}", "population.neurons=16", "population.time_steps=32",
-         "population.contacts=8"],
-        capture_output=True, text=True, timeout=300, env={k: v for k, v in os.environ.items()
-                                                          if k != "TORCHINDUCTOR_WORKER_START"})
+        [
+            sys.executable,
+            "-c",
+            FIRST_COMPILE,
+            "device=cuda",
+            "executor=regional_cudagraph",
+            f"executor.cache_dir={tmp_path}",
+            "population.neurons=16",
+            "population.time_steps=32",
+            "population.contacts=8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_WORKER_START"},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     kernels = json.loads(done.stdout.strip().splitlines()[-1])
     assert kernels["method"] == "fork" and kernels["compiled"] > 0 and kernels["in_process"] == 0, kernels
@@ -194,8 +224,9 @@ def test_capture_warns_about_no_stream_mismatch(cuda_plan, executor_name: str) -
     plan = cuda_plan(f"executor={executor_name}")
     setup = plan.build_population()
     executor = plan.build_executor(setup.module)
-    eager_update(setup.module, executor.optimizer, executor.loss_fn, executor.gradient_transform,
-                 *setup.batches[1])  # an eager update on the default stream first, as verify and users do
+    eager_update(
+        setup.module, executor.optimizer, executor.loss_fn, executor.gradient_transform, *setup.batches[1]
+    )  # an eager update on the default stream first, as verify and users do
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         executor.prepare(*setup.batches[0])
@@ -209,8 +240,9 @@ def test_capture_warns_about_no_stream_mismatch(cuda_plan, executor_name: str) -
 def test_every_cuda_run_logs_device_clock_and_host_overhead(make_config, executor_name: str) -> None:
     from axoexp.timing import DEVICE_CLOCK
 
-    result = run_experiment(make_config("device=cuda", f"executor={executor_name}",
-                                        "run.warmup_updates=3", "run.measured_updates=20"))
+    result = run_experiment(
+        make_config("device=cuda", f"executor={executor_name}", "run.warmup_updates=3", "run.measured_updates=20")
+    )
     client = MlflowClient(result.tracking_uri)
     run = client.get_run(result.run_id)
     metrics = run.data.metrics

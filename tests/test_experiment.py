@@ -62,8 +62,12 @@ class BeginsSetupEarly(EagerExecutor):
         return {}
 
 
-TEST_EXECUTORS = {"test_double_step": DoubleStepExecutor, "test_fails": FailsOnFifthUpdate,
-                  "test_interrupted": InterruptedOnThirdUpdate, "test_begins_setup": BeginsSetupEarly}
+TEST_EXECUTORS = {
+    "test_double_step": DoubleStepExecutor,
+    "test_fails": FailsOnFifthUpdate,
+    "test_interrupted": InterruptedOnThirdUpdate,
+    "test_begins_setup": BeginsSetupEarly,
+}
 
 
 @pytest.fixture
@@ -89,7 +93,9 @@ def test_eager_run_is_logged_to_sqlite_and_reads_back(make_config, client, tmp_p
     assert re.fullmatch(r"\d\d-\d\d \d\d:\d\d:\d\d eager 3x12x4 cpu", run.info.run_name), "short, sorts by time"
     metrics = run.data.metrics
     assert metrics[names.update_metric("count")] == 7 and metrics[names.MEASURED_COMPLETED] == 7
-    assert 0 < metrics[names.update_metric("p10")] <= metrics[names.UPDATE_MEDIAN] <= metrics[names.update_metric("p90")]
+    assert (
+        0 < metrics[names.update_metric("p10")] <= metrics[names.UPDATE_MEDIAN] <= metrics[names.update_metric("p90")]
+    )
     assert metrics[names.UPDATE_MEDIAN] == pytest.approx(result.update.median)
     assert names.CAPTURE not in metrics, "eager has nothing to capture"
     losses = [m.value for m in client.get_metric_history(result.run_id, names.LOSS_SERIES)]
@@ -100,7 +106,10 @@ def test_eager_run_is_logged_to_sqlite_and_reads_back(make_config, client, tmp_p
     params, tags = run.data.params, run.data.tags
     assert params["population.neurons"] == "3" and params["optimizer.name"] == "adam"
     assert tags[names.SHAPE_INPUTS] == "(3, 12, 4)" and tags[names.SHAPE_TARGETS] == "(3, 12, 2)"
-    assert tags[names.TIMING_UPDATE_INCLUDES] == "zero_grad,forward,loss,backward,gradient_transform,optimizer_step,synchronize"
+    assert (
+        tags[names.TIMING_UPDATE_INCLUDES]
+        == "zero_grad,forward,loss,backward,gradient_transform,optimizer_step,synchronize"
+    )
     assert tags["version.torch"] == torch.__version__ and tags["version.axosim"] == "0.1.0"
     assert tags["git.dirty"] in {"true", "false"} and tags["device"] == "cpu" and tags["seed"] == "0"
     assert tags["determinism.deterministic_algorithms"] == "false"
@@ -115,7 +124,11 @@ def test_eager_run_is_logged_to_sqlite_and_reads_back(make_config, client, tmp_p
     assert [(tag.key, tag.value) for tag in workload.tags] == [(names.DATASET_CONTEXT, "training")]
     source = json.loads(workload.dataset.source)["tags"]
     assert (source["input_rate"], source["target_perturbation"], source["batches"], source["seed"]) == (
-        "0.2", "0.1", "4", "0")
+        "0.2",
+        "0.1",
+        "4",
+        "0",
+    )
     assert '"shape": [4, 3, 12, 4]' in workload.dataset.schema
 
     logged = {a.path for a in client.list_artifacts(result.run_id)}
@@ -130,25 +143,33 @@ def test_seeded_runs_repeat_their_losses_exactly(make_config) -> None:
     assert run_experiment(config).losses == run_experiment(config).losses
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["executor=cudagraph"], "executor=cudagraph needs CUDA, but device=cpu"),
-    (["executor=cudagraph"], "use executor=eager"),
-    (["executor=reduce_overhead"], "executor=reduce_overhead needs CUDA, but device=cpu"),
-    (["optimizer.capturable=true"], "optimizer.capturable=true needs parameters on CUDA, but device=cpu"),
-    (["dtype=float8"], "dtype='float8' is not supported; choose one of: float32, float64, bfloat16"),
-    (["device=tpu0"], "device='tpu0' is not a device; use cpu, cuda or cuda:N"),
-    (["executor.name=graphs"], "unknown executor 'graphs'; valid executor names: compiled_cudagraph, cudagraph, "
-                               "eager, fused_cudagraph, reduce_overhead, regional_cudagraph"),
-    (["+loss.gamma=2"], "loss=causal_mse does not accept 'gamma'; its parameters are: warmup_steps"),
-    (["run.measured_updates=0"], "run.measured_updates=0: must be at least 1"),
-    (["population.neurons=0"], "population.neurons=0: must be at least 1"),
-    (["optimizer.lr=0"], "optimizer.lr=0.0: must be greater than 0"),
-    (["population.input_rate=1.5"], "population.input_rate=1.5: must lie in [0, 1]"),
-    (["executor=fused_cudagraph", "dtype=float64"],
-     "executor=fused_cudagraph cannot run this experiment: the fused kernel runs float32, not dtype=float64; "
-     "executors that can: compiled_cudagraph, cudagraph, eager, reduce_overhead, regional_cudagraph"),
-    (["executor=fused_cudagraph"], "executor=fused_cudagraph needs CUDA, but device=cpu"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["executor=cudagraph"], "executor=cudagraph needs CUDA, but device=cpu"),
+        (["executor=cudagraph"], "use executor=eager"),
+        (["executor=reduce_overhead"], "executor=reduce_overhead needs CUDA, but device=cpu"),
+        (["optimizer.capturable=true"], "optimizer.capturable=true needs parameters on CUDA, but device=cpu"),
+        (["dtype=float8"], "dtype='float8' is not supported; choose one of: float32, float64, bfloat16"),
+        (["device=tpu0"], "device='tpu0' is not a device; use cpu, cuda or cuda:N"),
+        (
+            ["executor.name=graphs"],
+            "unknown executor 'graphs'; valid executor names: compiled_cudagraph, cudagraph, "
+            "eager, fused_cudagraph, reduce_overhead, regional_cudagraph",
+        ),
+        (["+loss.gamma=2"], "loss=causal_mse does not accept 'gamma'; its parameters are: warmup_steps"),
+        (["run.measured_updates=0"], "run.measured_updates=0: must be at least 1"),
+        (["population.neurons=0"], "population.neurons=0: must be at least 1"),
+        (["optimizer.lr=0"], "optimizer.lr=0.0: must be greater than 0"),
+        (["population.input_rate=1.5"], "population.input_rate=1.5: must lie in [0, 1]"),
+        (
+            ["executor=fused_cudagraph", "dtype=float64"],
+            "executor=fused_cudagraph cannot run this experiment: the fused kernel runs float32, not dtype=float64; "
+            "executors that can: compiled_cudagraph, cudagraph, eager, reduce_overhead, regional_cudagraph",
+        ),
+        (["executor=fused_cudagraph"], "executor=fused_cudagraph needs CUDA, but device=cpu"),
+    ],
+)
 def test_bad_config_fails_early_with_a_clear_message(make_config, client, overrides, message) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         run_experiment(make_config(*overrides))
@@ -160,8 +181,9 @@ def test_cudagraph_needs_a_capturable_optimizer(make_config) -> None:
         run_experiment(make_config("executor=cudagraph", "optimizer.capturable=false"))
 
 
-@pytest.mark.parametrize("executor_name", ["cudagraph", "compiled_cudagraph", "reduce_overhead",
-                                           "regional_cudagraph", "fused_cudagraph"])
+@pytest.mark.parametrize(
+    "executor_name", ["cudagraph", "compiled_cudagraph", "reduce_overhead", "regional_cudagraph", "fused_cudagraph"]
+)
 def test_executors_with_one_off_work_refuse_to_step_before_prepare(make_config, executor_name: str) -> None:
     plan = plan_experiment(make_config())  # built directly, bypassing the CUDA check; nothing runs
     setup = plan.build_population()
@@ -234,13 +256,21 @@ class Recorder(Observer):
 
 def test_observers_see_every_window_and_update_in_order(make_config) -> None:
     recorder = Recorder()
-    run_experiment(make_config("run.warmup_updates=2", "run.measured_updates=3", "verify.enabled=true"),
-                   observers=[recorder])
+    run_experiment(
+        make_config("run.warmup_updates=2", "run.measured_updates=3", "verify.enabled=true"), observers=[recorder]
+    )
     assert recorder.events == [
-        ("start", "prepare", 0), ("end", "prepare", 0),
-        ("start", "warmup", 2), ("update", "warmup", 0), ("update", "warmup", 1), ("end", "warmup", 2),
-        ("start", "measured", 3), *[("update", "measured", index) for index in (2, 3, 4)], ("end", "measured", 3),
-        ("start", "verify", 0), ("end", "verify", 0),
+        ("start", "prepare", 0),
+        ("end", "prepare", 0),
+        ("start", "warmup", 2),
+        ("update", "warmup", 0),
+        ("update", "warmup", 1),
+        ("end", "warmup", 2),
+        ("start", "measured", 3),
+        *[("update", "measured", index) for index in (2, 3, 4)],
+        ("end", "measured", 3),
+        ("start", "verify", 0),
+        ("end", "verify", 0),
     ]
 
 

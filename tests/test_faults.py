@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import free_port, run_cli, sleepy_executor_plugin, start_mlflow
 from mlflow.tracking import MlflowClient
 
 from axoexp import metadata, names, processes
@@ -25,25 +26,30 @@ from axoexp.experiment import run_experiment
 from axoexp.journal import JOURNAL_FILE, read_journal
 from axoexp.plan import plan_experiment
 
-from conftest import free_port, run_cli, sleepy_executor_plugin, start_mlflow
-
 SLEEPY = sleepy_executor_plugin(20)
 LONG_RUN = ("executor=sleepy", "run.warmup_updates=2", "run.measured_updates=100000")
 
 
 # --- helpers --------------------------------------------------------------------------------
 
+
 def start_cli(*args: str, cwd: Path, module: str = "axoexp") -> subprocess.Popen[str]:
     (cwd / "plugins").mkdir(exist_ok=True)
     (cwd / "plugins" / "sleepy.py").write_text(SLEEPY)
-    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=cwd, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        cwd=cwd,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def sync(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "axoexp.sync", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "axoexp.sync", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
 
 
 def journals(root: Path) -> list[Path]:
@@ -54,8 +60,9 @@ def updates_in(journal: Path) -> list[dict]:
     return [record for record in read_journal(journal) if record["kind"] == "update"]
 
 
-def wait_for_updates(root: Path, count: int, process: subprocess.Popen[str], jobs: int = 1,
-                     timeout: float = 240) -> list[Path]:
+def wait_for_updates(
+    root: Path, count: int, process: subprocess.Popen[str], jobs: int = 1, timeout: float = 240
+) -> list[Path]:
     """Wait until ``jobs`` journals under ``root`` each hold ``count`` measured updates."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -84,6 +91,7 @@ def assert_everything_measured_is_in(client: MlflowClient, run, journal: Path) -
 
 
 # --- signals and kill -9 ----------------------------------------------------------------------
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
@@ -174,8 +182,15 @@ def test_sync_ends_running_runs_whose_process_is_gone(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_stopping_a_joblib_sweep_ends_every_run_and_leaves_no_workers(tmp_path: Path) -> None:
     # one CPU each: both jobs then hold disjoint CPU leases and measure at the same time
-    process = start_cli("-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "population.neurons=2,3",
-                        "run.lease_cpus=1", *LONG_RUN, cwd=tmp_path)
+    process = start_cli(
+        "-m",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        "population.neurons=2,3",
+        "run.lease_cpus=1",
+        *LONG_RUN,
+        cwd=tmp_path,
+    )
     try:
         found = wait_for_updates(tmp_path / "outputs", 10, process, jobs=2)
         workers = processes.descendants(process.pid)
@@ -184,8 +199,9 @@ def test_stopping_a_joblib_sweep_ends_every_run_and_leaves_no_workers(tmp_path: 
         process.communicate(timeout=60)
     assert process.returncode == 128 + signal.SIGTERM
     time.sleep(1)
-    assert not [pid for pid in workers if processes.alive(pid) and "resource_tracker" not in
-                processes.command_line(pid)], "worker processes were left behind"
+    assert not [
+        pid for pid in workers if processes.alive(pid) and "resource_tracker" not in processes.command_line(pid)
+    ], "worker processes were left behind"
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
     parent = next(run for run in runs if run.data.tags.get(names.SWEEP_ROLE) == "parent")
@@ -212,9 +228,15 @@ def test_server_killed_mid_run_switches_to_the_journal_then_sync(tmp_path: Path)
     uri = f"http://127.0.0.1:{port}"
     server = start_mlflow("server", tmp_path / "server", port, own_session=True)
     try:
-        process = start_cli("executor=sleepy", "run.warmup_updates=2", "run.measured_updates=300",
-                            f"tracking.uri={uri}", "tracking.http_timeout_s=2", "tracking.http_max_retries=0",
-                            cwd=tmp_path)
+        process = start_cli(
+            "executor=sleepy",
+            "run.warmup_updates=2",
+            "run.measured_updates=300",
+            f"tracking.uri={uri}",
+            "tracking.http_timeout_s=2",
+            "tracking.http_max_retries=0",
+            cwd=tmp_path,
+        )
         wait_for_updates(tmp_path / "outputs", 20, process)
         _kill_server(server)
         _, stderr = process.communicate(timeout=300)
@@ -245,8 +267,13 @@ def test_a_hung_server_is_given_up_on_within_the_configured_timeouts(tmp_path: P
         hung.bind(("127.0.0.1", 0))
         hung.listen(16)
         start = time.monotonic()
-        result = run_cli(f"tracking.uri=http://127.0.0.1:{hung.getsockname()[1]}", "tracking.http_timeout_s=2",
-                         "tracking.http_max_retries=1", "run.measured_updates=3", cwd=tmp_path)
+        result = run_cli(
+            f"tracking.uri=http://127.0.0.1:{hung.getsockname()[1]}",
+            "tracking.http_timeout_s=2",
+            "tracking.http_max_retries=1",
+            "run.measured_updates=3",
+            cwd=tmp_path,
+        )
         elapsed = time.monotonic() - start
     assert result.returncode == 1 and "is unreachable" in result.stderr
     assert elapsed < 40, f"gave up after {elapsed:.0f} s"
@@ -256,15 +283,22 @@ def test_a_hung_server_is_given_up_on_within_the_configured_timeouts(tmp_path: P
 
 # --- a full disk --------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def small_filesystem(tmp_path: Path) -> Iterator[Path]:
     """A real 4 MiB filesystem (tmpfs), where mounting is permitted."""
     mount_point = tmp_path / "small"
     mount_point.mkdir()
-    if shutil.which("mount") is None or subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)], capture_output=True).returncode:
-        pytest.skip("mounting a size-limited tmpfs is not permitted here "
-                    "(test_journal_on_a_full_disk covers the full-disk path with /dev/full)")
+    if (
+        shutil.which("mount") is None
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)], capture_output=True
+        ).returncode
+    ):
+        pytest.skip(
+            "mounting a size-limited tmpfs is not permitted here "
+            "(test_journal_on_a_full_disk covers the full-disk path with /dev/full)"
+        )
     try:
         yield mount_point
     finally:
@@ -286,8 +320,13 @@ def _fill(directory: Path) -> Path:
 @pytest.mark.slow
 def test_a_store_on_a_full_disk_loses_nothing(tmp_path: Path, small_filesystem: Path) -> None:
     uri = f"sqlite:///{small_filesystem / 'mlflow.db'}"
-    process = start_cli("run.warmup_updates=0", "run.measured_updates=3000",  # seconds of eager updates
-                        f"tracking.uri={uri}", "hydra.run.dir=run", cwd=tmp_path)
+    process = start_cli(
+        "run.warmup_updates=0",
+        "run.measured_updates=3000",  # seconds of eager updates
+        f"tracking.uri={uri}",
+        "hydra.run.dir=run",
+        cwd=tmp_path,
+    )
     (journal,) = wait_for_updates(tmp_path / "run", 1, process, timeout=120)
     filler = _fill(small_filesystem)
     _, stderr = process.communicate(timeout=300)
@@ -318,9 +357,9 @@ def test_journal_on_a_full_disk_keeps_the_run_in_mlflow(tmp_path: Path) -> None:
 
 # --- wrong results --------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("lr", ["1e12", "inf"])
-def test_a_non_finite_loss_ends_the_run_failed_naming_the_update(make_config, client, tmp_path: Path,
-                                                                  lr: str) -> None:
+def test_a_non_finite_loss_ends_the_run_failed_naming_the_update(make_config, client, tmp_path: Path, lr: str) -> None:
     with pytest.raises(NonFiniteResultError, match=r"update \d+ \((warmup|measured)\) produced a non-finite"):
         run_experiment(make_config(f"optimizer.lr={lr}", "verify.enabled=true"), output_dir=tmp_path)
     (run,) = client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
@@ -349,6 +388,7 @@ def test_an_unwritable_store_is_refused_at_once(make_config, tmp_path: Path) -> 
 
 
 # --- resume ---------------------------------------------------------------------------------------
+
 
 def test_the_result_key_covers_config_code_plugins_and_device(tmp_path: Path) -> None:
     from axoexp import plugins
@@ -384,6 +424,7 @@ def test_resume_does_not_reuse_a_run_whose_plugin_code_changed(tmp_path: Path) -
 
 # --- concurrency ------------------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_concurrent_starts_on_a_fresh_store(tmp_path: Path) -> None:
     started = [start_cli("run.measured_updates=2", cwd=tmp_path) for _ in range(2)]
@@ -401,6 +442,7 @@ def test_concurrent_starts_on_a_fresh_store(tmp_path: Path) -> None:
 
 # --- a malicious checkpoint --------------------------------------------------------------------------
 
+
 class _RunsCode:
     def __init__(self, marker: Path) -> None:
         self.marker = marker
@@ -413,8 +455,11 @@ def test_a_checkpoint_that_would_run_code_is_refused_unless_pinned(registry, tmp
     marker, evil = tmp_path / "code-ran", tmp_path / "evil.pt"
     torch.save({"model_kind": "adaptive-support-p4-surrogate", "config": _RunsCode(marker), "state_dict": {}}, evil)
     lite = registry.get("population", "lite")
-    with pytest.raises(CheckpointError, match=r"evil.pt' is not a weights-only checkpoint: loading it would run "
-                                              r"code .* pin it: population.checkpoint_sha256=[0-9a-f]{64}"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"evil.pt' is not a weights-only checkpoint: loading it would run "
+        r"code .* pin it: population.checkpoint_sha256=[0-9a-f]{64}",
+    ):
         lite.build({"checkpoint": str(evil)}, device=torch.device("cpu"), dtype=torch.float32, seed=0)
     assert not marker.exists(), "the pickle's code ran"
     plain = tmp_path / "plain.pt"

@@ -20,14 +20,13 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from conftest import free_port, run_cli
 from mlflow.tracking import MlflowClient
 
 from axoexp import lease, names
 from axoexp.errors import ConfigError, LeaseTimeoutError
 from axoexp.experiment import run_experiment
 from axoexp.runtime import allowed_cpus
-
-from conftest import free_port, run_cli
 
 FAILS_ONCE = '''
 from pathlib import Path
@@ -50,7 +49,7 @@ class FailsOnce(EagerExecutor):
 
 # Holds a faked CUDA device of a host with N GPUs: waits for the 'go' file, takes the lease,
 # records when it held it (inside the lease) and, with 'meet', waits there for its peer.
-LEASE_PROBE = '''
+LEASE_PROBE = """
 import json, sys, time
 from pathlib import Path
 import torch
@@ -76,7 +75,7 @@ with lease.device_lease(torch.device("cuda"), cpus=None, timeout_s=60) as held:
         time.sleep(hold_s)
     end = time.time()
 out.write_text(json.dumps({"device": held.device, "start": start, "end": end, "waited_s": held.waited_s, "met": met}))
-'''
+"""
 
 
 @pytest.fixture
@@ -90,8 +89,15 @@ def _contend(tmp_path: Path, gpus: int, mode: str, hold_s: float = 1.0) -> tuple
     """Two processes ask for a lease on one host with ``gpus`` faked GPUs at the same moment."""
     env = {**os.environ, lease.LEASE_DIR_ENV: str(tmp_path / "leases")}
     outs = [tmp_path / f"probe{n}.json" for n in range(2)]
-    probes = [subprocess.Popen([sys.executable, "-c", LEASE_PROBE, str(gpus), str(hold_s), str(out), mode],
-                               env=env, stderr=subprocess.PIPE, text=True) for out in outs]
+    probes = [
+        subprocess.Popen(
+            [sys.executable, "-c", LEASE_PROBE, str(gpus), str(hold_s), str(out), mode],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for out in outs
+    ]
     deadline = time.monotonic() + 120
     while not all(Path(f"{out}.ready").exists() for out in outs):
         assert time.monotonic() < deadline and all(p.poll() is None for p in probes), "probes did not start"
@@ -119,12 +125,14 @@ def test_two_faked_gpus_let_two_jobs_time_at_once(tmp_path: Path) -> None:
     assert sorted(record["device"] for record in records) == ["cuda:0 GPU-fake-0", "cuda:1 GPU-fake-1"]
 
 
-def test_waiting_for_a_held_device_is_bounded_and_reported(lease_dir: Path,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_waiting_for_a_held_device_is_bounded_and_reported(lease_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with lease.device_lease(torch.device("cpu"), cpus=None, timeout_s=0):
         start = time.monotonic()
-        with pytest.raises(LeaseTimeoutError, match=r"no device lease after 0 s \(run.lease_timeout_s=0.3\): "
-                                                    rf"{len(allowed_cpus())} of .*\(pid {os.getpid()} on"):
+        with pytest.raises(
+            LeaseTimeoutError,
+            match=r"no device lease after 0 s \(run.lease_timeout_s=0.3\): "
+            rf"{len(allowed_cpus())} of .*\(pid {os.getpid()} on",
+        ):
             with lease.device_lease(torch.device("cpu"), cpus=None, timeout_s=0.3):
                 pytest.fail("got a lease another holder has")
         assert time.monotonic() - start < 30
@@ -140,14 +148,24 @@ def test_cpu_jobs_get_disjoint_cpu_sets_and_are_pinned_to_them(lease_dir: Path) 
         assert len(first.cpus) == 1 and os.sched_getaffinity(0) == set(first.cpus)
         assert first.tags()[names.LEASE_CPUS] == str(first.cpus[0])
         second = subprocess.run(  # another job on the same host (not pinned by this one's lease)
-            [sys.executable, "-c", "import os, sys, torch; from axoexp import lease\n"
-             f"os.sched_setaffinity(0, {sorted(everything)})\n"
-             "with lease.device_lease(torch.device('cpu'), cpus=int(sys.argv[1]), timeout_s=0) as held:\n"
-             "    print(*held.cpus)", "1"], capture_output=True, text=True, timeout=120)
+            [
+                sys.executable,
+                "-c",
+                "import os, sys, torch; from axoexp import lease\n"
+                f"os.sched_setaffinity(0, {sorted(everything)})\n"
+                "with lease.device_lease(torch.device('cpu'), cpus=int(sys.argv[1]), timeout_s=0) as held:\n"
+                "    print(*held.cpus)",
+                "1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert second.returncode == 0, second.stderr
         assert set(first.cpus).isdisjoint(map(int, second.stdout.split())) and second.stdout.strip()
-        everything_else = subprocess.run(second.args[:-1] + [str(len(everything))], capture_output=True, text=True,
-                                         timeout=120)
+        everything_else = subprocess.run(
+            second.args[:-1] + [str(len(everything))], capture_output=True, text=True, timeout=120
+        )
         assert "LeaseTimeoutError" in everything_else.stderr, "all CPUs, one of them taken: no lease"
     assert os.sched_getaffinity(0) == everything, "the process's CPUs are restored"
     assert first.released_at is not None and first.released_at >= first.acquired_at
@@ -180,10 +198,12 @@ def test_presets_size_jobs_to_the_devices() -> None:
 
 # --- sweeps through the launchers
 
+
 def _sweep_runs(uri: str) -> tuple[list, list]:
     client = MlflowClient(tracking_uri=uri)
-    runs = client.search_runs([client.get_experiment_by_name("axoexp").experiment_id],
-                              order_by=["attributes.start_time ASC"])
+    runs = client.search_runs(
+        [client.get_experiment_by_name("axoexp").experiment_id], order_by=["attributes.start_time ASC"]
+    )
     parents = [run for run in runs if run.data.tags.get(names.SWEEP_ROLE) == "parent"]
     return parents, [run for run in runs if run not in parents]
 
@@ -242,15 +262,25 @@ def test_sweep_through_submitit_local(tmp_path: Path) -> None:
 def test_parallel_preset_times_one_cpu_job_at_a_time_on_all_cpus(tmp_path: Path) -> None:
     """More jobs at once than CPU sets: the lease makes them take turns."""
     env = {lease.LEASE_DIR_ENV: str(tmp_path / "leases")}
-    result = run_cli("-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", "population.neurons=2,3",
-                     "run.measured_updates=20", cwd=tmp_path, env=env)
+    result = run_cli(
+        "-m",
+        "hydra/launcher=parallel",
+        "hydra.launcher.n_jobs=2",
+        "population.neurons=2,3",
+        "run.measured_updates=20",
+        cwd=tmp_path,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (parent,), children = _sweep_runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert parent.info.status == "FINISHED" and len(children) == 2
     assert len({child.data.tags[names.PROCESS_PID] for child in children}) == 2, "one process per job"
-    held = sorted((float(c.data.tags[names.LEASE_ACQUIRED_AT]), float(c.data.tags[names.LEASE_RELEASED_AT]))
-                  for c in children)
-    assert all(earlier[1] <= later[0] for earlier, later in zip(held, held[1:])), f"leases overlap: {held}"
+    held = sorted(
+        (float(c.data.tags[names.LEASE_ACQUIRED_AT]), float(c.data.tags[names.LEASE_RELEASED_AT])) for c in children
+    )
+    assert all(earlier[1] <= later[0] for earlier, later in zip(held, held[1:], strict=False)), (
+        f"leases overlap: {held}"
+    )
     assert {child.data.tags[names.LEASE_CPUS] for child in children} == {",".join(map(str, allowed_cpus()))}
 
 
@@ -259,17 +289,26 @@ def test_slurm_preset_submits_a_gpu_array_through_sbatch(tmp_path: Path) -> None
     """Up to sbatch: the script submitit writes for hydra/launcher=slurm (no SLURM here)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "sbatch").write_text(f"#!/bin/sh\ncp \"$1\" {tmp_path / 'submitted.sh'}\necho refused >&2\nexit 1\n")
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\ncp "$1" {tmp_path / "submitted.sh"}\necho refused >&2\nexit 1\n')
     (bin_dir / "srun").write_text("#!/bin/sh\nexit 1\n")  # submitit checks that it exists
     for tool in ("sbatch", "srun"):
         (bin_dir / tool).chmod(0o755)
     env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    result = run_cli("-m", "hydra/launcher=slurm", "hydra.launcher.partition=gpu", "population.neurons=2,3",
-                     cwd=tmp_path, env=env)
+    result = run_cli(
+        "-m", "hydra/launcher=slurm", "hydra.launcher.partition=gpu", "population.neurons=2,3", cwd=tmp_path, env=env
+    )
     assert result.returncode == 1
     script = (tmp_path / "submitted.sh").read_text()
-    for flag in ("--gpus-per-node=1", "--exclusive", "--time=60", "--array=0-1%2", "--partition=gpu",
-                 "--ntasks-per-node=1", "--job-name=axoexp", "--signal=USR2@120"):
+    for flag in (
+        "--gpus-per-node=1",
+        "--exclusive",
+        "--time=60",
+        "--array=0-1%2",
+        "--partition=gpu",
+        "--ntasks-per-node=1",
+        "--job-name=axoexp",
+        "--signal=USR2@120",
+    ):
         assert f"#SBATCH {flag}\n" in script, f"{flag} missing from:\n{script}"
     (parent,), children = _sweep_runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert parent.info.status == "FAILED" and children == [], "a sweep whose submission failed is not FINISHED"
@@ -278,7 +317,6 @@ def test_slurm_preset_submits_a_gpu_array_through_sbatch(tmp_path: Path) -> None
 # --- Ray: one local instance on 127.0.0.1 for the module
 
 RAY_PORT_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # Ray then keeps every address on 127.0.0.1
-
 
 
 @pytest.fixture(scope="module")
@@ -291,13 +329,31 @@ def ray_cluster() -> Iterator[tuple[str, Path]]:
     plugins.mkdir()
     (plugins / "fails_once.py").write_text(FAILS_ONCE)
     port = free_port()
-    env = {**os.environ, **RAY_PORT_ENV, "AXOEXP_PLUGINS_DIR": str(plugins),
-           lease.LEASE_DIR_ENV: str(root / "leases")}
+    env = {**os.environ, **RAY_PORT_ENV, "AXOEXP_PLUGINS_DIR": str(plugins), lease.LEASE_DIR_ENV: str(root / "leases")}
     ray = str(Path(sys.executable).with_name("ray"))
     head = subprocess.Popen(
-        [ray, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
-         "--num-cpus", "2", "--include-dashboard=false", "--disable-usage-stats", "--temp-dir", str(root / "ray")],
-        cwd=root, env=env, stdout=(root / "ray.log").open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            ray,
+            "start",
+            "--head",
+            "--block",
+            "--node-ip-address",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--num-cpus",
+            "2",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+            "--temp-dir",
+            str(root / "ray"),
+        ],
+        cwd=root,
+        env=env,
+        stdout=(root / "ray.log").open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     address = f"127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -318,8 +374,14 @@ def test_sweep_through_ray(ray_cluster: tuple[str, Path], tmp_path: Path) -> Non
     env = {**RAY_PORT_ENV, "AXOEXP_PLUGINS_DIR": str(plugins)}
 
     def run(*overrides: str) -> subprocess.CompletedProcess:
-        return run_cli("-m", "hydra/launcher=ray_devices", f"hydra.launcher.ray.init.address={address}",
-                       *overrides, cwd=tmp_path, env=env)
+        return run_cli(
+            "-m",
+            "hydra/launcher=ray_devices",
+            f"hydra.launcher.ray.init.address={address}",
+            *overrides,
+            cwd=tmp_path,
+            env=env,
+        )
 
     check_fail_then_resume(run, f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "sweeps")
     (first, _), children = _sweep_runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -337,7 +399,10 @@ def test_ray_preset_asks_for_a_gpu_on_cuda_and_never_retries(loaded_registry, de
     from omegaconf import OmegaConf
 
     with initialize_config_module(config_module="axoexp.conf", version_base="1.3"):
-        config = compose("config", overrides=["hydra/launcher=ray_devices", f"device={device}", "run.lease_cpus=2"],
-                         return_hydra_config=True)
+        config = compose(
+            "config",
+            overrides=["hydra/launcher=ray_devices", f"device={device}", "run.lease_cpus=2"],
+            return_hydra_config=True,
+        )
     remote = OmegaConf.to_container(config.hydra.launcher.ray.remote, resolve=True)
     assert remote == {"num_gpus": gpus, "num_cpus": 2, "max_retries": 0}

@@ -18,22 +18,28 @@ ON_GPU = torch.cuda.is_available()  # without CUDA, conftest has set TRITON_INTE
 pytest.importorskip("triton", reason="the fused AxoSim-Lite kernels need Triton")
 
 from axoexp.components.population import lite  # noqa: E402
-from axoexp.kernels import fused_population_forward, lite_recurrence, unsupported_reason  # noqa: E402,I001
+from axoexp.kernels import fused_population_forward, lite_recurrence, unsupported_reason  # noqa: E402
 
 if not ON_GPU and not lite_recurrence.INTERPRETED:
-    pytest.skip("triton was imported before TRITON_INTERPRET=1 could be set in this process",
-                allow_module_level=True)
+    pytest.skip("triton was imported before TRITON_INTERPRET=1 could be set in this process", allow_module_level=True)
 
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 BANKS = ("behavior", "morphology", "synaptic")
 
 
-def _population(*, neurons: int, time_steps: int, contacts: int, seed: int,
-                trained: tuple[str, ...] = BANKS, **dims: int):
+def _population(
+    *, neurons: int, time_steps: int, contacts: int, seed: int, trained: tuple[str, ...] = BANKS, **dims: int
+):
     setup = lite(
-        device=DEVICE, dtype=torch.float32, seed=seed, neurons=neurons,
-        time_steps=time_steps, contacts=contacts, batches=1,
-        **{f"train_{bank}": bank in trained for bank in BANKS}, **dims,
+        device=DEVICE,
+        dtype=torch.float32,
+        seed=seed,
+        neurons=neurons,
+        time_steps=time_steps,
+        contacts=contacts,
+        batches=1,
+        **{f"train_{bank}": bank in trained for bank in BANKS},
+        **dims,
     )
     return setup.module, setup.batches[0][0]
 
@@ -52,8 +58,7 @@ def _forward_backward(population, inputs: torch.Tensor, run) -> tuple[torch.Tens
     if output.requires_grad:
         (output * weights).sum().backward()
     return output.detach(), [
-        None if parameter.grad is None else parameter.grad.clone()
-        for parameter in population.adaptation_parameters()
+        None if parameter.grad is None else parameter.grad.clone() for parameter in population.adaptation_parameters()
     ]
 
 
@@ -65,9 +70,7 @@ def _check(population, inputs: torch.Tensor, **options: int) -> None:
     )
     _assert_matches(fused_output, eager_output)
     _assert_matches(population.neuron.base_soma_prediction.detach(), eager_kept)
-    for parameter, fused, eager in zip(
-        population.adaptation_parameters(), fused_grads, eager_grads, strict=True
-    ):
+    for parameter, fused, eager in zip(population.adaptation_parameters(), fused_grads, eager_grads, strict=True):
         assert (fused is None) == (eager is None) == (not parameter.requires_grad)
         if eager is not None:
             _assert_matches(fused, eager)
@@ -89,8 +92,12 @@ def _check(population, inputs: torch.Tensor, **options: int) -> None:
     ],
 )
 def test_matches_eager_output_and_gradients(
-    neurons: int, time_steps: int, contacts: int, seed: int,
-    trained: tuple[str, ...], block_n: int | None,
+    neurons: int,
+    time_steps: int,
+    contacts: int,
+    seed: int,
+    trained: tuple[str, ...],
+    block_n: int | None,
 ) -> None:
     population, inputs = _population(
         neurons=neurons, time_steps=time_steps, contacts=contacts, seed=seed, trained=trained
@@ -99,9 +106,7 @@ def test_matches_eager_output_and_gradients(
 
 
 def test_widths_that_are_not_powers_of_two() -> None:
-    population, inputs = _population(
-        neurons=7, time_steps=12, contacts=3, seed=6, token_dim=6, state_dim=3
-    )
+    population, inputs = _population(neurons=7, time_steps=12, contacts=3, seed=6, token_dim=6, state_dim=3)
     _check(population, inputs, block_n=4)
 
 
@@ -115,8 +120,7 @@ def test_shorter_than_one_patch_gives_zeros_without_a_graph() -> None:
 def test_inference_without_grad_matches_eager() -> None:
     population, inputs = _population(neurons=5, time_steps=12, contacts=2, seed=8)
     with torch.no_grad():
-        _assert_matches(fused_population_forward(population, inputs, block_n=4),
-                        population(inputs))
+        _assert_matches(fused_population_forward(population, inputs, block_n=4), population(inputs))
 
 
 def test_unsupported_reasons() -> None:

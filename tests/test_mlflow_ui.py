@@ -13,21 +13,29 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import free_port, run_cli, start_mlflow
 from mlflow.tracking import MlflowClient
 
 from axoexp import names
 
-from conftest import free_port, run_cli, start_mlflow
-
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 VIEW = f"runs?workflowType=machine_learning&viewStateShareKey={names.RUNS_VIEW}"  # the README's link
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not CHROMIUM.is_file(),
-                       reason=f"needs Debian's chromium at {CHROMIUM} (apt-get install chromium)"),
+    pytest.mark.skipif(
+        not CHROMIUM.is_file(), reason=f"needs Debian's chromium at {CHROMIUM} (apt-get install chromium)"
+    ),
 ]
 sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (pip install -e '.[dev]')")
 
@@ -49,7 +57,8 @@ def swept_ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Ml
 
 
 def test_the_runs_view_shows_the_sweep_its_children_and_their_medians(
-        swept_ui: tuple[str, MlflowClient], tmp_path: Path) -> None:
+    swept_ui: tuple[str, MlflowClient], tmp_path: Path
+) -> None:
     url, client = swept_ui
     experiment = client.get_experiment_by_name("axoexp")
     runs = client.search_runs([experiment.experiment_id])

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
 
 pytestmark = pytest.mark.slow  # every test here starts processes
@@ -17,12 +16,29 @@ pytestmark = pytest.mark.slow  # every test here starts processes
 
 def test_wheel_install_composes_configs_outside_the_checkout(tmp_path: Path) -> None:
     source = tmp_path / "src"  # a clean copy: setuptools would reuse a stale build/ in the checkout
-    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
-        ".git", ".venv", ".whl", "build", "outputs", "mlruns", "*.db", "__pycache__", "*.egg-info"))
+    shutil.copytree(
+        REPO,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", ".whl", "build", "outputs", "mlruns", "*.db", "__pycache__", "*.egg-info"
+        ),
+    )
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-         str(tmp_path / "dist"), str(source)],
-        check=True, capture_output=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     (wheel,) = (tmp_path / "dist").glob("axoexp-*.whl")
     import zipfile
@@ -32,18 +48,30 @@ def test_wheel_install_composes_configs_outside_the_checkout(tmp_path: Path) -> 
     site = tmp_path / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
-        check=True, capture_output=True, timeout=300,
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     work = tmp_path / "elsewhere"
     work.mkdir()
     path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": path, "PYTHONSAFEPATH": "1"}
-    probe = subprocess.run([sys.executable, "-c", "import axoexp; print(axoexp.__file__)"],
-                           cwd=work, env=env, capture_output=True, text=True, check=True)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import axoexp; print(axoexp.__file__)"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert probe.stdout.startswith(str(site)), "the test must exercise the installed copy"
     result = subprocess.run(
         [sys.executable, "-m", "axoexp", "executor=cudagraph", "optimizer=sgd", "--cfg", "job"],
-        cwd=work, env=env, capture_output=True, text=True, timeout=120,
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     assert "name: cudagraph" in result.stdout and "name: sgd" in result.stdout

@@ -7,9 +7,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from mlflow.tracking import MlflowClient
-
 from conftest import run_cli
+from mlflow.tracking import MlflowClient
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
@@ -54,8 +53,10 @@ def test_entry_point_plugin_of_an_installed_package_is_found(tmp_path: Path) -> 
     (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: axoexp-cubic\nVersion: 1.0\n")
     (dist_info / "entry_points.txt").write_text("[axoexp.plugins]\ncubic = axoexp_cubic\n")
     (tmp_path / "empty").mkdir()
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
-           "AXOEXP_PLUGINS_DIR": str(tmp_path / "empty")}
+    env = {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
+        "AXOEXP_PLUGINS_DIR": str(tmp_path / "empty"),
+    }
 
     result = run_cli("loss=cubic", "run.measured_updates=3", cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr
@@ -84,5 +85,6 @@ def test_plugin_cannot_shadow_a_builtin(tmp_path: Path) -> None:
 def test_a_named_plugins_directory_that_is_missing_is_an_error(tmp_path: Path) -> None:
     result = run_cli("--help", cwd=tmp_path, env={"AXOEXP_PLUGINS_DIR": str(tmp_path / "typo")})
     assert result.returncode == 2
-    assert result.stderr.strip() == (f"axoexp: plugins directory {tmp_path / 'typo'} (from $AXOEXP_PLUGINS_DIR) "
-                                     "does not exist or is not a directory")
+    assert result.stderr.strip() == (
+        f"axoexp: plugins directory {tmp_path / 'typo'} (from $AXOEXP_PLUGINS_DIR) does not exist or is not a directory"
+    )

@@ -20,12 +20,21 @@ class TerminalBuffer(io.StringIO):
 
 def test_every_window_and_its_duration_is_logged(make_config, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="axoexp")
-    run_experiment(make_config("run.warmup_updates=2", "run.measured_updates=3", "verify.enabled=true"),
-                   observers=[RunProgress(display=False)])
+    run_experiment(
+        make_config("run.warmup_updates=2", "run.measured_updates=3", "verify.enabled=true"),
+        observers=[RunProgress(display=False)],
+    )
     messages = [record.getMessage() for record in caplog.records if record.name == "axoexp.run"]
     assert [message.split(":")[0] for message in messages] == [
-        "prepare (compile, capture)", "prepare (compile, capture)", "warm-up", "warm-up",
-        "measured", "measured", "verify", "verify"]
+        "prepare (compile, capture)",
+        "prepare (compile, capture)",
+        "warm-up",
+        "warm-up",
+        "measured",
+        "measured",
+        "verify",
+        "verify",
+    ]
     assert messages[3].startswith("warm-up: 2 updates in ") and " s, median " in messages[3]
     assert messages[5].startswith("measured: 3 updates in ")
     assert messages[7].startswith("verify: done in ")

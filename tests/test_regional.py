@@ -26,16 +26,26 @@ def decompositions() -> int:
     return sum(counters["inductor"][f"decompose_{op}"] for op in ("mm", "addmm", "bmm"))
 
 
-@pytest.mark.parametrize("time_steps, tokens_per_region, compile_edges, decompose_matmuls",
-                         [(38, 3, True, True), (38, 3, False, True), (16, 3, False, False), (16, 4, True, True)])
-def test_regions_compute_the_eager_forward_and_gradients(time_steps: int, tokens_per_region: int,
-                                                         compile_edges: bool, decompose_matmuls: bool) -> None:
+@pytest.mark.parametrize(
+    "time_steps, tokens_per_region, compile_edges, decompose_matmuls",
+    [(38, 3, True, True), (38, 3, False, True), (16, 3, False, False), (16, 4, True, True)],
+)
+def test_regions_compute_the_eager_forward_and_gradients(
+    time_steps: int, tokens_per_region: int, compile_edges: bool, decompose_matmuls: bool
+) -> None:
     """38 steps: 9 blocks in regions of 3, 2 steps past the last block; 16 steps: regions of 3
     and 1 block, then all 4 blocks in one region (the whole forward compiled as one graph).
     Decomposed matmuls sum in another order than the eager ones: equal to rounding. With
     the edges uncompiled, only the regions can have decomposed the matmuls counted."""
-    setup = lite(device=torch.device("cpu"), dtype=torch.float32, seed=3, neurons=5, time_steps=time_steps,
-                 contacts=4, train_morphology=False)
+    setup = lite(
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+        seed=3,
+        neurons=5,
+        time_steps=time_steps,
+        contacts=4,
+        train_morphology=False,
+    )
     inputs, _ = setup.batches[0]
     reference = copy.deepcopy(setup.module)
     decomposed = decompositions()

@@ -36,7 +36,9 @@ def test_duplicate_name_names_both_sources() -> None:
 
 def test_bad_parameters_name_the_key_and_the_accepted_ones(registry: Registry) -> None:
     huber = registry.get("loss", "huber")
-    with pytest.raises(RegistryError, match=r"loss=huber does not accept 'delt'; its parameters are: delta, warmup_steps"):
+    with pytest.raises(
+        RegistryError, match=r"loss=huber does not accept 'delt'; its parameters are: delta, warmup_steps"
+    ):
         huber.check_params({"delt": 2.0})
 
 
@@ -61,8 +63,11 @@ def test_an_executor_that_is_not_an_executor_class_is_refused_at_registration() 
     def step_function(*, module, optimizer, loss_fn, gradient_transform):
         return None
 
-    with pytest.raises(RegistryError, match=r"executor=fn from plugins/fn.py: must be a subclass of "
-                                            r"axoexp.executors.base.Executor"):
+    with pytest.raises(
+        RegistryError,
+        match=r"executor=fn from plugins/fn.py: must be a subclass of "
+        r"axoexp.executors.base.Executor",
+    ):
         Registry().register("executor", "fn", step_function, source="plugins/fn.py")
     Registry().register("executor", "ok", EagerExecutor, source="plugins/ok.py")
 

@@ -15,16 +15,30 @@ from axoexp import names
 from axoexp.report import ReportRow, build_rows, format_table, plot, sweep_runs, x_dimension
 
 
-def _logged_run(client: MlflowClient, experiment_id: str, executor: str, shape: str, median_ms: float,
-                *, parent: str | None = None, status: str = "FINISHED", **params: str) -> str:
+def _logged_run(
+    client: MlflowClient,
+    experiment_id: str,
+    executor: str,
+    shape: str,
+    median_ms: float,
+    *,
+    parent: str | None = None,
+    status: str = "FINISHED",
+    **params: str,
+) -> str:
     tags = {names.component_tag("executor"): executor, names.SHAPE: shape}
     if parent:
         tags[names.PARENT_RUN_ID] = parent
     run = client.create_run(experiment_id, run_name=f"executor={executor}", tags=tags)
     neurons, time_steps, contacts = shape.split("x")
-    for key, value in {"executor.name": executor, "population.neurons": neurons,
-                       "population.time_steps": time_steps, "population.contacts": contacts,
-                       "tracking.uri": "ignored", **params}.items():
+    for key, value in {
+        "executor.name": executor,
+        "population.neurons": neurons,
+        "population.time_steps": time_steps,
+        "population.contacts": contacts,
+        "tracking.uri": "ignored",
+        **params,
+    }.items():
         client.log_param(run.info.run_id, key, value)
     client.log_metric(run.info.run_id, names.UPDATE_MEDIAN, median_ms)
     client.set_terminated(run.info.run_id, status=status)
@@ -65,11 +79,19 @@ def test_failed_eager_run_is_no_baseline_and_reused_runs_are_included(client: Ml
 
 
 def test_rows_name_the_swept_settings_without_bookkeeping_and_mark_reused_runs(
-        client: MlflowClient, experiment: str) -> None:
+    client: MlflowClient, experiment: str
+) -> None:
     parent = client.create_run(experiment, run_name="sweep").info.run_id
     for executor, lr, median in (("eager", "0.1", 10.0), ("fast", "0.1", 2.0), ("eager", "0.2", 10.0)):
-        run_id = _logged_run(client, experiment, executor, "2x12x4", median, parent=parent,
-                             **{"optimizer.lr": lr, "sweep.resume": "same_sweep", "run.progress": executor})
+        run_id = _logged_run(
+            client,
+            experiment,
+            executor,
+            "2x12x4",
+            median,
+            parent=parent,
+            **{"optimizer.lr": lr, "sweep.resume": "same_sweep", "run.progress": executor},
+        )
     earlier = _logged_run(client, experiment, "fast", "2x12x4", 4.0, **{"optimizer.lr": "0.2"})
     client.set_tag(parent, f"{names.REUSED_PREFIX}job3", earlier)
 
@@ -82,14 +104,28 @@ def test_rows_name_the_swept_settings_without_bookkeeping_and_mark_reused_runs(
 
 
 def _row(executor: str, neurons: int, time_steps: int, median: float, speedup: float, **extra) -> ReportRow:
-    return ReportRow(shape=f"{neurons}x{time_steps}x4", executor=executor, status="FINISHED", median_ms=median,
-                     capture_ms=math.nan if executor == "eager" else 20.0, speedup_vs_eager=speedup,
-                     run_id=f"{executor}{neurons}{time_steps}", job="", p10_ms=median * 0.9, p90_ms=median * 1.2,
-                     settings=(("neurons", str(neurons)), ("time_steps", str(time_steps))), **extra)
+    return ReportRow(
+        shape=f"{neurons}x{time_steps}x4",
+        executor=executor,
+        status="FINISHED",
+        median_ms=median,
+        capture_ms=math.nan if executor == "eager" else 20.0,
+        speedup_vs_eager=speedup,
+        run_id=f"{executor}{neurons}{time_steps}",
+        job="",
+        p10_ms=median * 0.9,
+        p90_ms=median * 1.2,
+        settings=(("neurons", str(neurons)), ("time_steps", str(time_steps))),
+        **extra,
+    )
 
 
-ROWS = [_row("eager", 3, 12, 4.0, 1.0), _row("cudagraph", 3, 12, 0.4, 10.0, speedup_low=9.0, speedup_high=11.0),
-        _row("eager", 64, 12, 8.0, 1.0), _row("cudagraph", 64, 12, 1.0, 8.0, reused=True)]
+ROWS = [
+    _row("eager", 3, 12, 4.0, 1.0),
+    _row("cudagraph", 3, 12, 0.4, 10.0, speedup_low=9.0, speedup_high=11.0),
+    _row("eager", 64, 12, 8.0, 1.0),
+    _row("cudagraph", 64, 12, 1.0, 8.0, reused=True),
+]
 
 
 def test_the_table_prints_as_text_markdown_csv_and_json() -> None:
@@ -99,8 +135,10 @@ def test_the_table_prints_as_text_markdown_csv_and_json() -> None:
     assert text[4].split()[-4:] == ["reused", "neurons=64", "time_steps=12", "cudagraph6412"]
     markdown = format_table(ROWS, "markdown").splitlines()
     assert markdown[0].startswith("| shape | executor |") and markdown[1].startswith("| --- | --- | --- | ---: |")
-    assert markdown[3] == ("| 3x12x4 | cudagraph | FINISHED | 0.400 | 0.360 | 0.480 | 20.0 | 10.00x | [9, 11] | 1 |  | "
-                           "neurons=3 time_steps=12 | cudagraph312 |")
+    assert markdown[3] == (
+        "| 3x12x4 | cudagraph | FINISHED | 0.400 | 0.360 | 0.480 | 20.0 | 10.00x | [9, 11] | 1 |  | "
+        "neurons=3 time_steps=12 | cudagraph312 |"
+    )
     records = list(csv.DictReader(io.StringIO(format_table(ROWS, "csv"))))
     assert records[1]["speedup_low"] == "9.0" and records[0]["capture_ms"] == "" and records[3]["reused"] == "True"
     parsed = json.loads(format_table(ROWS, "json"))

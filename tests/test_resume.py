@@ -13,10 +13,13 @@ from axoexp.sweep import print_reuse, result_key, reused_run, sweep_definition
 from axoexp.tracking import config_digest, experiment_id
 
 
-def _finished(client: MlflowClient, experiment: str, config, parent: str | None = None,
-              status: str = "FINISHED") -> str:
-    tags = {names.CONFIG_HASH: config_digest(OmegaConf.to_container(config, resolve=True)),
-            names.RESULT_KEY: result_key(config)}
+def _finished(
+    client: MlflowClient, experiment: str, config, parent: str | None = None, status: str = "FINISHED"
+) -> str:
+    tags = {
+        names.CONFIG_HASH: config_digest(OmegaConf.to_container(config, resolve=True)),
+        names.RESULT_KEY: result_key(config),
+    }
     if parent:
         tags[names.PARENT_RUN_ID] = parent
     run_id = client.create_run(experiment, tags=tags).info.run_id
@@ -26,12 +29,16 @@ def _finished(client: MlflowClient, experiment: str, config, parent: str | None 
 
 
 def _sweep(client: MlflowClient, experiment: str, *overrides: str) -> str:
-    return client.create_run(experiment, run_name="sweep " + " ".join(overrides), tags={
-        names.SWEEP_ROLE: "parent", names.SWEEP_DEFINITION: sweep_definition(list(overrides))}).info.run_id
+    return client.create_run(
+        experiment,
+        run_name="sweep " + " ".join(overrides),
+        tags={names.SWEEP_ROLE: "parent", names.SWEEP_DEFINITION: sweep_definition(list(overrides))},
+    ).info.run_id
 
 
 def test_a_job_reuses_only_finished_jobs_of_earlier_sweeps_with_the_same_definition(
-        make_config, client: MlflowClient, capsys: pytest.CaptureFixture[str]) -> None:
+    make_config, client: MlflowClient, capsys: pytest.CaptureFixture[str]
+) -> None:
     experiment = experiment_id(client, "axoexp")
     job = make_config("population.neurons=2")
     _finished(client, experiment, job)  # a single run with the same config
@@ -48,10 +55,14 @@ def test_a_job_reuses_only_finished_jobs_of_earlier_sweeps_with_the_same_definit
     assert client.get_run(current).data.tags[f"{names.REUSED_PREFIX}job4"] == measured
 
     print_reuse(client, client.get_run(current), children=1)
-    assert capsys.readouterr().out == (f"reused 1 of 2 jobs from 'sweep population.neurons=2,3 sweep.resume=false "
-                                       f"tracking.uri=x' ({earlier}) (sweep.resume=false re-measures)\n")
-    assert reused_run(make_config("population.neurons=2", f"sweep.parent_run_id={current}",
-                                  "sweep.resume=false"), 4) is None
+    assert capsys.readouterr().out == (
+        f"reused 1 of 2 jobs from 'sweep population.neurons=2,3 sweep.resume=false "
+        f"tracking.uri=x' ({earlier}) (sweep.resume=false re-measures)\n"
+    )
+    assert (
+        reused_run(make_config("population.neurons=2", f"sweep.parent_run_id={current}", "sweep.resume=false"), 4)
+        is None
+    )
     assert reused_run(make_config("population.neurons=2"), 4) is None, "a single run always runs"
 
 

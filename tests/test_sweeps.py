@@ -11,11 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import free_port, run_cli, sleepy_executor_plugin, start_mlflow
 from mlflow.tracking import MlflowClient
 
 from axoexp import names
-
-from conftest import free_port, run_cli, sleepy_executor_plugin, start_mlflow
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
@@ -58,7 +57,9 @@ def test_sweep_is_a_parent_run_with_named_children(tmp_path: Path) -> None:
     assert re.fullmatch(r"sweep \d\d-\d\d \d\d:\d\d:\d\d neurons=2,3 measured_updates=3", parent.info.run_name)
     assert parent.data.tags[names.SWEEP_OVERRIDES] == "population.neurons=2,3 run.measured_updates=3"
     assert sorted(child.info.run_name for child in children) == [
-        "00 eager 2x12x4 measured_updates=3", "01 eager 3x12x4 measured_updates=3"], "short, in sweep order"
+        "00 eager 2x12x4 measured_updates=3",
+        "01 eager 3x12x4 measured_updates=3",
+    ], "short, in sweep order"
     assert {run.data.tags[names.SOURCE_NAME] for run in runs} == {"python -m axoexp"}
     assert {child.data.tags[names.PARENT_RUN_ID] for child in children} == {parent.info.run_id}
     sweep_dir = Path(parent.data.tags[names.SWEEP_DIR])
@@ -69,22 +70,25 @@ def test_sweep_is_a_parent_run_with_named_children(tmp_path: Path) -> None:
 def test_failing_job_fails_the_parent_but_keeps_the_others(tmp_path: Path) -> None:
     (tmp_path / "plugins").mkdir()
     (tmp_path / "plugins" / "flaky.py").write_text(FAILING_EXECUTOR)
-    result = run_cli("-m", "executor=eager,flaky", "population.neurons=0,2", "run.measured_updates=3",
-                     cwd=tmp_path)
+    result = run_cli("-m", "executor=eager,flaky", "population.neurons=0,2", "run.measured_updates=3", cwd=tmp_path)
     assert result.returncode == 1, "a sweep in which a job failed exits 1"
     assert "axoexp: invalid experiment config: population.neurons=0: must be at least 1" in result.stderr
     _, runs = _runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
     (parent,), children = _split(runs)
     assert parent.info.status == "FAILED"
     assert parent.data.tags[names.FAILURE] == (
-        "1 of 2 child runs did not finish; 2 jobs were refused before creating a run (tags axoexp.refused.*)")
+        "1 of 2 child runs did not finish; 2 jobs were refused before creating a run (tags axoexp.refused.*)"
+    )
     refused = sorted(value for key, value in parent.data.tags.items() if key.startswith(names.REFUSED_PREFIX))
     assert [value.split(":")[0] for value in refused] == [
         "executor=eager,population.neurons=0,run.measured_updates=3",
-        "executor=flaky,population.neurons=0,run.measured_updates=3"]
+        "executor=flaky,population.neurons=0,run.measured_updates=3",
+    ]
     statuses = {child.info.run_name: child.info.status for child in children}
-    assert statuses == {"01 eager 2x12x4 measured_updates=3": "FINISHED",
-                        "03 flaky 2x12x4 measured_updates=3": "FAILED"}
+    assert statuses == {
+        "01 eager 2x12x4 measured_updates=3": "FINISHED",
+        "03 flaky 2x12x4 measured_updates=3": "FAILED",
+    }
 
 
 def test_rerunning_a_sweep_reuses_its_finished_runs_unless_told_not_to(tmp_path: Path) -> None:
@@ -99,11 +103,16 @@ def test_rerunning_a_sweep_reuses_its_finished_runs_unless_told_not_to(tmp_path:
     parents, children = _split(runs)
     assert len(parents) == 2 and len(children) == 3, "the second sweep created no new job runs"
     first_parent, second = sorted(parents, key=lambda run: run.info.start_time)
-    assert re.search(rf"^reused 2 of 2 jobs from '{re.escape(first_parent.info.run_name)}' "
-                     rf"\({first_parent.info.run_id}\) \(sweep.resume=false re-measures\)$", again.stdout, re.M)
+    assert re.search(
+        rf"^reused 2 of 2 jobs from '{re.escape(first_parent.info.run_name)}' "
+        rf"\({first_parent.info.run_id}\) \(sweep.resume=false re-measures\)$",
+        again.stdout,
+        re.M,
+    )
     reused = {key: value for key, value in second.data.tags.items() if key.startswith(names.REUSED_PREFIX)}
-    assert sorted(reused.values()) == sorted(child.info.run_id for child in children
-                                             if child.data.tags.get(names.PARENT_RUN_ID) == first_parent.info.run_id)
+    assert sorted(reused.values()) == sorted(
+        child.info.run_id for child in children if child.data.tags.get(names.PARENT_RUN_ID) == first_parent.info.run_id
+    )
 
     forced = run_cli(*sweep, "sweep.resume=false", cwd=tmp_path)
     assert forced.returncode == 0 and "reused" not in forced.stdout
@@ -111,8 +120,14 @@ def test_rerunning_a_sweep_reuses_its_finished_runs_unless_told_not_to(tmp_path:
 
 
 def test_joblib_launcher_runs_each_job_in_its_own_process(tmp_path: Path) -> None:
-    result = run_cli("-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
-                     "population.neurons=2,3", "run.measured_updates=3", cwd=tmp_path)
+    result = run_cli(
+        "-m",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        "population.neurons=2,3",
+        "run.measured_updates=3",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     _, runs = _runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
     (parent,), children = _split(runs)
@@ -125,16 +140,23 @@ def test_joblib_launcher_runs_each_job_in_its_own_process(tmp_path: Path) -> Non
 def test_report_tabulates_a_sweep_next_to_its_outputs_and_logs_it_to_the_parent(tmp_path: Path) -> None:
     (tmp_path / "plugins").mkdir()
     (tmp_path / "plugins" / "sleepy.py").write_text(SLOW_EXECUTOR)
-    sweep = run_cli("-m", "executor=eager,sleepy", "population.neurons=2,3", "run.measured_updates=5",
-                    cwd=tmp_path)
+    sweep = run_cli("-m", "executor=eager,sleepy", "population.neurons=2,3", "run.measured_updates=5", cwd=tmp_path)
     assert sweep.returncode == 0, sweep.stderr
-    report = subprocess.run([sys.executable, "-m", "axoexp.report", "--format", "json"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    report = subprocess.run(
+        [sys.executable, "-m", "axoexp.report", "--format", "json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert report.returncode == 0, report.stderr
     rows = json.loads(report.stdout)
     assert sorted((row["shape"], row["executor"], row["status"]) for row in rows) == [
-        ("2x12x4", "eager", "FINISHED"), ("2x12x4", "sleepy", "FINISHED"),
-        ("3x12x4", "eager", "FINISHED"), ("3x12x4", "sleepy", "FINISHED")]
+        ("2x12x4", "eager", "FINISHED"),
+        ("2x12x4", "sleepy", "FINISHED"),
+        ("3x12x4", "eager", "FINISHED"),
+        ("3x12x4", "sleepy", "FINISHED"),
+    ]
     assert all(row["speedup_vs_eager"] == 1.0 for row in rows if row["executor"] == "eager")
     assert {json.dumps(row["settings"]) for row in rows} == {'{"neurons": "2"}', '{"neurons": "3"}'}
     client, runs = _runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -150,14 +172,16 @@ def test_report_without_a_sweep_says_so_in_one_line(tmp_path: Path) -> None:
     report = [sys.executable, "-m", "axoexp.report"]
     missing = subprocess.run(report, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2
-    assert missing.stderr.strip() == ("axoexp.report: no MLflow store at sqlite:///mlflow.db; "
-                                      "run a sweep first: python -m axoexp -m ...")
+    assert missing.stderr.strip() == (
+        "axoexp.report: no MLflow store at sqlite:///mlflow.db; run a sweep first: python -m axoexp -m ..."
+    )
     assert not (tmp_path / "mlflow.db").exists(), "the report creates no store"
     assert run_cli("run.measured_updates=1", cwd=tmp_path).returncode == 0
     no_sweep = subprocess.run(report, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert no_sweep.returncode == 2
     assert no_sweep.stderr.strip().splitlines()[-1] == (
-        "axoexp.report: no sweep in experiment 'axoexp'; run one with python -m axoexp -m ...")
+        "axoexp.report: no sweep in experiment 'axoexp'; run one with python -m axoexp -m ..."
+    )
 
 
 @pytest.fixture(scope="module")
@@ -175,8 +199,9 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
 
 
 def test_sweep_logs_to_an_http_tracking_server(mlflow_server: str, tmp_path: Path) -> None:
-    result = run_cli("-m", "population.neurons=2,3", "run.measured_updates=3", f"tracking.uri={mlflow_server}",
-                     cwd=tmp_path)
+    result = run_cli(
+        "-m", "population.neurons=2,3", "run.measured_updates=3", f"tracking.uri={mlflow_server}", cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr
     client, runs = _runs(mlflow_server)
     (parent,), children = _split(runs)
@@ -185,7 +210,10 @@ def test_sweep_logs_to_an_http_tracking_server(mlflow_server: str, tmp_path: Pat
     assert child.data.metrics[names.update_metric("count")] == 3
     assert {a.path for a in client.list_artifacts(child.info.run_id)} == {".hydra", "config.yaml", "result.json"}
     assert {a.path for a in client.list_artifacts(child.info.run_id, ".hydra")} == {
-        ".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml"}
+        ".hydra/config.yaml",
+        ".hydra/hydra.yaml",
+        ".hydra/overrides.yaml",
+    }
     assert len(child.inputs.dataset_inputs) == 1, "the workload, as a dataset input"
     assert not (tmp_path / "mlflow.db").exists()
 

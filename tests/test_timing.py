@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_cli
 from mlflow.tracking import MlflowClient
+from test_sweeps import SLOW_EXECUTOR
 
 from axoexp import names
 from axoexp.contention import GPU_SHARED, ContentionGuard, CpuSample, GpuSample
@@ -28,8 +30,6 @@ from axoexp.registry import Registry
 from axoexp.report import build_rows, format_table
 from axoexp.runtime import MAX_AUTO_THREADS, allowed_cpus, configure_threads, cpu_list
 from axoexp.statistics import NOISE_THRESHOLD, median_ratio_interval, noise_verdict, rel_iqr
-from conftest import run_cli
-from test_sweeps import SLOW_EXECUTOR
 
 CONTENTION_VALUE = re.compile(r"^(none|[a-z-]+(,[a-z-]+)*)$")
 
@@ -127,10 +127,16 @@ class AlternatingSleeps(EagerExecutor):
 
 
 def test_adaptive_measuring_stops_at_the_cap_when_the_median_never_settles(
-        make_config, client, registry: Registry) -> None:
+    make_config, client, registry: Registry
+) -> None:
     registry.register("executor", "alternating", AlternatingSleeps, source="tests/test_timing.py")
-    config = make_config("executor.name=alternating", "run.warmup_updates=0", "run.measured_updates=4",
-                         "run.min_time_s=0.05", "run.max_time_s=0.4")
+    config = make_config(
+        "executor.name=alternating",
+        "run.warmup_updates=0",
+        "run.measured_updates=4",
+        "run.min_time_s=0.05",
+        "run.max_time_s=0.4",
+    )
     result = run_experiment(config, registry=registry)
     run = client.get_run(result.run_id)
     assert run.data.tags[names.TIMING_ADAPTIVE].startswith("stopped at run.max_time_s=0.4")
@@ -149,13 +155,21 @@ def test_min_time_above_the_cap_is_refused_before_any_run(make_config) -> None:
 # --- the report's intervals and pooled repeats, from runs with known series
 
 
-def _run_with_series(client: MlflowClient, experiment: str, executor: str, series: list[float],
-                     repeat: int, warmup: list[float]) -> str:
-    run = client.create_run(experiment, run_name=f"executor={executor}",
-                            tags={names.component_tag("executor"): executor, names.SHAPE: "2x12x4"})
+def _run_with_series(
+    client: MlflowClient, experiment: str, executor: str, series: list[float], repeat: int, warmup: list[float]
+) -> str:
+    run = client.create_run(
+        experiment,
+        run_name=f"executor={executor}",
+        tags={names.component_tag("executor"): executor, names.SHAPE: "2x12x4"},
+    )
     run_id = run.info.run_id
-    for key, value in {"executor.name": executor, "population.neurons": "2", "run.warmup_updates": len(warmup),
-                       names.SWEEP_REPEAT_PARAM: repeat}.items():
+    for key, value in {
+        "executor.name": executor,
+        "population.neurons": "2",
+        "run.warmup_updates": len(warmup),
+        names.SWEEP_REPEAT_PARAM: repeat,
+    }.items():
         client.log_param(run_id, key, str(value))
     for step, value in enumerate(warmup + series):
         client.log_metric(run_id, names.UPDATE_SERIES, value, step=step)
@@ -238,11 +252,17 @@ def test_sweep_repeats_are_child_runs_that_the_report_pools(tmp_path: Path) -> N
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
     children = [run for run in runs if run.data.tags.get(names.SWEEP_ROLE) != "parent"]
-    assert sorted((run.data.params["executor.name"], run.data.params[names.SWEEP_REPEAT_PARAM]) for run in children) \
-        == [("eager", "0"), ("eager", "1"), ("sleepy", "0"), ("sleepy", "1")]
+    assert sorted(
+        (run.data.params["executor.name"], run.data.params[names.SWEEP_REPEAT_PARAM]) for run in children
+    ) == [("eager", "0"), ("eager", "1"), ("sleepy", "0"), ("sleepy", "1")]
     assert all("repeat" not in run.info.run_name for run in children), "repeats share their job's name"
-    report = subprocess.run([sys.executable, "-m", "axoexp.report", "--out", str(tmp_path / "r.png")],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    report = subprocess.run(
+        [sys.executable, "-m", "axoexp.report", "--out", str(tmp_path / "r.png")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert report.returncode == 0, report.stderr
     rows = {line.split()[1]: line for line in report.stdout.splitlines() if line[:1].isdigit()}
     assert sorted(rows) == ["eager", "sleepy"]
@@ -255,16 +275,28 @@ def test_sweep_repeats_are_child_runs_that_the_report_pools(tmp_path: Path) -> N
 
 
 def _gpu(present: int, busy: int | None) -> GpuSample:
-    return GpuSample(other_processes=present, busy_other_processes=busy, sm_clock_mhz=1980.0, temperature_c=40.0,
-                     throttle_reasons=0, memory_used_mb=1.0, memory_percent=1.0, utilization_percent=1.0, power_w=100.0)
+    return GpuSample(
+        other_processes=present,
+        busy_other_processes=busy,
+        sm_clock_mhz=1980.0,
+        temperature_c=40.0,
+        throttle_reasons=0,
+        memory_used_mb=1.0,
+        memory_percent=1.0,
+        utilization_percent=1.0,
+        power_w=100.0,
+    )
 
 
-@pytest.mark.parametrize("present, busy, seen", [
-    (3, 0, False),    # idle contexts (sweep jobs waiting for the lease, finished workers): not contention
-    (3, 1, True),     # one of them used the GPU during the window
-    (2, None, True),  # no per-process samples on this driver: any other process counts
-    (0, None, False),
-])
+@pytest.mark.parametrize(
+    "present, busy, seen",
+    [
+        (3, 0, False),  # idle contexts (sweep jobs waiting for the lease, finished workers): not contention
+        (3, 1, True),  # one of them used the GPU during the window
+        (2, None, True),  # no per-process samples on this driver: any other process counts
+        (0, None, False),
+    ],
+)
 def test_gpu_shared_means_another_process_used_the_gpu(present: int, busy: int | None, seen: bool) -> None:
     guard = ContentionGuard(torch.device("cuda", 0), cpus=allowed_cpus())  # no GPU needed: samples given
     cpu = CpuSample(wall_s=0.0, allowed_busy_s=0.0, all_busy_s=0.0, own_s=0.0)

@@ -24,11 +24,13 @@ def none(*, parameters: list[torch.nn.Parameter]) -> GradientTransform:
 
 @component("gradient_transform", "clip_norm")
 def clip_norm(
-    *, parameters: list[torch.nn.Parameter],
+    *,
+    parameters: list[torch.nn.Parameter],
     max_norm: Annotated[float, "largest total gradient norm", POSITIVE] = 1.0,
     norm_type: Annotated[float, "p of the p-norm", POSITIVE] = 2.0,
 ) -> GradientTransform:
     """Scale all gradients together so their total ``norm_type`` norm is at most ``max_norm``."""
+
     def transform() -> None:
         torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
@@ -37,9 +39,12 @@ def clip_norm(
 
 @component("gradient_transform", "clip_value")
 def clip_value(
-    *, parameters: list[torch.nn.Parameter], clip_value: Annotated[float, "largest |gradient element|", POSITIVE] = 1.0,
+    *,
+    parameters: list[torch.nn.Parameter],
+    clip_value: Annotated[float, "largest |gradient element|", POSITIVE] = 1.0,
 ) -> GradientTransform:
     """Clamp every gradient element to [-clip_value, clip_value]."""
+
     def transform() -> None:
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
 

@@ -30,7 +30,9 @@ def skip_warmup(loss: LossFn, warmup_steps: int) -> LossFn:
 
 
 @component("loss", "causal_mse")
-def causal_mse(*, warmup_steps: Annotated[int, "leading output steps left out of the loss", NON_NEGATIVE] = WARMUP_STEPS) -> LossFn:
+def causal_mse(
+    *, warmup_steps: Annotated[int, "leading output steps left out of the loss", NON_NEGATIVE] = WARMUP_STEPS
+) -> LossFn:
     """Mean squared error over the steps after AxoSim-Lite's warm-up (the first 4 by default)."""
     return skip_warmup(F.mse_loss, warmup_steps)
 
@@ -42,9 +44,13 @@ def mse() -> LossFn:
 
 
 @component("loss", "huber")
-def huber(*, delta: Annotated[float, "quadratic below, linear above this error", POSITIVE] = 1.0,
-          warmup_steps: Annotated[int, "leading output steps left out (4 makes it causal)", NON_NEGATIVE] = 0) -> LossFn:
+def huber(
+    *,
+    delta: Annotated[float, "quadratic below, linear above this error", POSITIVE] = 1.0,
+    warmup_steps: Annotated[int, "leading output steps left out (4 makes it causal)", NON_NEGATIVE] = 0,
+) -> LossFn:
     """Huber loss; ``warmup_steps`` > 0 makes it causal like ``causal_mse``."""
+
     def loss(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return F.huber_loss(prediction, target, delta=delta)
 

@@ -22,33 +22,54 @@ EPS = Annotated[float, "added to the denominator", POSITIVE]
 
 @component("optimizer", "adam")
 def adam(
-    *, parameters: Iterable[torch.nn.Parameter], capturable: bool, lr: LR = 1e-3,
-    beta1: BETA1 = 0.9, beta2: BETA2 = 0.999, eps: EPS = 1e-8,
+    *,
+    parameters: Iterable[torch.nn.Parameter],
+    capturable: bool,
+    lr: LR = 1e-3,
+    beta1: BETA1 = 0.9,
+    beta2: BETA2 = 0.999,
+    eps: EPS = 1e-8,
     weight_decay: Annotated[float, "L2 penalty added to the gradient", NON_NEGATIVE] = 0.0,
 ) -> torch.optim.Optimizer:
     """Adam (torch.optim.Adam)."""
     return torch.optim.Adam(
-        parameters, lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay,
+        parameters,
+        lr=lr,
+        betas=(beta1, beta2),
+        eps=eps,
+        weight_decay=weight_decay,
         capturable=capturable,
     )
 
 
 @component("optimizer", "adamw")
 def adamw(
-    *, parameters: Iterable[torch.nn.Parameter], capturable: bool, lr: LR = 1e-3,
-    beta1: BETA1 = 0.9, beta2: BETA2 = 0.999, eps: EPS = 1e-8,
+    *,
+    parameters: Iterable[torch.nn.Parameter],
+    capturable: bool,
+    lr: LR = 1e-3,
+    beta1: BETA1 = 0.9,
+    beta2: BETA2 = 0.999,
+    eps: EPS = 1e-8,
     weight_decay: Annotated[float, "decoupled weight decay", NON_NEGATIVE] = 0.01,
 ) -> torch.optim.Optimizer:
     """AdamW (torch.optim.AdamW): Adam with decoupled weight decay."""
     return torch.optim.AdamW(
-        parameters, lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=weight_decay,
+        parameters,
+        lr=lr,
+        betas=(beta1, beta2),
+        eps=eps,
+        weight_decay=weight_decay,
         capturable=capturable,
     )
 
 
 @component("optimizer", "sgd")
 def sgd(
-    *, parameters: Iterable[torch.nn.Parameter], capturable: bool, lr: LR = 1e-2,
+    *,
+    parameters: Iterable[torch.nn.Parameter],
+    capturable: bool,
+    lr: LR = 1e-2,
     momentum: Annotated[float, "momentum factor (0: none)", Bounds(0, 1)] = 0.0,
     nesterov: Annotated[bool, "Nesterov momentum"] = False,
     weight_decay: Annotated[float, "L2 penalty added to the gradient", NON_NEGATIVE] = 0.0,
@@ -59,6 +80,4 @@ def sgd(
     which equals eager SGD's first step only without dampening.
     """
     del capturable
-    return torch.optim.SGD(
-        parameters, lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay
-    )
+    return torch.optim.SGD(parameters, lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay)

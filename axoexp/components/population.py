@@ -73,8 +73,7 @@ def load_lite_checkpoint(path: str, pinned_sha256: str | None) -> tuple[AxoSimLi
         model = _lite_from_payload(path, payload)
     if not isinstance(model, AxoSimLite):
         raise CheckpointError(
-            f"population.checkpoint={path!r} holds a {type(model).__name__}, "
-            f"not an AxoSim-Lite model ({LITE_KIND})"
+            f"population.checkpoint={path!r} holds a {type(model).__name__}, not an AxoSim-Lite model ({LITE_KIND})"
         )
     return model, actual
 
@@ -88,8 +87,9 @@ def _lite_from_payload(path: str, payload: Any) -> torch.nn.Module | None:
         )
     kind = payload.get("model_kind", payload.get("metadata", {}).get("model_kind"))
     if kind != LITE_KIND:
-        raise CheckpointError(f"population.checkpoint={path!r} holds model_kind {kind!r}, "
-                              f"not an AxoSim-Lite model ({LITE_KIND})")
+        raise CheckpointError(
+            f"population.checkpoint={path!r} holds model_kind {kind!r}, not an AxoSim-Lite model ({LITE_KIND})"
+        )
     try:
         config = SupportP4Config(**payload["config"])
         model = AxoSimLite(config, payload["state_dict"]["route_features"])
@@ -104,14 +104,24 @@ def memory_estimate(params: dict[str, Any], dtype: torch.dtype) -> int:
     linear in neurons x time_steps. Fitted to the peak memory of CPU float32 runs (within
     ~20 % from 2,000 to 100,000 neurons, across the model dimensions); the checkpoint's own
     dimensions are not known before loading, so the configured ones are used."""
-    per_step = (64 + (params["batches"] + 3) * params["contacts"]
-                + 3 * params["token_dim"] + 6 * params["state_dim"] + params["route_features"])
+    per_step = (
+        64
+        + (params["batches"] + 3) * params["contacts"]
+        + 3 * params["token_dim"]
+        + 6 * params["state_dim"]
+        + params["route_features"]
+    )
     itemsize = torch.empty((), dtype=dtype).element_size()
     return int(params["neurons"]) * int(params["time_steps"]) * per_step * itemsize
 
 
 def make_lite_model(
-    *, branches: int, route_features: int, token_dim: int, state_dim: int, morphologies: int,
+    *,
+    branches: int,
+    route_features: int,
+    token_dim: int,
+    state_dim: int,
+    morphologies: int,
     generator: torch.Generator,
 ) -> AxoSimLite:
     """A freshly initialised AxoSim-Lite neuron with random routing features."""
@@ -147,7 +157,9 @@ def lite(
     checkpoint_sha256: Annotated[str | None, "pin: the checkpoint is refused unless its SHA-256 matches"] = None,
     batches: Annotated[int, "distinct (inputs, targets) batches, cycled", AT_LEAST_ONE] = 4,
     input_rate: Annotated[float, "Bernoulli spike probability per step and contact", Bounds(0, 1)] = 0.2,
-    target_perturbation: Annotated[float, "std of the teacher's perturbation of every adaptation bank", Bounds(0)] = 0.1,
+    target_perturbation: Annotated[
+        float, "std of the teacher's perturbation of every adaptation bank", Bounds(0)
+    ] = 0.1,
 ) -> PopulationSetup:
     """An ``AxoSimPopulation`` of AxoSim-Lite neurons and a teacher-generated target stream.
 
@@ -167,8 +179,12 @@ def lite(
     description: dict[str, object] = {}
     if checkpoint is None:
         model = make_lite_model(
-            branches=branches, route_features=route_features, token_dim=token_dim,
-            state_dim=state_dim, morphologies=morphologies, generator=generator,
+            branches=branches,
+            route_features=route_features,
+            token_dim=token_dim,
+            state_dim=state_dim,
+            morphologies=morphologies,
+            generator=generator,
         )
     else:
         model, digest = load_lite_checkpoint(checkpoint, checkpoint_sha256)
@@ -177,13 +193,9 @@ def lite(
     module = AxoSimPopulation(
         model,
         morphology_indices=torch.arange(neurons) % len(config.morphology_ids),
-        contact_branch_indices=torch.randint(
-            0, config.input_dim, (neurons, contacts), generator=generator
-        ),
+        contact_branch_indices=torch.randint(0, config.input_dim, (neurons, contacts), generator=generator),
     )
-    module.enable_adaptation_training(
-        behavior=train_behavior, morphology=train_morphology, synaptic=train_synaptic
-    )
+    module.enable_adaptation_training(behavior=train_behavior, morphology=train_morphology, synaptic=train_synaptic)
     teacher = copy.deepcopy(module)
     with torch.no_grad():
         for parameter in teacher.adaptation_parameters():
@@ -197,9 +209,12 @@ def lite(
             inputs = spikes.to(device=device, dtype=dtype)
             stream.append((inputs, teacher(inputs).detach()))
     description.update(
-        branches=config.input_dim, route_features=config.route_feature_dim,
-        token_dim=config.token_dim, state_dim=config.state_dim,
-        morphologies=len(config.morphology_ids), outputs=config.output_dim,
+        branches=config.input_dim,
+        route_features=config.route_feature_dim,
+        token_dim=config.token_dim,
+        state_dim=config.state_dim,
+        morphologies=len(config.morphology_ids),
+        outputs=config.output_dim,
         trainable_parameters=sum(p.numel() for p in module.trainable_adaptation_parameters()),
     )
     return PopulationSetup(module=module, batches=stream, description=description)

@@ -20,8 +20,9 @@ class Executor(ABC):
 
     ``step`` queues one update and returns its loss as a device tensor without waiting
     (the caller synchronises); later updates must not overwrite that tensor. ``prepare``
-    does any one-off work (capture, compilation) and returns how long each phase of it took, in milliseconds. Neither may consume an update:
-    after ``prepare`` the module and optimizer are as they were.
+    does any one-off work (capture, compilation) and returns how long each phase of it took,
+    in milliseconds. Neither may consume an update: after ``prepare`` the module and optimizer
+    are as they were.
     """
 
     requires_cuda: ClassVar[bool] = False

@@ -36,9 +36,13 @@ def release_autograd_graphs(module: torch.nn.Module) -> None:
 
 
 def _snapshot(optimizer: torch.optim.Optimizer) -> OptimizerSnapshot:
-    return {parameter: {key: value.detach().clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value)
-                        for key, value in state.items()}
-            for parameter, state in optimizer.state.items()}
+    return {
+        parameter: {
+            key: value.detach().clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value)
+            for key, value in state.items()
+        }
+        for parameter, state in optimizer.state.items()
+    }
 
 
 def _restore(optimizer: torch.optim.Optimizer, snapshot: OptimizerSnapshot) -> None:
@@ -70,22 +74,33 @@ class CapturedUpdate:
     def __call__(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         for role, given, static in (("inputs", inputs, self.static_inputs), ("targets", targets, self.static_targets)):
             if given.shape != static.shape or given.dtype != static.dtype:
-                problem = (f"{role} must have shape {tuple(static.shape)}" if given.shape != static.shape
-                           else f"{role} must have dtype {static.dtype}")
+                problem = (
+                    f"{role} must have shape {tuple(static.shape)}"
+                    if given.shape != static.shape
+                    else f"{role} must have dtype {static.dtype}"
+                )
                 raise ReplayShapeError(
                     f"{problem}: got inputs {tuple(inputs.shape)} {inputs.dtype} and targets "
                     f"{tuple(targets.shape)} {targets.dtype}; the graph was captured for inputs "
                     f"{tuple(self.static_inputs.shape)} {self.static_inputs.dtype} and targets "
-                    f"{tuple(self.static_targets.shape)} {self.static_targets.dtype}")
+                    f"{tuple(self.static_targets.shape)} {self.static_targets.dtype}"
+                )
         self.static_inputs.copy_(inputs, non_blocking=True)
         self.static_targets.copy_(targets, non_blocking=True)
         self.graph.replay()
         return self.static_loss.clone()
 
 
-def capture_update(module: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn: LossFn,
-                   transform: GradientTransform, example_inputs: torch.Tensor, example_targets: torch.Tensor,
-                   *, warmup_steps: int) -> CapturedUpdate:
+def capture_update(
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loss_fn: LossFn,
+    transform: GradientTransform,
+    example_inputs: torch.Tensor,
+    example_targets: torch.Tensor,
+    *,
+    warmup_steps: int,
+) -> CapturedUpdate:
     """Capture one whole update for these shapes; module and optimizer end as they began."""
     module_state = {key: value.detach().clone() for key, value in module.state_dict().items()}
     optimizer_state = _snapshot(optimizer)

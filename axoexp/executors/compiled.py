@@ -49,8 +49,11 @@ class CompiledCudaGraphExecutor(compiler_startup.StartsCompilerEarly, CudaGraphE
         self.compiled = torch.compile(self.module, backend="inductor", dynamic=False, options=INDUCTOR_OPTIONS)
 
     def prepare_includes(self) -> dict[str, tuple[str, ...]]:
-        return {compiler_startup.PHASE: compiler_startup.STAGES, "compile": COMPILE_STAGES,
-                **super().prepare_includes()}
+        return {
+            compiler_startup.PHASE: compiler_startup.STAGES,
+            "compile": COMPILE_STAGES,
+            **super().prepare_includes(),
+        }
 
     def prepare(self, example_inputs: torch.Tensor, example_targets: torch.Tensor) -> dict[str, float]:
         phases: dict[str, float] = {}

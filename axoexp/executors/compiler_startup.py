@@ -46,12 +46,12 @@ def worker_start_method(environ: Mapping[str, str], daemonic: bool) -> str | Non
 
 def _start_up() -> None:
     try:
-        import torch._inductor.compile_fx  # noqa: F401  dynamo, AOTAutograd, inductor's lowering
+        import torch._inductor.compile_fx
         from torch._inductor import config
         from torch._inductor.async_compile import AsyncCompile
 
         if torch.cuda.is_available():
-            import torch._inductor.codegen.triton  # noqa: F401  (imports Triton: forked workers inherit it)
+            import torch._inductor.codegen.triton
         method = worker_start_method(os.environ, multiprocessing.current_process().daemon)
         if method is not None:
             config.worker_start_method = method
@@ -60,7 +60,7 @@ def _start_up() -> None:
             AsyncCompile.wait_pool_ready()  # forked workers answer at once: every kernel compiles in parallel
         else:
             AsyncCompile.wakeup()  # the pool answers once its process has imported torch; no wait for it
-    except Exception:  # noqa: BLE001 - the compile itself imports again and raises where it belongs
+    except Exception:
         pass
 
 

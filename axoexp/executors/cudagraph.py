@@ -49,11 +49,19 @@ class CudaGraphExecutor(Executor):
             self.graph_step = self.capture(self.captured_forward(), example_inputs, example_targets)
         return phases
 
-    def capture(self, module: torch.nn.Module, example_inputs: torch.Tensor,
-                example_targets: torch.Tensor) -> CapturedUpdate:
+    def capture(
+        self, module: torch.nn.Module, example_inputs: torch.Tensor, example_targets: torch.Tensor
+    ) -> CapturedUpdate:
         """Capture the whole update with ``module`` as the forward (e.g. a compiled one)."""
-        return capture_update(module, self.optimizer, self.loss_fn, self.gradient_transform,
-                              example_inputs, example_targets, warmup_steps=self.warmup_steps)
+        return capture_update(
+            module,
+            self.optimizer,
+            self.loss_fn,
+            self.gradient_transform,
+            example_inputs,
+            example_targets,
+            warmup_steps=self.warmup_steps,
+        )
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         if self.graph_step is None:

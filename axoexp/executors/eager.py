@@ -15,6 +15,4 @@ class EagerExecutor(Executor):
     update_includes = UPDATE_STAGES + ("synchronize",)
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return eager_update(
-            self.module, self.optimizer, self.loss_fn, self.gradient_transform, inputs, targets
-        )
+        return eager_update(self.module, self.optimizer, self.loss_fn, self.gradient_transform, inputs, targets)

@@ -42,8 +42,10 @@ class FusedCudaGraphExecutor(CudaGraphExecutor):
     @classmethod
     def refusal(cls, *, population: str, dtype: torch.dtype) -> str | None:
         if population not in SUPPORTED_POPULATIONS:
-            return (f"the fused kernel runs AxoSim-Lite populations ({', '.join(SUPPORTED_POPULATIONS)}), "
-                    f"not population={population}")
+            return (
+                f"the fused kernel runs AxoSim-Lite populations ({', '.join(SUPPORTED_POPULATIONS)}), "
+                f"not population={population}"
+            )
         if dtype != torch.float32:
             return f"the fused kernel runs float32, not dtype={str(dtype).removeprefix('torch.')}"
         if importlib.util.find_spec("triton") is None:

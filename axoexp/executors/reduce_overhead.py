@@ -12,8 +12,13 @@ from axoexp.timing import stopwatch, synchronizer
 # Calls before cudagraph trees replay a recorded graph: one warm-up run, then the recording.
 RECORDING_CALLS = 2
 COMPILE_AND_RECORD_STAGES = (
-    "dynamo_trace", "inductor_codegen", f"{RECORDING_CALLS}x(forward+loss+backward)",
-    "cudagraph_tree_warmup", "cudagraph_tree_recording", "grad_reset", "synchronize",
+    "dynamo_trace",
+    "inductor_codegen",
+    f"{RECORDING_CALLS}x(forward+loss+backward)",
+    "cudagraph_tree_warmup",
+    "cudagraph_tree_recording",
+    "grad_reset",
+    "synchronize",
 )
 
 
@@ -44,8 +49,14 @@ class ReduceOverheadExecutor(compiler_startup.StartsCompilerEarly, Executor):
 
     requires_cuda = True
     update_includes = (
-        "cudagraph_mark_step_begin", "zero_grad", "forward(graph_replay)", "loss",
-        "backward(graph_replay+grad_accumulate)", "gradient_transform", "optimizer_step", "synchronize",
+        "cudagraph_mark_step_begin",
+        "zero_grad",
+        "forward(graph_replay)",
+        "loss",
+        "backward(graph_replay+grad_accumulate)",
+        "gradient_transform",
+        "optimizer_step",
+        "synchronize",
     )
 
     def __init__(self, **components: object) -> None:

@@ -39,8 +39,9 @@ DEFAULT_CACHE = Path.home() / ".cache" / "axoexp" / "inductor"
 RECOMPILE_LIMIT = 64  # one graph per region shape; a process may time many shapes
 
 
-def run_tokens(neuron: AxoSimLite, tokens: torch.Tensor, state: torch.Tensor,
-               cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def run_tokens(
+    neuron: AxoSimLite, tokens: torch.Tensor, state: torch.Tensor, cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``step_token`` over (k, neurons, token_dim) time-major tokens: (k, neurons, 4 * outputs)
     forecasts and the last state. This is the region inductor compiles."""
     forecasts = []
@@ -54,16 +55,18 @@ class RegionalLiteForward(torch.nn.Module):
     """``population(inputs)`` with compiled regions (same parameters; the same outputs up to
     float32 rounding); the whole forward compiled as one graph when its blocks fit in one region."""
 
-    def __init__(self, population: AxoSimPopulation, tokens_per_region: int, compile_edges: bool,
-                 decompose_matmuls: bool) -> None:
+    def __init__(
+        self, population: AxoSimPopulation, tokens_per_region: int, compile_edges: bool, decompose_matmuls: bool
+    ) -> None:
         super().__init__()
         self.population = population
         self.tokens_per_region = tokens_per_region
         self.decompose_matmuls = decompose_matmuls
         options = {**INDUCTOR_OPTIONS, **(matmul_decomposition.OPTIONS if decompose_matmuls else {})}
         self.region = torch.compile(run_tokens, dynamic=False, fullgraph=True, options=options)
-        self.prologue = (torch.compile(lite_tokens, dynamic=False, fullgraph=True, options=options)
-                         if compile_edges else lite_tokens)
+        self.prologue = (
+            torch.compile(lite_tokens, dynamic=False, fullgraph=True, options=options) if compile_edges else lite_tokens
+        )
         self.whole = torch.compile(population.forward, backend="inductor", dynamic=False, options=options)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
@@ -75,8 +78,9 @@ class RegionalLiteForward(torch.nn.Module):
         tokens, cache = self.prologue(self.population, inputs)
         # A leaf that requires grad: every region then sees a state that requires grad, so one
         # graph serves the first region too (its own gradient is computed and dropped).
-        state = torch.zeros(tokens.shape[1], neuron.config.state_dim, device=tokens.device,
-                            dtype=tokens.dtype, requires_grad=True)
+        state = torch.zeros(
+            tokens.shape[1], neuron.config.state_dim, device=tokens.device, dtype=tokens.dtype, requires_grad=True
+        )
         forecasts = []
         for chunk in tokens.split(self.tokens_per_region, dim=0):
             forecast, state = self.region(neuron, chunk, state, cache)
@@ -96,8 +100,10 @@ def compile_counters() -> dict[str, int]:
     """Inductor's and AOTAutograd's cache hits and misses so far in this process."""
     from torch._dynamo.utils import counters
 
-    return {"hit": counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"],
-            "miss": counters["inductor"]["fxgraph_cache_miss"] + counters["aot_autograd"]["autograd_cache_miss"]}
+    return {
+        "hit": counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"],
+        "miss": counters["inductor"]["fxgraph_cache_miss"] + counters["aot_autograd"]["autograd_cache_miss"],
+    }
 
 
 @component("executor", "regional_cudagraph")
@@ -108,20 +114,31 @@ class RegionalCudaGraphExecutor(compiler_startup.StartsCompilerEarly, CudaGraphE
     says whether the persistent inductor cache already held every compiled graph."""
 
     def __init__(
-        self, *, warmup_steps: WarmupSteps = 3,
+        self,
+        *,
+        warmup_steps: WarmupSteps = 3,
         tokens_per_region: Annotated[int, "P4 blocks (4 time steps each) per compiled region", AT_LEAST_ONE] = 2,
-        compile_edges: Annotated[bool, "also compile the code before the block loop (about 3 s more "
-                                       "to compile at 64x256x32)"] = False,
-        decompose_matmuls: Annotated[bool, "inductor rewrites the model's tiny matmuls as pointwise code "
-                                           "that fuses with each block's other work"] = True,
-        cache_dir: Annotated[str | None, "inductor cache, shared by jobs of the same shape; "
-                                         "null: $TORCHINDUCTOR_CACHE_DIR, else ~/.cache/axoexp/inductor"] = None,
+        compile_edges: Annotated[
+            bool, "also compile the code before the block loop (about 3 s more to compile at 64x256x32)"
+        ] = False,
+        decompose_matmuls: Annotated[
+            bool, "inductor rewrites the model's tiny matmuls as pointwise code that fuses with each block's other work"
+        ] = True,
+        cache_dir: Annotated[
+            str | None,
+            "inductor cache, shared by jobs of the same shape; "
+            "null: $TORCHINDUCTOR_CACHE_DIR, else ~/.cache/axoexp/inductor",
+        ] = None,
         **components: object,
     ) -> None:
         super().__init__(warmup_steps=warmup_steps, **components)
         self.cache_dir = cache_dir
-        self.regional = RegionalLiteForward(self.module, tokens_per_region, compile_edges,  # type: ignore[arg-type]
-                                            decompose_matmuls)
+        self.regional = RegionalLiteForward(
+            self.module,
+            tokens_per_region,
+            compile_edges,  # type: ignore[arg-type]
+            decompose_matmuls,
+        )
 
     @classmethod
     def refusal(cls, *, population: str, dtype: torch.dtype) -> str | None:
@@ -135,8 +152,11 @@ class RegionalCudaGraphExecutor(compiler_startup.StartsCompilerEarly, CudaGraphE
         super().begin_setup(device, params)
 
     def prepare_includes(self) -> dict[str, tuple[str, ...]]:
-        return {compiler_startup.PHASE: compiler_startup.STAGES, "compile": COMPILE_STAGES,
-                **super().prepare_includes()}
+        return {
+            compiler_startup.PHASE: compiler_startup.STAGES,
+            "compile": COMPILE_STAGES,
+            **super().prepare_includes(),
+        }
 
     def captured_forward(self) -> torch.nn.Module:
         return self.regional
@@ -151,7 +171,9 @@ class RegionalCudaGraphExecutor(compiler_startup.StartsCompilerEarly, CudaGraphE
             forward_backward_without_update(self, self.regional, example_inputs, example_targets)
         after = compile_counters()
         misses, hits = after["miss"] - before["miss"], after["hit"] - before["hit"]
-        self.prepared_tags = {names.COMPILE_CACHE: "cold" if misses else "warm" if hits else "in-process",
-                              names.COMPILE_CACHE_DIR: cache_dir}
+        self.prepared_tags = {
+            names.COMPILE_CACHE: "cold" if misses else "warm" if hits else "in-process",
+            names.COMPILE_CACHE_DIR: cache_dir,
+        }
         phases.update(super().prepare(example_inputs, example_targets))
         return phases

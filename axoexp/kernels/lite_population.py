@@ -41,10 +41,7 @@ def unsupported_reason(population: nn.Module, dtype: torch.dtype) -> str | None:
         return f"the population holds {sorted(map(str, dtypes))} tensors, not only float32"
     trainable = [name for name, weight in neuron.named_parameters() if weight.requires_grad]
     if trainable:
-        return (
-            "the fused kernel trains only adaptation banks, but neuron weights require grad: "
-            + ", ".join(trainable)
-        )
+        return "the fused kernel trains only adaptation banks, but neuron weights require grad: " + ", ".join(trainable)
     from axoexp.kernels.lite_recurrence import INTERPRETED
 
     device = population.behavior_adapter.device
@@ -73,8 +70,7 @@ def lite_tokens(population: AxoSimPopulation, inputs: torch.Tensor) -> tuple[tor
     summaries = population._contact_summaries(inputs)
     neurons, time_steps, features = summaries.shape
     blocks = time_steps // patch
-    tokens = neuron.input_projection(
-        summaries[:, :blocks * patch].reshape(neurons, blocks, patch * features))
+    tokens = neuron.input_projection(summaries[:, : blocks * patch].reshape(neurons, blocks, patch * features))
     return tokens.transpose(0, 1).contiguous(), population._runtime_coefficients()
 
 

@@ -83,12 +83,27 @@ def _load_vector(pointer, width, WIDTH: tl.constexpr):
 
 @triton.jit
 def _lite_forward_kernel(
-    tokens, cache, input_weight, recurrent_weight, state_bias, decay_logit,
-    output_weight, output_bias, skip_weight, outputs, states,
-    neurons, blocks,
-    TOKEN: tl.constexpr, STATE: tl.constexpr, OUTPUT: tl.constexpr,
-    TOKEN_PAD: tl.constexpr, STATE_PAD: tl.constexpr, OUTPUT_PAD: tl.constexpr,
-    BLOCK_N: tl.constexpr, STORE_STATES: tl.constexpr,
+    tokens,
+    cache,
+    input_weight,
+    recurrent_weight,
+    state_bias,
+    decay_logit,
+    output_weight,
+    output_bias,
+    skip_weight,
+    outputs,
+    states,
+    neurons,
+    blocks,
+    TOKEN: tl.constexpr,
+    STATE: tl.constexpr,
+    OUTPUT: tl.constexpr,
+    TOKEN_PAD: tl.constexpr,
+    STATE_PAD: tl.constexpr,
+    OUTPUT_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    STORE_STATES: tl.constexpr,
 ):
     """One program runs every P4 block for BLOCK_N neurons; see the module docstring."""
     CACHE: tl.constexpr = 2 * TOKEN + 3 * STATE + 2 * OUTPUT
@@ -114,15 +129,12 @@ def _lite_forward_kernel(
     token_offset = tl.load(row_cache + k, mask=k_ok, other=0.0)
     token_scale = 1.0 + tl.load(row_cache + TOKEN + k, mask=k_ok, other=0.0)
     decay = tl.sigmoid(
-        _load_vector(decay_logit, STATE, STATE_PAD)
-        + tl.load(row_cache + 2 * TOKEN + s, mask=s_ok, other=0.0)
+        _load_vector(decay_logit, STATE, STATE_PAD) + tl.load(row_cache + 2 * TOKEN + s, mask=s_ok, other=0.0)
     )
     state_scale = 1.0 + tl.load(row_cache + 2 * TOKEN + STATE + s, mask=s_ok, other=0.0)
     state_shift = bias + tl.load(row_cache + 2 * TOKEN + 2 * STATE + s, mask=s_ok, other=0.0)
     output_scale = 1.0 + tl.load(row_cache + 2 * TOKEN + 3 * STATE + o, mask=o_ok, other=0.0)
-    output_offset = tl.load(
-        row_cache + 2 * TOKEN + 3 * STATE + OUTPUT + o, mask=o_ok, other=0.0
-    )
+    output_offset = tl.load(row_cache + 2 * TOKEN + 3 * STATE + OUTPUT + o, mask=o_ok, other=0.0)
 
     # ``index``: row of (block, neuron) in the time-major (blocks * neurons, width) views.
     # Each iteration prefetches the next block's token, so its load latency overlaps
@@ -133,9 +145,7 @@ def _lite_forward_kernel(
     state = tl.zeros((BLOCK_N, STATE_PAD), dtype=tl.float32)
     for _ in range(blocks):
         following = index + population
-        next_token = tl.load(
-            tokens + following * TOKEN + k, mask=k_ok & (following < end), other=0.0
-        )
+        next_token = tl.load(tokens + following * TOKEN + k, mask=k_ok & (following < end), other=0.0)
         adapted = (token + token_offset) * token_scale
         proposal = _tanh(_matvec(adapted, w_in) + _matvec(state, w_rec) + state_shift)
         state = decay * state + (1.0 - decay) * (proposal * state_scale)
@@ -149,13 +159,29 @@ def _lite_forward_kernel(
 
 @triton.jit
 def _lite_backward_kernel(
-    tokens, cache, input_weight, recurrent_weight, state_bias, decay_logit,
-    output_weight, output_bias, skip_weight, states, grad_outputs,
-    grad_tokens, grad_cache,
-    neurons, blocks,
-    TOKEN: tl.constexpr, STATE: tl.constexpr, OUTPUT: tl.constexpr,
-    TOKEN_PAD: tl.constexpr, STATE_PAD: tl.constexpr, OUTPUT_PAD: tl.constexpr,
-    BLOCK_N: tl.constexpr, STORE_TOKEN_GRAD: tl.constexpr,
+    tokens,
+    cache,
+    input_weight,
+    recurrent_weight,
+    state_bias,
+    decay_logit,
+    output_weight,
+    output_bias,
+    skip_weight,
+    states,
+    grad_outputs,
+    grad_tokens,
+    grad_cache,
+    neurons,
+    blocks,
+    TOKEN: tl.constexpr,
+    STATE: tl.constexpr,
+    OUTPUT: tl.constexpr,
+    TOKEN_PAD: tl.constexpr,
+    STATE_PAD: tl.constexpr,
+    OUTPUT_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    STORE_TOKEN_GRAD: tl.constexpr,
 ):
     """Reverse-time adjoint of ``_lite_forward_kernel`` from its saved states.
 
@@ -190,8 +216,7 @@ def _lite_backward_kernel(
     token_offset = tl.load(row_cache + k, mask=k_ok, other=0.0)
     token_scale = 1.0 + tl.load(row_cache + TOKEN + k, mask=k_ok, other=0.0)
     decay = tl.sigmoid(
-        _load_vector(decay_logit, STATE, STATE_PAD)
-        + tl.load(row_cache + 2 * TOKEN + s, mask=s_ok, other=0.0)
+        _load_vector(decay_logit, STATE, STATE_PAD) + tl.load(row_cache + 2 * TOKEN + s, mask=s_ok, other=0.0)
     )
     state_scale = 1.0 + tl.load(row_cache + 2 * TOKEN + STATE + s, mask=s_ok, other=0.0)
     state_shift = bias + tl.load(row_cache + 2 * TOKEN + 2 * STATE + s, mask=s_ok, other=0.0)
@@ -210,17 +235,13 @@ def _lite_backward_kernel(
     # output gradient and the state before it (s_{b-2}), as the forward prefetches tokens.
     index = ((blocks - 1) * population + rows)[:, None]
     state = tl.load(states + index * STATE + s, mask=s_ok, other=0.0)
-    previous = tl.load(
-        states + (index - population) * STATE + s, mask=s_ok & (index >= population), other=0.0
-    )
+    previous = tl.load(states + (index - population) * STATE + s, mask=s_ok & (index >= population), other=0.0)
     token = tl.load(tokens + index * TOKEN + k, mask=k_ok, other=0.0)
     grad_output = tl.load(grad_outputs + index * OUTPUT + o, mask=o_ok, other=0.0)
     for _ in range(blocks):
         earlier = index - population
         next_token = tl.load(tokens + earlier * TOKEN + k, mask=k_ok & (earlier >= 0), other=0.0)
-        next_grad_output = tl.load(
-            grad_outputs + earlier * OUTPUT + o, mask=o_ok & (earlier >= 0), other=0.0
-        )
+        next_grad_output = tl.load(grad_outputs + earlier * OUTPUT + o, mask=o_ok & (earlier >= 0), other=0.0)
         next_previous = tl.load(
             states + (earlier - population) * STATE + s,
             mask=s_ok & (earlier >= population),
@@ -281,20 +302,27 @@ def default_block_n(token_dim: int, state_dim: int, outputs: int) -> int:
 def _weights(neuron: AxoSimLite) -> tuple[torch.Tensor, ...]:
     """The neuron's shared weights in the kernels' argument order."""
     return (
-        neuron.support_input.weight, neuron.support_recurrent.weight, neuron.state_bias,
-        neuron.shared_decay_logit, neuron.output_head.weight, neuron.output_head.bias,
+        neuron.support_input.weight,
+        neuron.support_recurrent.weight,
+        neuron.state_bias,
+        neuron.shared_decay_logit,
+        neuron.output_head.weight,
+        neuron.output_head.bias,
         neuron.skip_head.weight,
     )
 
 
-def _launch_config(tokens: torch.Tensor, weights: tuple[torch.Tensor, ...],
-                   block_n: int) -> tuple[tuple[int], dict[str, int]]:
+def _launch_config(
+    tokens: torch.Tensor, weights: tuple[torch.Tensor, ...], block_n: int
+) -> tuple[tuple[int], dict[str, int]]:
     """Grid and constexprs: both depend on shapes only (CUDA-graph capturable)."""
     token_dim = tokens.shape[2]
     state_dim = weights[0].shape[0]
     outputs = weights[4].shape[0]
     constants = {
-        "TOKEN": token_dim, "STATE": state_dim, "OUTPUT": outputs,
+        "TOKEN": token_dim,
+        "STATE": state_dim,
+        "OUTPUT": outputs,
         "TOKEN_PAD": triton.next_power_of_2(token_dim),
         "STATE_PAD": triton.next_power_of_2(state_dim),
         "OUTPUT_PAD": triton.next_power_of_2(outputs),
@@ -318,13 +346,20 @@ class LiteRecurrence(torch.autograd.Function):
         blocks, neurons, _ = tokens.shape
         outputs = tokens.new_empty(blocks, neurons, weights[4].shape[0])
         # Without a backward the states are not stored and ``outputs`` stands in as the pointer.
-        states = (tokens.new_empty(blocks, neurons, weights[0].shape[0])
-                  if store_states else outputs)
+        states = tokens.new_empty(blocks, neurons, weights[0].shape[0]) if store_states else outputs
         grid, constants = _launch_config(tokens, weights, block_n)
         if neurons:  # CUDA refuses an empty grid
             _lite_forward_kernel[grid](
-                tokens, cache, *weights, outputs, states, neurons, blocks,
-                STORE_STATES=store_states, num_warps=NUM_WARPS, **constants,
+                tokens,
+                cache,
+                *weights,
+                outputs,
+                states,
+                neurons,
+                blocks,
+                STORE_STATES=store_states,
+                num_warps=NUM_WARPS,
+                **constants,
             )
         if store_states:
             ctx.save_for_backward(tokens, cache, states, *weights)
@@ -333,7 +368,8 @@ class LiteRecurrence(torch.autograd.Function):
 
     @staticmethod
     def backward(  # type: ignore[override]
-        ctx: torch.autograd.function.FunctionCtx, grad_outputs: torch.Tensor,
+        ctx: torch.autograd.function.FunctionCtx,
+        grad_outputs: torch.Tensor,
     ) -> tuple[torch.Tensor | None, ...]:
         tokens, cache, states, *weights = ctx.saved_tensors
         blocks, neurons, _ = tokens.shape
@@ -344,12 +380,20 @@ class LiteRecurrence(torch.autograd.Function):
         grid, constants = _launch_config(tokens, tuple(weights), ctx.block_n)
         if neurons:
             _lite_backward_kernel[grid](
-                tokens, cache, *weights, states, grad_outputs.contiguous(),
-                tokens if grad_tokens is None else grad_tokens, grad_cache, neurons, blocks,
-                STORE_TOKEN_GRAD=need_tokens, num_warps=NUM_WARPS, **constants,
+                tokens,
+                cache,
+                *weights,
+                states,
+                grad_outputs.contiguous(),
+                tokens if grad_tokens is None else grad_tokens,
+                grad_cache,
+                neurons,
+                blocks,
+                STORE_TOKEN_GRAD=need_tokens,
+                num_warps=NUM_WARPS,
+                **constants,
             )
-        return (grad_tokens, grad_cache if need_cache else None, None, None,
-                *(None for _ in weights))
+        return (grad_tokens, grad_cache if need_cache else None, None, None, *(None for _ in weights))
 
 
 def lite_recurrence(
@@ -367,8 +411,10 @@ def lite_recurrence(
     weight that requires grad (with grad mode on) is refused.
     """
     weights = tuple(weight.contiguous() for weight in _weights(neuron))
-    if tokens.dtype != torch.float32 or cache.dtype != torch.float32 or any(
-        weight.dtype != torch.float32 for weight in weights
+    if (
+        tokens.dtype != torch.float32
+        or cache.dtype != torch.float32
+        or any(weight.dtype != torch.float32 for weight in weights)
     ):
         raise TypeError("the fused AxoSim-Lite recurrence runs float32 only")
     blocks, neurons, token_dim = tokens.shape
@@ -382,6 +428,4 @@ def lite_recurrence(
     if block_n is None:
         block_n = default_block_n(token_dim, weights[0].shape[0], weights[4].shape[0])
     store_states = grad and (tokens.requires_grad or cache.requires_grad)
-    return LiteRecurrence.apply(
-        tokens.contiguous(), cache.contiguous(), block_n, store_states, *weights
-    )
+    return LiteRecurrence.apply(tokens.contiguous(), cache.contiguous(), block_n, store_states, *weights)
