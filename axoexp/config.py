@@ -257,7 +257,7 @@ def help_node(registry: Registry) -> dict[str, str]:
         "Usage: python -m axoexp [group=option ...] [key=value ...]   (-m for a sweep)",
         "footer": "Examples:\n"
         "  python -m axoexp executor=cudagraph device=cuda loss=causal_mse verify.enabled=true\n"
-        "  python -m axoexp -m population.neurons=64,1024 executor=eager,cudagraph device=cuda\n"
+        "  python -m axoexp -m population.batch_size=1,8 executor=eager,cudagraph device=cuda\n"
         "Plugins: *.py files in $$AXOEXP_PLUGINS_DIR (default ./plugins) and the\n"
         "'axoexp.plugins' entry-point group add options to these groups.",
         "template": HELP_TEMPLATE.replace("$DESCRIPTION", description),

@@ -30,7 +30,9 @@ def test_causal_mse_ignores_exactly_the_four_warmup_steps() -> None:
 
 
 def test_causal_loss_on_too_few_steps_says_what_to_change() -> None:
-    with pytest.raises(ValueError, match=r"needs more than 4 time steps; got 4 \(raise population.time_steps\)"):
+    with pytest.raises(
+        ValueError, match=r"needs more than 4 time steps; got 4 \(give the population more time steps\)"
+    ):
         causal_mse()(torch.zeros(3, 4, 2), torch.zeros(3, 4, 2))
 
 

@@ -1,4 +1,4 @@
-"""Losses between a population's prediction and its targets, shape (neurons, time, outputs)."""
+"""Losses between a population's prediction and its targets, shape (population, time, outputs)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def skip_warmup(loss: LossFn, warmup_steps: int) -> LossFn:
             raise ValueError(
                 f"a causal loss skips the first {warmup_steps} warm-up steps, so it needs more "
                 f"than {warmup_steps} time steps; got {prediction.shape[1]} "
-                "(raise population.time_steps)"
+                "(give the population more time steps)"
             )
         return loss(prediction[:, warmup_steps:], target[:, warmup_steps:])
 
