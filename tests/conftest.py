@@ -23,6 +23,7 @@ from axoexp.plugins import load_plugins
 from axoexp.registry import Registry
 
 REPO = Path(__file__).resolve().parents[1]
+PLUGINS = Path(__file__).resolve().parent / "plugins"  # the tests' own: a documented population, a CPU fused executor
 if not torch.cuda.is_available():  # before anything imports triton: it fixes the mode at import
     os.environ.setdefault("TRITON_INTERPRET", "1")  # the fused kernels then run in Triton's CPU interpreter
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -52,6 +53,26 @@ def loaded_registry() -> Registry:
     """The process registry with built-ins and the shipped plugins, their configs stored."""
     registry = load_plugins(REPO / "plugins")
     register_configs(registry)
+    return registry
+
+
+@pytest.fixture(scope="session")
+def plugin_registry(loaded_registry: Registry) -> Registry:
+    """The process registry plus the tests' own plugins (:data:`PLUGINS`), which the process
+    registry then forgets again (other tests list the built-in executors); their config nodes
+    stay in Hydra's store, so ``make_config`` composes them."""
+    from hydra.core.config_store import ConfigStore
+
+    from axoexp.config import node_class
+    from axoexp.registry import REGISTRY
+
+    before = {(entry.group, entry.name) for entry in REGISTRY.components()}
+    load_plugins(PLUGINS)
+    registry = REGISTRY.copy()
+    for entry in registry.components():
+        if (entry.group, entry.name) not in before:
+            del REGISTRY._components[entry.group][entry.name]
+            ConfigStore.instance().store(group=entry.group, name=entry.name, node=node_class(entry))
     return registry
 
 

@@ -11,22 +11,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, run_cli
-from hydra.core.config_store import ConfigStore
+from conftest import PLUGINS, REPO, run_cli
 from mlflow.tracking import MlflowClient
 
 from axoexp import names
 from axoexp.components.losses import causal_mse
 from axoexp.components.population import lite
-from axoexp.config import node_class
 from axoexp.errors import ConfigError
 from axoexp.executors.base import batch_loss
 from axoexp.experiment import run_experiment
 from axoexp.plan import plan_experiment
-from axoexp.plugins import load_plugins
-from axoexp.registry import REGISTRY, Registry
 
-PLUGINS = Path(__file__).parent / "plugins"
 EVERY_EXECUTOR = [
     "compiled_cudagraph",
     "cudagraph",
@@ -36,20 +31,6 @@ EVERY_EXECUTOR = [
     "reduce_overhead",
     "regional_cudagraph",
 ]
-
-
-@pytest.fixture(scope="module")
-def plugin_registry(loaded_registry: Registry) -> Registry:
-    """The process registry plus this folder's plugins, which the process registry then forgets
-    again (other tests list the built-in executors); their config nodes stay in Hydra's store."""
-    before = {(entry.group, entry.name) for entry in REGISTRY.components()}
-    load_plugins(PLUGINS)
-    registry = REGISTRY.copy()
-    for entry in registry.components():
-        if (entry.group, entry.name) not in before:
-            del REGISTRY._components[entry.group][entry.name]
-            ConfigStore.instance().store(group=entry.group, name=entry.name, node=node_class(entry))
-    return registry
 
 
 # --- 1. eligibility from what the population builds --------------------------------------------------
