@@ -20,6 +20,7 @@ from axoexp.components.population import lite
 from axoexp.errors import ConfigError
 from axoexp.executors.base import batch_loss
 from axoexp.experiment import run_experiment
+from axoexp.interfaces import PopulationSetup
 from axoexp.plan import plan_experiment
 
 EVERY_EXECUTOR = [
@@ -202,3 +203,27 @@ def test_a_batched_run_logs_its_streams_and_streams_per_second(make_config, clie
     assert " 3x12x4 B=3 cpu" in run.info.run_name
     median = run.data.metrics[names.UPDATE_MEDIAN]
     assert run.data.metrics[names.STREAMS_PER_S] == pytest.approx(3 * 1000 / median)
+
+
+def _reads_values(*, device: torch.device, dtype: torch.dtype, seed: int, scale: float = 1.0) -> PopulationSetup:
+    """A population whose factory reads a tensor's value, which no meta tensor has."""
+    setup = lite(device=device, dtype=dtype, seed=seed)
+    if float(setup.batches[0][0].sum()) < 0:  # data-dependent: fails on the meta device
+        raise AssertionError("unreachable")
+    return setup
+
+
+def test_a_population_that_cannot_be_built_on_meta_is_judged_when_built(make_config, client, registry) -> None:
+    from hydra.core.config_store import ConfigStore
+
+    from axoexp.config import node_class
+
+    registry.register("population", "reads_values", _reads_values, source="tests/test_workload.py")
+    ConfigStore.instance().store(
+        group="population", name="reads_values", node=node_class(registry.get("population", "reads_values"))
+    )
+    plan = plan_experiment(make_config("population=reads_values"), registry)
+    assert plan.probe is None and plan.shape == "?"
+    result = run_experiment(make_config("population=reads_values", "run.measured_updates=2"), registry=registry)
+    run = client.get_run(result.run_id)
+    assert " eager ? cpu" in run.info.run_name and run.data.tags[names.SHAPE] == "3x12x4", "tagged as built"

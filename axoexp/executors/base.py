@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from axoexp.interfaces import STREAM_AXIS_RANK, GradientTransform, LossFn
@@ -20,7 +22,8 @@ def batch_loss(module: torch.nn.Module, loss_fn: LossFn, inputs: torch.Tensor, t
     definition whatever its reduction or slicing."""
     if inputs.dim() != STREAM_AXIS_RANK:
         return loss_fn(module(inputs), targets)
-    return torch.vmap(loss_fn)(module.forward_batch(inputs), targets).mean()
+    forward_batch: Callable[[torch.Tensor], torch.Tensor] = module.forward_batch  # type: ignore[assignment]
+    return torch.vmap(loss_fn)(forward_batch(inputs), targets).mean()
 
 
 def eager_update(
