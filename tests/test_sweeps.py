@@ -86,8 +86,8 @@ def test_failing_job_fails_the_parent_but_keeps_the_others(tmp_path: Path) -> No
     ]
     statuses = {child.info.run_name: child.info.status for child in children}
     assert statuses == {
-        "01 eager 2x12x4 measured_updates=3": "FINISHED",
-        "03 flaky 2x12x4 measured_updates=3": "FAILED",
+        "01 eager 2x12x4 neurons=2 measured_updates=3": "FINISHED",
+        "03 flaky 2x12x4 neurons=2 measured_updates=3": "FAILED",
     }
 
 
