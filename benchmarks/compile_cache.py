@@ -1,6 +1,6 @@
 """Cold and warm compile of a compiled executor, each in a fresh ``python -m axoexp`` process.
 
-    python benchmarks/compile_cache.py --label h200-compile-DATE --shapes 64x256x32 -- executor=regional_cudagraph
+    python benchmarks/compile_cache.py --label compile-cache_h200_DATE_regional --shapes 64x256x32 -- executor=regional_cudagraph
 
 Per shape, one run with a new, empty inductor cache directory (``cold``), then ``--warm``
 runs with the same directory (``warm``): what a sweep's later jobs of that shape see. Each

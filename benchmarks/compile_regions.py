@@ -1200,7 +1200,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", nargs="+", default=[], help="strategies to leave out of the list, e.g. whole")
     parser.add_argument(
         "--out",
-        help="JSON path (default benchmarks/results/compile-regions-DATE.json); also writes .jsonl, .md and -logs/",
+        help="JSON path (default benchmarks/results/compile-regions_HARDWARE_DATE_ENTITY.json); also writes .jsonl, .md and -logs/",
     )
     parser.add_argument("--device", default="cuda", help="cuda, or cpu to test the pipeline without CUDA graphs")
     parser.add_argument(

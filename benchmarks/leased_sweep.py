@@ -1,6 +1,6 @@
 """One sweep run twice, sequentially and through the parallel preset with more jobs than devices.
 
-    python benchmarks/leased_sweep.py --label h200-DATE --jobs 4 -- device=cuda executor=cudagraph \
+    python benchmarks/leased_sweep.py --label leased-sweep_h200_DATE_a --jobs 4 -- device=cuda executor=cudagraph \
         population.neurons=3,64,256,1024 run.measured_updates=200
 
 The first pass uses Hydra's basic launcher (one job after another, one process); the second

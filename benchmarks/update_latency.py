@@ -1,6 +1,6 @@
 """Update latency per shape: eager, bare axosim helper, axoexp executors; JSON + markdown out.
 
-    python benchmarks/update_latency.py --shapes 3x12x4 64x256x32 --out benchmarks/results --label h200
+    python benchmarks/update_latency.py --shapes 3x12x4 64x256x32 --out benchmarks/results --label update-latency_h200_DATE_all
 
 For each shape (neurons x time_steps x contacts) every variant adapts its own copy of one
 population on the same batches. Steady-state latency is the host clock around each update
