@@ -12,6 +12,8 @@ import dataclasses
 import types
 import typing
 from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from axoexp.registry import AT_LEAST_ONE, GROUPS, NON_NEGATIVE, POSITIVE, Bounds, Component, Registry
@@ -248,6 +250,11 @@ ${hydra.help.footer}
 """
 
 
+def presets_dir() -> Path:
+    """Where the named experiment presets are: ``conf/experiment`` of the checkout or the installed package."""
+    return Path(str(resources.files("axoexp.conf") / "experiment")).resolve()
+
+
 def help_node(registry: Registry) -> dict[str, str]:
     """Hydra's help page, with every key described (``$`` escaped for Hydra's template)."""
     description = describe(registry).replace("$", "$$")
@@ -258,6 +265,8 @@ def help_node(registry: Registry) -> dict[str, str]:
         "footer": "Examples:\n"
         "  python -m axoexp executor=cudagraph device=cuda loss=causal_mse verify.enabled=true\n"
         "  python -m axoexp -m population.neurons=64,1024 executor=eager,cudagraph device=cuda\n"
+        "Presets: python -m axoexp +experiment=NAME (group experiment above) sets the keys of a\n"
+        f"published run; their files: {presets_dir()}/NAME.yaml.\n"
         "Plugins: *.py files in $$AXOEXP_PLUGINS_DIR (default ./plugins) and the\n"
         "'axoexp.plugins' entry-point group add options to these groups.",
         "template": HELP_TEMPLATE.replace("$DESCRIPTION", description),
