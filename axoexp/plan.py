@@ -2,8 +2,8 @@
 
 Every problem that can be found without building anything (unknown names, parameters a
 factory does not take, out-of-range values, a CUDA-only executor on the CPU, a
-non-capturable optimizer under capture) is collected into one :class:`ConfigError`,
-raised before any MLflow run exists.
+non-capturable optimizer under capture, what a factory's ``config_problems`` refuses) is
+collected into one :class:`ConfigError`, raised before any MLflow run exists.
 """
 
 from __future__ import annotations
@@ -111,6 +111,7 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
             problems.append(str(error))
             continue
         problems += components[group].value_problems(node)
+        problems += factory_problems(components[group], node, config)
 
     for key, bounds in bounded_keys().items():
         problem = bounds.problem(OmegaConf.select(config, key))
@@ -183,6 +184,13 @@ def available_bytes(device: torch.device) -> int:
         free = probe.free_bytes() if probe is not None else None
         return free if free is not None else torch.cuda.mem_get_info(device)[0]
     return psutil.virtual_memory().available
+
+
+def factory_problems(component: Component, params: dict[str, Any], config: DictConfig) -> list[str]:
+    """What a factory with ``config_problems(params, config) -> list[str]`` refuses in its
+    settings (defaults included) and the config around them, before anything is built."""
+    check = getattr(component.factory, "config_problems", None)
+    return [] if check is None else list(check({**component.defaults(), **params}, config))
 
 
 def memory_problems(

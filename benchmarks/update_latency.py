@@ -33,7 +33,7 @@ from axosim import CudaGraphAdaptationStep
 from hydra import compose, initialize_config_module
 from torch.profiler import ProfilerActivity, profile
 
-from axoexp import metadata
+from axoexp import metadata, names
 from axoexp.config import register_configs
 from axoexp.measure import run_updates
 from axoexp.names import shape_label
@@ -192,11 +192,11 @@ def _cell(value: float | None, spec: str) -> str:
 
 def markdown(rows: list[Row], environment: dict[str, str], args: argparse.Namespace) -> str:
     lines = [
-        f"# Update latency — {environment.get('gpu.name', environment['device'])}, {date.today()}",
+        f"# Update latency — {environment.get(names.GPU_NAME, environment[names.DEVICE])}, {date.today()}",
         "",
-        f"torch {environment['version.torch']}, CUDA {environment['version.cuda_runtime']}, driver "
-        f"{environment.get('gpu.driver', '?')}, axosim {environment['version.axosim']}, "
-        f"axoexp {environment['git.commit'][:12]} (dirty: {environment['git.dirty']}). "
+        f"torch {environment[names.version_tag('torch')]}, CUDA {environment[names.version_tag('cuda_runtime')]}, "
+        f"driver {environment.get(names.GPU_DRIVER, '?')}, axosim {environment[names.version_tag('axosim')]}, "
+        f"axoexp {environment[names.GIT_COMMIT][:12]} (dirty: {environment[names.GIT_DIRTY]}). "
         f"{args.rounds} rounds (rotating order) x {args.updates} updates per variant after {args.warmup} warm-up; "
         f"overrides: {' '.join(args.override) or 'none'}.",
         "",
@@ -216,7 +216,7 @@ def markdown(rows: list[Row], environment: dict[str, str], args: argparse.Namesp
             f"| {_cell(row.prepare_ms.get('compile'), '.0f')} "
             f"| {_cell(row.prepare_ms.get('capture'), '.1f')} | {speedup} "
             f"| {_cell(row.ratio_vs_bare, '.3f')} | {_cell(row.parity_max_abs_param_diff, '.1e')} "
-            f"| {row.tags.get('compile.cache', '')} |"
+            f"| {row.tags.get(names.COMPILE_CACHE, '')} |"
         )
     return "\n".join(lines) + "\n"
 

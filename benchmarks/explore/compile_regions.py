@@ -885,13 +885,15 @@ def meets_goal(row: dict[str, Any]) -> bool:
 
 
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    from axoexp import names
+
     env = meta.get("environment") or {}
     lines = [
-        f"# Compiled regions — {env.get('gpu', meta['args']['device'])}, {meta['provenance']['date'][:10]}",
+        f"# Compiled regions — {env.get('gpu', meta['args']['device'])}, {meta['provenance'][names.DATE][:10]}",
         "",
         f"torch {env.get('torch', '?')}, triton {env.get('triton', '?')}, CUDA {env.get('cuda_runtime', '?')}, "
-        f"axosim {env.get('axosim', '?')}, axoexp {meta['provenance']['git.commit'][:12]} "
-        f"(dirty: {meta['provenance']['git.dirty']}); command: `{meta['provenance']['command']}`. Population lite seed 0 float32, Adam lr 1e-3 capturable, causal MSE. "
+        f"axosim {env.get('axosim', '?')}, axoexp {meta['provenance'][names.GIT_COMMIT][:12]} "
+        f"(dirty: {meta['provenance'][names.GIT_DIRTY]}); command: `{meta['provenance'][names.COMMAND]}`. Population lite seed 0 float32, Adam lr 1e-3 capturable, causal MSE. "
         f"Replay: {meta['args']['rounds']} rounds x {meta['args']['updates']} updates after {meta['args']['warmup']} "
         f"warm-up, interleaved with the bare helper in the same process. Cold = fresh inductor/triton cache dir; "
         f"warm = a second process on that cache. Goal: compile <= {GOAL['compile_s']:g} s cold, ratio <= "
