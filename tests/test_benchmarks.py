@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 
-from conftest import REPO
+from helpers import REPO
 
 from axoexp import metadata, names
 

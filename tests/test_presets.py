@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from helpers import REPO
 from hydra import compose, initialize_config_module
 from omegaconf import DictConfig
 

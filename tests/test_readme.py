@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from helpers import REPO
 from hydra import compose, initialize_config_module
 
 from axoexp.registry import Registry
