@@ -198,7 +198,7 @@ def _rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
     for item in dataclasses.fields(cls):
         key, annotation = f"{prefix}{item.name}", hints[item.name]
         if dataclasses.is_dataclass(annotation):
-            rows += _rows(annotation, f"{key}.")
+            rows += _rows(typing.cast(type, annotation), f"{key}.")
         elif item.name not in GROUPS:
             default = item.default if item.default is not dataclasses.MISSING else "???"
             rows.append((key, _type_name(annotation), _show(default), item.metadata.get("help", "")))
@@ -221,7 +221,12 @@ def describe(registry: Registry) -> str:
             summary = (entry.factory.__doc__ or "").strip().splitlines()
             lines.append(f"  {entry.name}{origin}: {summary[0] if summary else ''}")
             lines += _table(
-                [(f"{group}.{key}", *rest) for key, *rest in _rows(node_class(entry)) if key != "name"], indent="    "
+                [
+                    (f"{group}.{key}", kind, default, text)
+                    for key, kind, default, text in _rows(node_class(entry))
+                    if key != "name"
+                ],
+                indent="    ",
             )
     return "\n".join(lines)
 

@@ -38,7 +38,7 @@ class FusedCudaGraphExecutor(CudaGraphExecutor):
 
     def __init__(self, *, warmup_steps: WarmupSteps = 3, **components: object) -> None:
         super().__init__(warmup_steps=warmup_steps, **components)
-        self.fused = FusedLiteForward(self.module)  # type: ignore[arg-type]
+        self.fused = FusedLiteForward(self.module)
 
     @classmethod
     def refusal(cls, *, population: str, dtype: torch.dtype) -> str | None:
