@@ -35,7 +35,22 @@ NEEDS_CUDA = ("device=cuda", "_h200")
 
 
 def blocks(page: Path, language: str) -> list[str]:
-    return re.findall(rf"^```{language}\n(.*?)^```", page.read_text(), flags=re.S | re.M)
+    """The fenced blocks of ``language`` ("" for plain ones) on the page, in order."""
+    found: list[str] = []
+    current: list[str] | None = None
+    wanted = False
+    for line in page.read_text().splitlines():
+        line = line.strip()  # a block in a list item is indented
+        if line.startswith("```"):
+            if current is None:
+                current, wanted = [], line[3:] == language
+            else:
+                if wanted:
+                    found.append("\n".join(current) + "\n")
+                current = None
+        elif current is not None:
+            current.append(line)
+    return found
 
 
 def commands(page: Path) -> list[str]:
