@@ -59,7 +59,8 @@ def code_state() -> dict[str, str]:
     holding them, and every loaded plugin file."""
     from axoexp.plugins import loaded_plugin_files
 
-    sources = [path for pattern in ("*.py", "*.yaml") for path in PACKAGE_DIR.rglob(pattern)]
+    bases = (PACKAGE_DIR, PACKAGE_DIR / "conf")  # a checkout links conf/ in, which rglob does not follow
+    sources = {path for base in bases for pattern in ("*.py", "*.yaml") for path in base.rglob(pattern)}
     state = {
         names.CODE_HASH: _sha256_of_files(sources, PACKAGE_DIR),
         names.PLUGINS_HASH: _sha256_of_files(loaded_plugin_files()),

@@ -10,6 +10,7 @@ from helpers import REPO
 from hydra import compose, initialize_config_module
 from omegaconf import DictConfig
 
+from axoexp import metadata, names
 from axoexp.registry import Registry
 
 PRESETS = sorted(path.stem for path in (REPO / "conf" / "experiment").glob("*.yaml"))
@@ -67,3 +68,17 @@ def test_h200_preset_names_a_published_row(name: str, loaded_registry: Registry)
 def test_presets_are_shipped_with_the_configs() -> None:
     assert (REPO / "axoexp" / "conf" / "experiment").resolve() == (REPO / "conf" / "experiment").resolve()
     assert Path(REPO / "axoexp" / "conf").resolve() == (REPO / "conf").resolve()
+
+
+def test_the_code_hash_covers_the_linked_configs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's result key must change with its configs, which a checkout links in as axoexp/conf."""
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    (tmp_path / "package").mkdir()
+    (tmp_path / "package" / "module.py").write_text("x = 1\n")
+    (tmp_path / "package" / "conf").symlink_to(tmp_path / "conf")
+    preset = tmp_path / "conf" / "experiment" / "some_cpu.yaml"
+    preset.write_text("device: cpu\n")
+    monkeypatch.setattr(metadata, "PACKAGE_DIR", tmp_path / "package")
+    before = metadata.code_state()[names.CODE_HASH]
+    preset.write_text("device: cuda\n")
+    assert metadata.code_state()[names.CODE_HASH] != before
