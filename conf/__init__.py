@@ -1,1 +1,2 @@
-"""Hydra configs for axoexp, installed as the package ``axoexp.conf`` (see pyproject.toml)."""
+"""Hydra configs for axoexp: the top-level ``conf/`` of the repository, linked into the package as
+``axoexp/conf`` and shipped as package data, so Hydra finds ``pkg://axoexp.conf`` after any install."""
