@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
@@ -85,8 +85,7 @@ def run_experiment(
     plan.begin_executor_setup()  # e.g. the compiler's start-up, overlapping the run's set-up below
     configure_determinism(config.determinism)
     tracking_uri = configure_tracking(config.tracking)
-    container = OmegaConf.to_container(config, resolve=True)
-    assert isinstance(container, dict)
+    container = cast(dict[str, Any], OmegaConf.to_container(config, resolve=True))
     if callable(run_name):
         run_name = run_name(plan)
     run_name = config.tracking.run_name or run_name or describe.default_run_name(plan)

@@ -2,8 +2,8 @@
 
 Every problem that can be found before the work (unknown names, parameters a factory does
 not take, out-of-range values, a CUDA-only executor on the CPU, a non-capturable optimizer
-under capture, a population an executor cannot run) is collected into one
-:class:`ConfigError`, raised before any MLflow run exists.
+under capture, what a factory's ``config_problems`` refuses, a population an executor cannot
+run) is collected into one :class:`ConfigError`, raised before any MLflow run exists.
 
 The population is built once while planning, on the meta device (:func:`probe_population`):
 its factory runs as it will in the run, but no tensor holds memory or data. What it builds
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import psutil
 import torch
@@ -23,8 +23,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from axoexp import names
 from axoexp.config import bounded_keys
-from axoexp.errors import ConfigError, RegistryError
-from axoexp.interfaces import Executor, PopulationSetup
+from axoexp.errors import ConfigError, IncompatibleComponentsError, RegistryError
+from axoexp.executors.base import batch_loss
+from axoexp.interfaces import Executor, PopulationSetup, adaptation_parameters
 from axoexp.nvml import gpu_probe
 from axoexp.registry import GROUPS, REGISTRY, Component, Registry
 from axoexp.runtime import allowed_cpus
@@ -79,7 +80,7 @@ class Plan:
 
     def begin_executor_setup(self) -> None:
         """Let the planned executor start its population-independent one-off work now."""
-        self.components["executor"].factory.begin_setup(self.device, self.params["executor"])
+        executor_class(self.components["executor"]).begin_setup(self.device, self.params["executor"])
 
     def build_executor(self, module: torch.nn.Module, executor: str | None = None) -> Executor:
         """Optimizer, gradient transform and executor around ``module`` (a fresh set each call).
@@ -87,7 +88,7 @@ class Plan:
         ``executor`` names another executor of the plan's registry (built with its defaults),
         e.g. ``"eager"`` for a reference; by default the planned one with its parameters.
         """
-        parameters = list(module.trainable_adaptation_parameters())
+        parameters = adaptation_parameters(module)
         optimizer = self.components["optimizer"].build(
             self.params["optimizer"], parameters=parameters, capturable=self.capturable
         )
@@ -96,9 +97,9 @@ class Plan:
         )
         chosen = self.components["executor"]
         entry = chosen if executor is None else self.registry.get("executor", executor)
-        refusal = entry.factory.refusal(module=module, dtype=self.dtype)
+        refusal = executor_class(entry).refusal(module=module, dtype=self.dtype)
         if refusal:  # planning judged the meta-built population, or could not build one
-            raise ConfigError(f"executor={entry.name} cannot run this population: {refusal}")
+            raise IncompatibleComponentsError(f"executor={entry.name} cannot run this population: {refusal}")
         return entry.build(
             self.params["executor"] if entry is chosen else {},
             module=module,
@@ -109,6 +110,11 @@ class Plan:
 
 
 RESUME_MODES = ("same_sweep", "any", "false")
+
+
+def executor_class(entry: Component) -> type[Executor]:
+    """An ``executor`` option's factory: a subclass of :class:`Executor` (checked at registration)."""
+    return cast(type[Executor], entry.factory)
 
 
 def resume_mode(value: object) -> str | None:
@@ -124,8 +130,7 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
     params: dict[str, dict[str, Any]] = {}
     settings: dict[str, dict[str, Any]] = {}
     for group, spec in GROUPS.items():
-        node = OmegaConf.to_container(config[group], resolve=True)
-        assert isinstance(node, dict)
+        node = cast(dict[str, Any], OmegaConf.to_container(config[group], resolve=True))
         name = node.pop("name", None)
         settings[group] = {key: node.pop(key, setting.default) for key, setting in spec.settings.items()}
         params[group] = node
@@ -136,6 +141,7 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
             problems.append(str(error))
             continue
         problems += components[group].value_problems(node)
+        problems += factory_problems(components[group], node, config)
 
     for key, bounds in bounded_keys().items():
         problem = bounds.problem(OmegaConf.select(config, key))
@@ -169,7 +175,7 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
     executor = components.get("executor")
     capturable = False
     if executor is not None and device is not None:
-        if executor.factory.requires_cuda and device.type != "cuda":
+        if executor_class(executor).requires_cuda and device.type != "cuda":
             problems.append(
                 f"executor={executor.name} needs CUDA, but device={config.device} "
                 f"(CUDA available here: {'yes' if torch.cuda.is_available() else 'no'}); "
@@ -177,17 +183,19 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
             )
         capturable = resolve_capturable(settings["optimizer"]["capturable"], executor, device, problems)
     if executor is not None and dtype is not None and probe is not None:
-        refusal = executor.factory.refusal(module=probe.module, dtype=dtype)
+        refusal = executor_class(executor).refusal(module=probe.module, dtype=dtype)
         if refusal:
             able = [
                 entry.name
                 for entry in registry.components()
-                if entry.group == "executor" and not entry.factory.refusal(module=probe.module, dtype=dtype)
+                if entry.group == "executor" and not executor_class(entry).refusal(module=probe.module, dtype=dtype)
             ]
             problems.append(
                 f"executor={executor.name} cannot run this experiment: {refusal}; "
                 f"executors that can: {', '.join(sorted(able))}"
             )
+    if probe is not None and "loss" in components and not problems:
+        problems += loss_problems(components["loss"], params["loss"], probe)
     if problems:
         raise ConfigError(
             "invalid experiment config: "
@@ -195,6 +203,18 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
         )
     assert device is not None and dtype is not None
     return Plan(config, device, dtype, components, params, capturable, registry, probe)
+
+
+def loss_problems(loss: Component, params: dict[str, Any], probe: PopulationSetup) -> list[str]:
+    """What the loss refuses of the population's predictions (e.g. a causal loss on too few time
+    steps), found by one forward and loss of the meta-built population (no data, no arithmetic)."""
+    try:
+        batch_loss(probe.module, loss.build(params), *probe.batches[0])
+    except IncompatibleComponentsError as error:
+        return [f"loss={loss.name}: {error}"]
+    except Exception as error:  # an operation the meta device lacks: the run finds what is wrong
+        log.info("loss %s cannot be evaluated on the meta device (%s)", loss.name, error)
+    return []
 
 
 def probe_population(
@@ -228,6 +248,13 @@ def available_bytes(device: torch.device) -> int:
         free = probe.free_bytes() if probe is not None else None
         return free if free is not None else torch.cuda.mem_get_info(device)[0]
     return psutil.virtual_memory().available
+
+
+def factory_problems(component: Component, params: dict[str, Any], config: DictConfig) -> list[str]:
+    """What a factory with ``config_problems(params, config) -> list[str]`` refuses in its
+    settings (defaults included) and the config around them, before anything is built."""
+    check = getattr(component.factory, "config_problems", None)
+    return [] if check is None else list(check({**component.defaults(), **params}, config))
 
 
 def memory_problems(
@@ -269,7 +296,7 @@ def resolve_capturable(setting: object, executor: Component, device: torch.devic
     if setting not in CAPTURABLE_CHOICES:
         problems.append(f"optimizer.capturable={setting!r}; choose auto, true or false")
         return False
-    needs = executor.factory.requires_capturable_optimizer
+    needs = executor_class(executor).requires_capturable_optimizer
     if setting is False and needs:
         problems.append(
             f"optimizer.capturable=false, but executor={executor.name} captures the optimizer "

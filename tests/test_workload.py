@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PLUGINS, REPO, run_cli
+from helpers import PLUGINS, REPO, run_cli
 from mlflow.tracking import MlflowClient
 
 from axoexp import names

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from axoexp.executors import compiler_startup
@@ -12,7 +14,7 @@ from axoexp.interfaces import Executor
 from axoexp.registry import component
 from axoexp.timing import stopwatch, synchronizer
 
-INDUCTOR_OPTIONS = {"triton.cudagraphs": False}  # the whole update is captured in one graph instead
+INDUCTOR_OPTIONS: dict[str, Any] = {"triton.cudagraphs": False}  # the whole update is captured in one graph instead
 COMPILE_STAGES = ("dynamo_trace", "inductor_codegen", "forward", "loss", "backward", "grad_reset", "synchronize")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from axosim import AxoSimPopulation
 
+from axoexp.errors import IncompatibleComponentsError
 from axoexp.executors.base import UPDATE_STAGES
 from axoexp.executors.cudagraph import CudaGraphExecutor, WarmupSteps
 from axoexp.kernels.lite_population import fused_population_forward, fused_refusal, unsupported_reason
@@ -37,7 +38,7 @@ class FusedCudaGraphExecutor(CudaGraphExecutor):
 
     def __init__(self, *, warmup_steps: WarmupSteps = 3, **components: object) -> None:
         super().__init__(warmup_steps=warmup_steps, **components)
-        self.fused = FusedLiteForward(self.module)  # type: ignore[arg-type]
+        self.fused = FusedLiteForward(self.module)
 
     @classmethod
     def refusal(cls, *, module: torch.nn.Module, dtype: torch.dtype) -> str | None:
@@ -49,5 +50,5 @@ class FusedCudaGraphExecutor(CudaGraphExecutor):
     def prepare(self, example_inputs: torch.Tensor, example_targets: torch.Tensor) -> dict[str, float]:
         reason = unsupported_reason(self.module, example_inputs.dtype)
         if reason is not None:  # what planning cannot see: where the population lives
-            raise ValueError(f"executor=fused_cudagraph cannot run this population: {reason}")
+            raise IncompatibleComponentsError(f"executor=fused_cudagraph cannot run this population: {reason}")
         return super().prepare(example_inputs, example_targets)

@@ -14,6 +14,7 @@ import functools
 import importlib.util
 import itertools
 from collections.abc import Callable
+from typing import cast
 
 import torch
 from axosim import AxoSimLite, AxoSimPopulation
@@ -28,7 +29,7 @@ def lite_structure_reason(module: nn.Module) -> str | None:
     Exact types: a subclass may change the forward or the step this path reproduces."""
     if type(module) is not AxoSimPopulation:
         return f"it runs an axosim.AxoSimPopulation, and the population is a {type(module).__name__}"
-    neuron = module.neuron
+    neuron = cast(nn.Module, module.neuron)
     if type(neuron) is not AxoSimLite:
         return f"it runs AxoSim-Lite (axosim.AxoSimLite) neurons, and the population's are {type(neuron).__name__}"
     return None
@@ -49,7 +50,8 @@ def fused_refusal(module: nn.Module, dtype: torch.dtype) -> str | None:
     }
     if dtypes != {torch.float32}:
         return f"the population holds {sorted(map(str, dtypes))} tensors, not only float32"
-    trainable = [name for name, weight in module.neuron.named_parameters() if weight.requires_grad]
+    neuron = cast(nn.Module, module.neuron)
+    trainable = [name for name, weight in neuron.named_parameters() if weight.requires_grad]
     if trainable:
         return "the fused kernel trains only adaptation banks, but neuron weights require grad: " + ", ".join(trainable)
     return None
