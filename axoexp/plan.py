@@ -207,9 +207,11 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
 
 def loss_problems(loss: Component, params: dict[str, Any], probe: PopulationSetup) -> list[str]:
     """What the loss refuses of the population's predictions (e.g. a causal loss on too few time
-    steps), found by one forward and loss of the meta-built population (no data, no arithmetic)."""
+    steps), found by one forward and loss of the meta-built population (no data, no arithmetic), on
+    its shortest batch (batches may differ in length: population.lengths)."""
+    shortest = min(probe.batches, key=lambda batch: batch[0].shape[-2])
     try:
-        batch_loss(probe.module, loss.build(params), *probe.batches[0])
+        batch_loss(probe.module, loss.build(params), *shortest)
     except IncompatibleComponentsError as error:
         return [f"loss={loss.name}: {error}"]
     except Exception as error:  # an operation the meta device lacks: the run finds what is wrong

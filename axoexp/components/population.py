@@ -16,6 +16,7 @@ from axosim.support_surrogate import SupportP4Config
 
 from axoexp.errors import CheckpointError, ConfigError
 from axoexp.interfaces import PopulationSetup
+from axoexp.lengths import LENGTHS_SYNTAX, parse_lengths
 from axoexp.registry import AT_LEAST_ONE, Bounds, component
 
 WARMUP_STEPS = 4
@@ -95,12 +96,23 @@ def _lite_from_payload(path: str, payload: Any) -> torch.nn.Module | None:
 
 def config_problems(params: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
     """What planning refuses in ``lite``'s settings (``params``, defaults included)."""
-    if any(params.get(bank, True) for bank in ("train_behavior", "train_morphology", "train_synaptic")):
-        return []
-    return [
-        "population trains no adaptation bank: set at least one of "
-        "population.train_behavior, train_morphology, train_synaptic to true"
-    ]
+    problems = []
+    if not any(params.get(bank, True) for bank in ("train_behavior", "train_morphology", "train_synaptic")):
+        problems.append(
+            "population trains no adaptation bank: set at least one of "
+            "population.train_behavior, train_morphology, train_synaptic to true"
+        )
+    try:
+        parse_lengths(params.get("lengths"))
+    except ValueError as error:
+        problems.append(str(error))
+    return problems
+
+
+def longest_steps(params: Mapping[str, Any]) -> int:
+    """The longest batch's time steps: ``time_steps``, or the longest of ``lengths``."""
+    lengths = parse_lengths(params.get("lengths"))
+    return int(params["time_steps"]) if lengths is None else lengths.high
 
 
 def memory_estimate(params: dict[str, Any], dtype: torch.dtype) -> int:
@@ -117,7 +129,7 @@ def memory_estimate(params: dict[str, Any], dtype: torch.dtype) -> int:
     )
     itemsize = torch.empty((), dtype=dtype).element_size()
     rows = int(params["neurons"]) * int(params.get("batch_size", 1))  # B streams: B x neurons rows
-    return rows * int(params["time_steps"]) * per_step * itemsize
+    return rows * longest_steps(params) * per_step * itemsize
 
 
 def make_lite_model(
@@ -161,6 +173,7 @@ def lite(
     checkpoint: Annotated[str | None, "axosim.checkpoint file to load instead of a fresh model"] = None,
     checkpoint_sha256: Annotated[str | None, "pin: the checkpoint is refused unless its SHA-256 matches"] = None,
     batches: Annotated[int, "distinct (inputs, targets) batches, cycled", AT_LEAST_ONE] = 4,
+    lengths: Annotated[Any, f"each batch's time steps, drawn once per batch from the seed: {LENGTHS_SYNTAX}"] = None,
     batch_size: Annotated[
         int, "independent streams per update (B), run through forward_batch; the loss is their mean", AT_LEAST_ONE
     ] = 1,
@@ -172,7 +185,8 @@ def lite(
     """An ``AxoSimPopulation`` of AxoSim-Lite neurons and a teacher-generated target stream.
 
     Contact inputs are Bernoulli(``input_rate``) spikes of shape (neurons, time_steps,
-    contacts); with ``batch_size`` B > 1, B independent streams of them, (B, neurons,
+    contacts), or, with ``lengths``, each batch of its own drawn length (all of a batch's streams
+    share it; docs/lengths.md); with ``batch_size`` B > 1, B independent streams of them, (B, neurons,
     time_steps, contacts), which the population runs through ``forward_batch`` (one set of
     banks for all streams; the update's loss is the mean over streams of each stream's loss).
     Targets are the outputs of a *teacher*: the same population with every
@@ -181,7 +195,13 @@ def lite(
     come from the checkpoint and ``branches``..``morphologies`` are ignored.
     """
     problems = config_problems(
-        {"train_behavior": train_behavior, "train_morphology": train_morphology, "train_synaptic": train_synaptic}, {}
+        {
+            "train_behavior": train_behavior,
+            "train_morphology": train_morphology,
+            "train_synaptic": train_synaptic,
+            "lengths": lengths,
+        },
+        {},
     )
     if problems:
         raise ConfigError(problems[0])
@@ -213,11 +233,13 @@ def lite(
             parameter.add_(target_perturbation * torch.randn(parameter.shape, generator=generator))
     module.to(device=device, dtype=dtype)
     teacher.to(device=device, dtype=dtype)
+    drawn = parse_lengths(lengths)
+    steps = [time_steps] * batches if drawn is None else drawn.draw(batches, generator)
     stream = []
     with torch.no_grad():
-        for _ in range(batches):
+        for length in steps:
             streams = (batch_size,) if batch_size > 1 else ()  # B = 1: one stream, as forward takes it
-            spikes = torch.rand(*streams, neurons, time_steps, contacts, generator=generator) < input_rate
+            spikes = torch.rand(*streams, neurons, length, contacts, generator=generator) < input_rate
             inputs = spikes.to(device=device, dtype=dtype)
             stream.append((inputs, (teacher.forward_batch(inputs) if streams else teacher(inputs)).detach()))
     description.update(

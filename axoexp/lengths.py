@@ -1,0 +1,106 @@
+"""Variable stream lengths: the ``population.lengths`` syntax, each batch's drawn length, and the
+length buckets a captured executor keeps one graph for (docs/lengths.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+LENGTHS_SYNTAX = "null (every batch has time_steps), a list such as [64,128,256] (or '64,128,256'), or uniform:MIN:MAX"
+BUCKETS_SYNTAX = "pow2 (powers of two below the longest length, and the longest), or a list such as [64,128,256]"
+DEFAULT_BUCKETS = "pow2"
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """Where each batch's length comes from: a set of ``choices``, or integers ``low``..``high``."""
+
+    choices: tuple[int, ...] | None
+    low: int
+    high: int
+
+    def draw(self, count: int, generator: torch.Generator) -> list[int]:
+        """``count`` lengths, uniformly from the set or the range, from ``generator``."""
+        import torch
+
+        if self.choices is not None:
+            picks = torch.randint(0, len(self.choices), (count,), generator=generator)
+            return [self.choices[int(index)] for index in picks]
+        return [int(value) for value in torch.randint(self.low, self.high + 1, (count,), generator=generator)]
+
+
+def _positive_ints(items: Sequence[object], key: str, value: object, syntax: str) -> tuple[int, ...]:
+    try:
+        numbers = tuple(int(str(item).strip()) for item in items)
+    except ValueError:
+        raise ValueError(f"{key}={value!r} is not {syntax}") from None
+    if not numbers or min(numbers) < 1:
+        raise ValueError(f"{key}={value!r}: every length must be a positive integer ({syntax})")
+    return numbers
+
+
+def parse_lengths(value: object, key: str = "population.lengths") -> Lengths | None:
+    """The lengths a ``population.lengths`` value names; ``None`` for null. A bad value raises
+    ``ValueError`` with one line naming the key, the value and the syntax."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().startswith("uniform:"):
+        parts = value.strip().split(":")
+        if len(parts) != 3:
+            raise ValueError(f"{key}={value!r} is not {LENGTHS_SYNTAX}")
+        low, high = _positive_ints(parts[1:], key, value, LENGTHS_SYNTAX)
+        if low > high:
+            raise ValueError(f"{key}={value!r}: MIN {low} exceeds MAX {high} ({LENGTHS_SYNTAX})")
+        return Lengths(None, low, high)
+    items = value.split(",") if isinstance(value, str) else value
+    if isinstance(value, (bool, float)) or not isinstance(items, Sequence):
+        items = [value] if isinstance(value, int) and not isinstance(value, bool) else None
+    if items is None:
+        raise ValueError(f"{key}={value!r} is not {LENGTHS_SYNTAX}")
+    choices = tuple(sorted(set(_positive_ints(items, key, value, LENGTHS_SYNTAX))))
+    return Lengths(choices, choices[0], choices[-1])
+
+
+def buckets_for(rule: object, lengths: Sequence[int], key: str = "executor.buckets") -> tuple[int, ...]:
+    """The buckets a rule gives for the lengths the batches have, smallest first.
+
+    ``pow2``: the powers of two from the smallest one not below the shortest length up to, but
+    not including, the longest length, and the longest length itself (so a fixed length is one
+    bucket of exactly that length: no padding). A list: those buckets, as given. A length longer
+    than every bucket raises ``ValueError`` (never truncated)."""
+    shortest, longest = min(lengths), max(lengths)
+    if rule == DEFAULT_BUCKETS:
+        power = 1
+        while power < shortest:
+            power *= 2
+        chosen = []
+        while power < longest:
+            chosen.append(power)
+            power *= 2
+        return (*chosen, longest)
+    if isinstance(rule, str) and not rule.replace(",", "").replace(" ", "").isdigit():
+        raise ValueError(f"{key}={rule!r} is not {BUCKETS_SYNTAX}")
+    items = rule.split(",") if isinstance(rule, str) else rule
+    if not isinstance(items, Sequence):
+        raise ValueError(f"{key}={rule!r} is not {BUCKETS_SYNTAX}")
+    buckets = tuple(sorted(set(_positive_ints(items, key, rule, BUCKETS_SYNTAX))))
+    if longest > buckets[-1]:
+        raise ValueError(
+            f"{key}={rule!r}: the population has batches of {longest} steps, longer than the largest bucket "
+            f"{buckets[-1]}; add a bucket of at least {longest} (lengths are never truncated)"
+        )
+    return buckets
+
+
+def bucket_of(length: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket that holds ``length`` steps."""
+    return next(bucket for bucket in buckets if bucket >= length)
+
+
+def padding_overhead(lengths: Sequence[int], buckets: Sequence[int]) -> float:
+    """Padded steps over real steps when each length runs in its bucket (1.0: no padding)."""
+    return sum(bucket_of(length, buckets) for length in lengths) / sum(lengths)
