@@ -142,8 +142,9 @@ def _execute(plan: Plan, tracker: RunLog, tracking_uri: str, observers: Sequence
     # lie closest to the timed updates
     try:
         with window(observers, PREPARE):
-            prepare_ms = executor.prepare(*setup.batches[0])
+            prepare_ms = executor.prepare_all(setup.batches)
         tracker.log_metrics({names.phase_metric(phase): value for phase, value in prepare_ms.items()})
+        tracker.log_metrics(executor.prepared_metrics)
         tracker.set_tags(executor.prepared_tags)
         if prepare_ms:
             log.info("prepare: %s", ", ".join(f"{phase} {ms:.1f} ms" for phase, ms in prepare_ms.items()))

@@ -31,6 +31,10 @@ STREAM_AXIS_RANK = 4
 LossFn: TypeAlias = "Callable[[torch.Tensor, torch.Tensor], torch.Tensor]"
 """``loss_fn(prediction, target)``: a scalar loss tensor."""
 
+MaskedLossFn: TypeAlias = "Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]"
+"""``masked(prediction, target, length)``: the loss over the first ``length`` steps (a 0-dim tensor)
+of predictions and targets padded at the end of the time axis (docs/lengths.md)."""
+
 GradientTransform: TypeAlias = Callable[[], None] | None
 """Called between backward and the optimizer step (graph-safe: no host reads), or ``None``."""
 
@@ -110,6 +114,8 @@ class Executor(ABC):
         self.gradient_transform = gradient_transform
         self.prepared_tags: dict[str, str] = {}
         """Facts ``prepare`` learned, logged as run tags (e.g. whether a compile cache was warm)."""
+        self.prepared_metrics: dict[str, float] = {}
+        """Quantities ``prepare`` measured, logged as run metrics (e.g. CUDA graph pool bytes)."""
 
     @classmethod
     def refusal(cls, *, module: torch.nn.Module, dtype: torch.dtype) -> str | None:
@@ -134,6 +140,18 @@ class Executor(ABC):
     def prepare(self, example_inputs: torch.Tensor, example_targets: torch.Tensor) -> dict[str, float]:
         del example_inputs, example_targets
         return {}
+
+    @classmethod
+    def length_refusal(cls, *, params: Mapping[str, Any], lengths: list[int], loss_fn: LossFn) -> str | None:
+        """Why this executor cannot run batches of these lengths (one per batch; they may differ,
+        ``population.lengths``) with ``loss_fn``, or ``None``. Planning asks it before any run."""
+        del params, lengths, loss_fn
+        return None
+
+    def prepare_all(self, batches: list[Batch]) -> dict[str, float]:
+        """``prepare`` for a run over ``batches``: on the first batch, unless the executor needs
+        every batch (e.g. one captured graph per length bucket)."""
+        return self.prepare(*batches[0])
 
     @abstractmethod
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

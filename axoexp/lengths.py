@@ -97,8 +97,11 @@ def buckets_for(rule: object, lengths: Sequence[int], key: str = "executor.bucke
 
 
 def bucket_of(length: int, buckets: Sequence[int]) -> int:
-    """The smallest bucket that holds ``length`` steps."""
-    return next(bucket for bucket in buckets if bucket >= length)
+    """The smallest bucket that holds ``length`` steps (planning refuses a longer one)."""
+    holding = [bucket for bucket in buckets if bucket >= length]
+    if not holding:
+        raise ValueError(f"a batch of {length} steps is longer than the largest bucket, {max(buckets)}")
+    return min(holding)
 
 
 def padding_overhead(lengths: Sequence[int], buckets: Sequence[int]) -> float:

@@ -157,6 +157,22 @@ def phase_metric(phase: str) -> str:
 
 CAPTURE = phase_metric("capture")
 
+
+def bucket_phase(bucket: int) -> str:
+    """The capture of one length bucket's graph, e.g. ``capture_bucket_64`` (its metric ``capture_bucket_64_ms``)."""
+    return f"capture_bucket_{bucket}"
+
+
+def bucket_latency_metric(bucket: int, statistic: str) -> str:
+    """A statistic of the measured updates whose batches fell in one length bucket, e.g. ``bucket_64_update_p50_ms``."""
+    return f"bucket_{bucket}_update_{statistic}_ms"
+
+
+GRAPH_POOL_BYTES = "graph_pool_bytes"
+"""Device memory the bucket graphs' shared pool reserved during capture."""
+PADDING_OVERHEAD = "padding_overhead"
+"""Padded steps over real steps of the measured updates (1.0: no padding)."""
+
 # --- params
 EXECUTOR_PARAM_PREFIX = "executor."
 # where results go and how a run is watched, not what was measured

@@ -196,6 +196,14 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
             )
     if probe is not None and "loss" in components and not problems:
         problems += loss_problems(components["loss"], params["loss"], probe)
+    if executor is not None and probe is not None and "loss" in components:
+        refusal = executor_class(executor).length_refusal(
+            params={**executor.defaults(), **params["executor"]},
+            lengths=[int(inputs.shape[-2]) for inputs, _ in probe.batches],
+            loss_fn=components["loss"].build(params["loss"]),
+        )
+        if refusal:
+            problems.append(f"executor={executor.name} cannot run batches of these lengths: {refusal}")
     if problems:
         raise ConfigError(
             "invalid experiment config: "

@@ -43,6 +43,7 @@ LAYERS = (
         "axoexp.timing",
         "axoexp.nvml",
         "axoexp.signals",
+        "axoexp.lengths",
     ),
     # the registry, the store, the process's runtime, the windows of a run, the kernels
     (

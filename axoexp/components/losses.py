@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from axoexp.components.population import WARMUP_STEPS
 from axoexp.errors import IncompatibleComponentsError
-from axoexp.interfaces import LossFn
+from axoexp.interfaces import LossFn, MaskedLossFn
 from axoexp.registry import NON_NEGATIVE, POSITIVE, component
 
 
@@ -26,6 +26,36 @@ def skip_warmup(loss: LossFn, warmup_steps: int) -> LossFn:
     return causal
 
 
+class MeanOverSteps:
+    """A loss that is the mean of an elementwise error over the steps after ``warmup_steps``.
+
+    Called as ``loss(prediction, target)`` it is exactly ``reduced`` over those steps (today's
+    numbers). :meth:`masked` takes the same mean over predictions padded at the end of the time
+    axis, counting only the first ``length`` steps of each sequence, so a padded step contributes
+    nothing to the loss nor to any gradient (docs/lengths.md)."""
+
+    def __init__(self, reduced: LossFn, elementwise: LossFn, warmup_steps: int) -> None:
+        self.elementwise = elementwise
+        self.warmup_steps = warmup_steps
+        self.reduced = skip_warmup(reduced, warmup_steps) if warmup_steps else reduced
+
+    def __call__(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return self.reduced(prediction, target)
+
+    def masked(self, prediction: torch.Tensor, target: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
+        """The loss over steps ``warmup_steps`` .. ``length`` - 1 (``length``: a 0-dim device tensor,
+        so that one captured graph serves every length of its bucket)."""
+        steps = torch.arange(prediction.shape[1], device=prediction.device)
+        kept = ((steps >= self.warmup_steps) & (steps < length)).to(prediction.dtype)[:, None]
+        errors = self.elementwise(prediction, target) * kept
+        return errors.sum() / (kept.sum() * prediction.shape[0] * prediction.shape[2])
+
+
+def masked_form(loss: LossFn) -> MaskedLossFn | None:
+    """The loss's masked form for padded batches, or ``None`` where it has none."""
+    return loss.masked if isinstance(loss, MeanOverSteps) else None
+
+
 def _too_short(warmup_steps: int, time_steps: object) -> str:
     return (
         f"a causal loss skips the first {warmup_steps} warm-up steps, so it needs more than {warmup_steps} "
@@ -39,13 +69,17 @@ def causal_mse(
     *, warmup_steps: Annotated[int, "leading output steps left out of the loss", NON_NEGATIVE] = WARMUP_STEPS
 ) -> LossFn:
     """Mean squared error over the steps after AxoSim-Lite's warm-up (the first 4 by default)."""
-    return skip_warmup(F.mse_loss, warmup_steps)
+    return MeanOverSteps(F.mse_loss, _squared_error, warmup_steps)
+
+
+def _squared_error(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.mse_loss(prediction, target, reduction="none")
 
 
 @component("loss", "mse")
 def mse() -> LossFn:
     """Mean squared error over every step, warm-up included."""
-    return F.mse_loss
+    return MeanOverSteps(F.mse_loss, _squared_error, 0)
 
 
 @component("loss", "huber")
@@ -59,4 +93,7 @@ def huber(
     def loss(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return F.huber_loss(prediction, target, delta=delta)
 
-    return skip_warmup(loss, warmup_steps) if warmup_steps else loss
+    def elementwise(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.huber_loss(prediction, target, delta=delta, reduction="none")
+
+    return MeanOverSteps(loss, elementwise, warmup_steps)

@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
 
+from axoexp.components.losses import masked_form
+from axoexp.errors import IncompatibleComponentsError
 from axoexp.interfaces import STREAM_AXIS_RANK, GradientTransform, LossFn
 
 # The stages one update may contain, for the timing tags.
@@ -14,16 +17,34 @@ UPDATE_STAGES = ("zero_grad", "forward", "loss", "backward", "gradient_transform
 NOT_TIMED = ("batch_generation", "host_loss_readback", "metric_logging")
 
 
-def batch_loss(module: torch.nn.Module, loss_fn: LossFn, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def batch_loss(
+    module: torch.nn.Module,
+    loss_fn: LossFn,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    length: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Forward and loss of one update. One stream: ``loss_fn(module(inputs), targets)``. B streams
     (inputs with a leading stream axis, :data:`axoexp.interfaces.Batch`): the predictions of
     ``module.forward_batch(inputs)`` and the mean over streams of each stream's ``loss_fn``,
     computed for all streams at once (``torch.vmap``), so that each stream's loss is the loss's own
-    definition whatever its reduction or slicing."""
+    definition whatever its reduction or slicing. With ``length`` (a 0-dim tensor), inputs and targets
+    are padded at the end of the time axis and the loss is the loss's masked form over the first
+    ``length`` steps (:func:`axoexp.components.losses.masked_form`)."""
+    if length is not None:
+        masked = masked_form(loss_fn)
+        if masked is None:
+            raise IncompatibleComponentsError("this loss has no masked form, so padded batches cannot be adapted to")
+        loss_fn = functools.partial(masked, length=length)
     if inputs.dim() != STREAM_AXIS_RANK:
         return loss_fn(module(inputs), targets)
     forward_batch: Callable[[torch.Tensor], torch.Tensor] = module.forward_batch  # type: ignore[assignment]
     return torch.vmap(loss_fn)(forward_batch(inputs), targets).mean()
+
+
+def pad_steps(tensor: torch.Tensor, steps: int) -> torch.Tensor:
+    """``tensor`` with zeros appended along its time axis (the second last) up to ``steps``."""
+    return torch.nn.functional.pad(tensor, (0, 0, 0, steps - tensor.shape[-2]))
 
 
 def eager_update(
@@ -33,10 +54,12 @@ def eager_update(
     gradient_transform: GradientTransform,
     inputs: torch.Tensor,
     targets: torch.Tensor,
+    length: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One update exactly as ``axosim.CudaGraphAdaptationStep`` captures it."""
+    """One update exactly as ``axosim.CudaGraphAdaptationStep`` captures it (with ``length``: on a
+    padded batch, whose padded steps contribute nothing, :func:`batch_loss`)."""
     optimizer.zero_grad(set_to_none=False)
-    loss = batch_loss(module, loss_fn, inputs, targets)
+    loss = batch_loss(module, loss_fn, inputs, targets, length)
     loss.backward()
     if gradient_transform is not None:
         gradient_transform()

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from axoexp.executors.base import eager_update
+from axoexp.executors.base import eager_update, pad_steps
 from axoexp.interfaces import GradientTransform, LossFn
 
 OptimizerSnapshot = dict[torch.Tensor, dict[str, Any]]
@@ -64,14 +64,29 @@ def _restore(optimizer: torch.optim.Optimizer, snapshot: OptimizerSnapshot) -> N
 
 @dataclass
 class CapturedUpdate:
-    """A captured update: copy the batch into static buffers, replay, return a copy of the loss."""
+    """A captured update: copy the batch into static buffers, replay, return a copy of the loss.
+
+    With ``static_length`` the graph was captured for a length bucket (padded batches, masked
+    loss): a batch of any length up to the bucket's is copied into the first steps of the
+    buffers, the rest zeroed, and its length written to ``static_length``, all on the stream."""
 
     graph: torch.cuda.CUDAGraph
     static_inputs: torch.Tensor
     static_targets: torch.Tensor
     static_loss: torch.Tensor
+    static_length: torch.Tensor | None = None
 
     def __call__(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if self.static_length is not None:
+            steps = inputs.shape[-2]
+            if steps > self.static_inputs.shape[-2]:
+                raise ReplayShapeError(f"a batch of {steps} steps is longer than its bucket's graph")
+            for given, static in ((inputs, self.static_inputs), (targets, self.static_targets)):
+                static[..., :steps, :].copy_(given, non_blocking=True)
+                static[..., steps:, :].zero_()
+            self.static_length.fill_(steps)
+            self.graph.replay()
+            return self.static_loss.clone()
         for role, given, static in (("inputs", inputs, self.static_inputs), ("targets", targets, self.static_targets)):
             if given.shape != static.shape or given.dtype != static.dtype:
                 problem = (
@@ -100,21 +115,33 @@ def capture_update(
     example_targets: torch.Tensor,
     *,
     warmup_steps: int,
+    bucket: int | None = None,
+    pool: tuple[int, int] | None = None,
 ) -> CapturedUpdate:
-    """Capture one whole update for these shapes; module and optimizer end as they began."""
+    """Capture one whole update for these shapes; module and optimizer end as they began.
+
+    With ``bucket``, for batches of up to ``bucket`` steps: the example is padded to it and the
+    loss masked to a length read from a static device scalar. ``pool``: the memory pool the
+    graph allocates from (``torch.cuda.graph_pool_handle()``, shared by a run's bucket graphs)."""
     module_state = {key: value.detach().clone() for key, value in module.state_dict().items()}
     optimizer_state = _snapshot(optimizer)
-    static_inputs, static_targets = example_inputs.clone(), example_targets.clone()
+    static_length = None
+    if bucket is None:
+        static_inputs, static_targets = example_inputs.clone(), example_targets.clone()
+    else:
+        static_inputs, static_targets = pad_steps(example_inputs, bucket), pad_steps(example_targets, bucket)
+        static_length = torch.tensor(example_inputs.shape[-2], device=example_inputs.device)
+    batch = (static_inputs, static_targets, static_length)
     release_autograd_graphs(module)
     stream = torch.cuda.Stream(example_inputs.device)
     stream.wait_stream(torch.cuda.current_stream(example_inputs.device))
     with torch.cuda.stream(stream):
         for _ in range(warmup_steps):
-            eager_update(module, optimizer, loss_fn, transform, static_inputs, static_targets)
+            eager_update(module, optimizer, loss_fn, transform, *batch)
             release_autograd_graphs(module)  # no warm-up graph (nor its accumulators) outlives its update
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        static_loss = eager_update(module, optimizer, loss_fn, transform, static_inputs, static_targets)
+    with torch.cuda.graph(graph, pool=pool, stream=stream):
+        static_loss = eager_update(module, optimizer, loss_fn, transform, *batch)
     release_autograd_graphs(module)
     torch.cuda.current_stream(example_inputs.device).wait_stream(stream)
     torch.cuda.synchronize(example_inputs.device)
@@ -122,4 +149,4 @@ def capture_update(
     _restore(optimizer, optimizer_state)
     optimizer.zero_grad(set_to_none=False)
     torch.cuda.synchronize(example_inputs.device)
-    return CapturedUpdate(graph, static_inputs, static_targets, static_loss)
+    return CapturedUpdate(graph, static_inputs, static_targets, static_loss, static_length)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -10,7 +11,7 @@ from axoexp.executors import compiler_startup
 from axoexp.executors.base import batch_loss
 from axoexp.executors.capture import release_autograd_graphs
 from axoexp.executors.cudagraph import CudaGraphExecutor, WarmupSteps
-from axoexp.interfaces import Executor
+from axoexp.interfaces import Executor, LossFn
 from axoexp.registry import component
 from axoexp.timing import stopwatch, synchronizer
 
@@ -72,6 +73,15 @@ class CompiledCudaGraphExecutor(compiler_startup.StartsCompilerEarly, CudaGraphE
     def __init__(self, *, warmup_steps: WarmupSteps = 3, **components: object) -> None:
         super().__init__(warmup_steps=warmup_steps, **components)
         self.compiled = CompiledForward(self.module, backend="inductor", dynamic=False, options=INDUCTOR_OPTIONS)
+
+    @classmethod
+    def length_refusal(cls, *, params: Mapping[str, Any], lengths: list[int], loss_fn: LossFn) -> str | None:
+        if len(set(lengths)) == 1:
+            return None
+        return (
+            "it compiles and captures one length; for batches of different lengths use cudagraph, "
+            "regional_cudagraph or fused_cudagraph (one graph per length bucket)"
+        )
 
     def prepare_includes(self) -> dict[str, tuple[str, ...]]:
         return {

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Mapping
+from typing import Annotated, Any
 
 import torch
 
+from axoexp import names
+from axoexp.components.losses import masked_form
 from axoexp.executors.base import UPDATE_STAGES
 from axoexp.executors.capture import CapturedUpdate, capture_update
-from axoexp.interfaces import Executor
+from axoexp.interfaces import Batch, Executor, LossFn
+from axoexp.lengths import BUCKETS_SYNTAX, DEFAULT_BUCKETS, bucket_of, buckets_for
 from axoexp.registry import AT_LEAST_ONE, component
 from axoexp.timing import stopwatch, synchronizer
 
 WarmupSteps = Annotated[int, "eager updates on a side stream before capture (state is restored)", AT_LEAST_ONE]
+Buckets = Annotated[Any, f"length buckets, one graph each, for batches of different lengths: {BUCKETS_SYNTAX}"]
 CAPTURE_STAGES = ("graph_capture", "module_and_optimizer_state_restore", "synchronize")
 
 
@@ -25,16 +30,48 @@ class CudaGraphExecutor(Executor):
     a side stream before capture; module and optimizer state are restored afterwards, so
     capture consumes no update. The graph is the one ``axosim.CudaGraphAdaptationStep``
     captures (the benchmark compares the two).
+
+    Batches of different lengths (``population.lengths``): one graph per length bucket that a
+    batch falls in, all captured during ``prepare`` from one shared memory pool; each batch is
+    padded at the end up to its bucket and the loss masked to its real length (docs/lengths.md).
     """
 
     requires_cuda = True
     requires_capturable_optimizer = True
     update_includes = ("input_copy", "graph_replay", *UPDATE_STAGES, "loss_clone", "synchronize")
 
-    def __init__(self, *, warmup_steps: WarmupSteps = 3, **components: object) -> None:
+    def __init__(
+        self, *, warmup_steps: WarmupSteps = 3, buckets: Buckets = DEFAULT_BUCKETS, **components: object
+    ) -> None:
         super().__init__(**components)  # type: ignore[arg-type]
         self.warmup_steps = warmup_steps
+        self.buckets = buckets
         self.graph_step: CapturedUpdate | None = None
+        self.bucket_examples: dict[int, Batch] = {}
+        """Bucket -> an example batch of a length in it; empty when every batch has one length."""
+        self.bucket_steps: dict[int, CapturedUpdate] = {}
+
+    @classmethod
+    def length_refusal(cls, *, params: Mapping[str, Any], lengths: list[int], loss_fn: LossFn) -> str | None:
+        if len(set(lengths)) == 1:
+            return None
+        try:
+            buckets_for(params.get("buckets", DEFAULT_BUCKETS), lengths)
+        except ValueError as error:
+            return str(error)
+        if masked_form(loss_fn) is None:
+            return "its bucket graphs pad batches and mask the loss, and this loss has no masked form"
+        return None
+
+    def prepare_all(self, batches: list[Batch]) -> dict[str, float]:
+        """One graph per length bucket in use (largest first) when the batches' lengths differ."""
+        lengths = [inputs.shape[-2] for inputs, _ in batches]
+        if len(set(lengths)) > 1:
+            buckets = buckets_for(self.buckets, lengths)
+            by_length = sorted(batches, key=lambda batch: -batch[0].shape[-2])
+            for batch in by_length:
+                self.bucket_examples.setdefault(bucket_of(batch[0].shape[-2], buckets), batch)
+        return self.prepare(*batches[0])
 
     def prepare_includes(self) -> dict[str, tuple[str, ...]]:
         warmup = f"{self.warmup_steps}x_warmup_update({'+'.join(UPDATE_STAGES)})_on_side_stream"
@@ -46,14 +83,36 @@ class CudaGraphExecutor(Executor):
 
     def prepare(self, example_inputs: torch.Tensor, example_targets: torch.Tensor) -> dict[str, float]:
         phases: dict[str, float] = {}
+        if self.bucket_examples:
+            return self.capture_buckets(example_inputs.device)
         with stopwatch(synchronizer(example_inputs.device), phases, "capture"):
             self.graph_step = self.capture(self.captured_forward(), example_inputs, example_targets)
         return phases
 
+    def capture_buckets(self, device: torch.device) -> dict[str, float]:
+        """Capture every bucket's graph from one memory pool; time each apart; measure the pool."""
+        phases: dict[str, float] = {}
+        pool = torch.cuda.graph_pool_handle()
+        reserved = torch.cuda.memory_reserved(device)
+        for bucket in sorted(self.bucket_examples, reverse=True):  # the largest first: later ones reuse its blocks
+            with stopwatch(synchronizer(device), phases, names.bucket_phase(bucket)):
+                self.bucket_steps[bucket] = self.capture(
+                    self.captured_forward(), *self.bucket_examples[bucket], bucket=bucket, pool=pool
+                )
+        self.prepared_metrics[names.GRAPH_POOL_BYTES] = float(torch.cuda.memory_reserved(device) - reserved)
+        return phases
+
     def capture(
-        self, module: torch.nn.Module, example_inputs: torch.Tensor, example_targets: torch.Tensor
+        self,
+        module: torch.nn.Module,
+        example_inputs: torch.Tensor,
+        example_targets: torch.Tensor,
+        *,
+        bucket: int | None = None,
+        pool: tuple[int, int] | None = None,
     ) -> CapturedUpdate:
-        """Capture the whole update with ``module`` as the forward (e.g. a compiled one)."""
+        """Capture the whole update with ``module`` as the forward (e.g. a compiled one); with
+        ``bucket``, for padded batches of up to that many steps (:func:`capture_update`)."""
         return capture_update(
             module,
             self.optimizer,
@@ -62,9 +121,13 @@ class CudaGraphExecutor(Executor):
             example_inputs,
             example_targets,
             warmup_steps=self.warmup_steps,
+            bucket=bucket,
+            pool=pool,
         )
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if self.bucket_steps:
+            return self.bucket_steps[bucket_of(inputs.shape[-2], self.bucket_steps)](inputs, targets)
         if self.graph_step is None:
             raise RuntimeError("CudaGraphExecutor.step called before prepare (nothing captured)")
         return self.graph_step(inputs, targets)

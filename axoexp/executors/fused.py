@@ -7,8 +7,9 @@ from axosim import AxoSimPopulation
 
 from axoexp.errors import IncompatibleComponentsError
 from axoexp.executors.base import UPDATE_STAGES
-from axoexp.executors.cudagraph import CudaGraphExecutor, WarmupSteps
+from axoexp.executors.cudagraph import Buckets, CudaGraphExecutor, WarmupSteps
 from axoexp.kernels.lite_population import fused_population_forward, fused_refusal, unsupported_reason
+from axoexp.lengths import DEFAULT_BUCKETS
 from axoexp.registry import component
 
 
@@ -36,8 +37,10 @@ class FusedCudaGraphExecutor(CudaGraphExecutor):
 
     update_includes = ("input_copy", "graph_replay", *UPDATE_STAGES, "loss_clone", "synchronize")
 
-    def __init__(self, *, warmup_steps: WarmupSteps = 3, **components: object) -> None:
-        super().__init__(warmup_steps=warmup_steps, **components)
+    def __init__(
+        self, *, warmup_steps: WarmupSteps = 3, buckets: Buckets = DEFAULT_BUCKETS, **components: object
+    ) -> None:
+        super().__init__(warmup_steps=warmup_steps, buckets=buckets, **components)
         self.fused = FusedLiteForward(self.module)
 
     @classmethod

@@ -29,9 +29,10 @@ from axosim import AxoSimLite, AxoSimPopulation
 from axoexp import names
 from axoexp.executors import compiler_startup, matmul_decomposition
 from axoexp.executors.compiled import COMPILE_STAGES, INDUCTOR_OPTIONS, forward_backward_without_update
-from axoexp.executors.cudagraph import CudaGraphExecutor, WarmupSteps
+from axoexp.executors.cudagraph import Buckets, CudaGraphExecutor, WarmupSteps
 from axoexp.interfaces import STREAM_AXIS_RANK
 from axoexp.kernels.lite_population import assemble_output, lite_structure_reason, lite_tokens
+from axoexp.lengths import DEFAULT_BUCKETS
 from axoexp.registry import AT_LEAST_ONE, component
 from axoexp.timing import stopwatch, synchronizer
 
@@ -125,6 +126,7 @@ class RegionalCudaGraphExecutor(compiler_startup.StartsCompilerEarly, CudaGraphE
         self,
         *,
         warmup_steps: WarmupSteps = 3,
+        buckets: Buckets = DEFAULT_BUCKETS,
         tokens_per_region: Annotated[int, "P4 blocks (4 time steps each) per compiled region", AT_LEAST_ONE] = 2,
         compile_edges: Annotated[
             bool, "also compile the code before the block loop (about 3 s more to compile at 64x256x32)"
@@ -139,7 +141,7 @@ class RegionalCudaGraphExecutor(compiler_startup.StartsCompilerEarly, CudaGraphE
         ] = None,
         **components: object,
     ) -> None:
-        super().__init__(warmup_steps=warmup_steps, **components)
+        super().__init__(warmup_steps=warmup_steps, buckets=buckets, **components)
         self.cache_dir = cache_dir
         self.regional = RegionalLiteForward(
             self.module,

@@ -1,0 +1,138 @@
+"""Variable-length streams: the lengths syntax, buckets, and padded-and-masked updates equal to
+exact-length eager updates (docs/lengths.md)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from helpers import run_cli
+
+from axoexp.components.losses import causal_mse, huber, mse
+from axoexp.components.population import lite
+from axoexp.executors.base import eager_update, pad_steps
+from axoexp.interfaces import adaptation_parameters
+from axoexp.lengths import Lengths, bucket_of, buckets_for, padding_overhead, parse_lengths
+
+CPU = torch.device("cpu")
+
+
+def test_lengths_syntax() -> None:
+    assert parse_lengths(None) is None
+    assert parse_lengths([128, 64, 64, 256]) == Lengths((64, 128, 256), 64, 256)
+    assert parse_lengths("64,128") == Lengths((64, 128), 64, 128)
+    assert parse_lengths(40) == Lengths((40,), 40, 40)
+    assert parse_lengths("uniform:32:256") == Lengths(None, 32, 256)
+    for bad, says in (
+        ("uniform:9", "is not null"),
+        ("uniform:9:3", "MIN 9 exceeds MAX 3"),
+        ([0, 3], "every length must be a positive integer"),
+        ("abc", "is not null"),
+        (2.5, "is not null"),
+    ):
+        with pytest.raises(ValueError, match=says) as error:
+            parse_lengths(bad)
+        assert str(error.value).startswith(f"population.lengths={bad!r}")
+
+
+def test_drawn_lengths_are_seeded_and_within_the_spec() -> None:
+    spec = parse_lengths("uniform:32:256")
+    assert spec is not None
+    drawn = spec.draw(2000, torch.Generator().manual_seed(1))
+    assert drawn == spec.draw(2000, torch.Generator().manual_seed(1))
+    assert min(drawn) == 32 and max(drawn) == 256  # both ends drawn: the range is inclusive
+    assert set(parse_lengths([8, 16]).draw(50, torch.Generator().manual_seed(0))) == {8, 16}  # type: ignore[union-attr]
+
+
+def test_population_draws_each_batch_length_and_keeps_the_fixed_default() -> None:
+    fixed = lite(device=CPU, dtype=torch.float32, seed=3, time_steps=12)
+    assert [inputs.shape for inputs, _ in fixed.batches] == [torch.Size([3, 12, 4])] * 4
+    same = lite(device=CPU, dtype=torch.float32, seed=3, time_steps=12, lengths=None)
+    for (a, b), (c, d) in zip(fixed.batches, same.batches, strict=True):
+        assert torch.equal(a, c) and torch.equal(b, d)
+    varied = lite(device=CPU, dtype=torch.float32, seed=3, lengths="uniform:6:30", batches=6, batch_size=2)
+    steps = [inputs.shape[-2] for inputs, _ in varied.batches]
+    assert len(set(steps)) > 1 and all(6 <= step <= 30 for step in steps)
+    assert all(targets.shape[:-1] == inputs.shape[:-1] for inputs, targets in varied.batches)
+
+
+def test_buckets_follow_the_documented_rules() -> None:
+    assert buckets_for("pow2", list(range(32, 257))) == (32, 64, 128, 256)
+    assert buckets_for("pow2", [33, 200]) == (64, 128, 200)  # the longest length is the last bucket
+    assert buckets_for("pow2", [12, 12]) == (12,)  # a fixed length: one unpadded graph
+    assert buckets_for([256, 64, 128], [50, 256]) == (64, 128, 256)
+    assert buckets_for("100,300", [50, 256]) == (100, 300)
+    assert bucket_of(65, (64, 128, 256)) == 128 and bucket_of(64, (256, 64)) == 64
+    assert padding_overhead([48, 64], (64,)) == pytest.approx(128 / 112)
+    with pytest.raises(ValueError, match="longer than the largest bucket 128; add a bucket of at least 200"):
+        buckets_for([64, 128], [50, 200])
+    with pytest.raises(ValueError, match=r"executor.buckets='fast' is not pow2"):
+        buckets_for("fast", [50, 200])
+
+
+def _updates(module, loss_fn, batches, bucket: int | None, updates: int):
+    """``updates`` Adam updates cycling through ``batches``; with ``bucket``, padded and masked."""
+    optimizer = torch.optim.Adam(adaptation_parameters(module), lr=0.05)
+    losses = []
+    for index in range(updates):
+        inputs, targets = batches[index % len(batches)]
+        if bucket is None:
+            losses.append(eager_update(module, optimizer, loss_fn, None, inputs, targets))
+        else:
+            length = torch.tensor(inputs.shape[-2])
+            padded = pad_steps(inputs, bucket), pad_steps(targets, bucket)
+            losses.append(eager_update(module, optimizer, loss_fn, None, *padded, length))
+    return torch.stack(losses), [parameter.detach().clone() for parameter in adaptation_parameters(module)]
+
+
+@pytest.mark.parametrize(
+    "loss_fn", [causal_mse(), mse(), huber(delta=0.05, warmup_steps=4)], ids=["causal_mse", "mse", "causal_huber"]
+)
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_padded_and_masked_updates_equal_exact_length_eager_updates(loss_fn, batch_size: int) -> None:
+    setup = lite(device=CPU, dtype=torch.float32, seed=5, lengths=[9, 13, 16], batches=3, batch_size=batch_size)
+    assert sorted(inputs.shape[-2] for inputs, _ in setup.batches) != [16] * 3
+    exact_losses, exact = _updates(copy.deepcopy(setup.module), loss_fn, setup.batches, None, 6)
+    padded_losses, padded = _updates(copy.deepcopy(setup.module), loss_fn, setup.batches, 32, 6)
+    torch.testing.assert_close(padded_losses, exact_losses, atol=1e-6, rtol=0)
+    for a, b in zip(padded, exact, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)  # verify's default tolerance
+    initial = adaptation_parameters(setup.module)
+    assert max(float((a - s.detach()).abs().max()) for a, s in zip(exact, initial, strict=True)) > 1e-3
+
+
+def test_padding_without_the_mask_would_change_the_update() -> None:
+    """The check above can fail: the padded steps do change an unmasked loss."""
+    setup = lite(device=CPU, dtype=torch.float32, seed=5, lengths=[9], batches=1)
+    inputs, targets = setup.batches[0]
+    loss_fn = causal_mse()
+    exact = loss_fn(setup.module(inputs), targets)
+    padded = loss_fn(setup.module(pad_steps(inputs, 32)), pad_steps(targets, 32))
+    assert abs(float(exact - padded)) > 1e-4
+
+
+@pytest.mark.slow
+def test_cli_refuses_a_length_longer_than_every_bucket_before_any_run(tmp_path) -> None:
+    result = run_cli(
+        "executor=fused_cudagraph",
+        "executor.buckets=[16]",
+        "population.lengths=[12,24]",
+        f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "executor=fused_cudagraph cannot run batches of these lengths: executor.buckets=[16]" in result.stderr
+    assert "add a bucket of at least 24 (lengths are never truncated)" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "mlflow run" not in result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_cli_refuses_a_bad_lengths_value_in_one_line(tmp_path) -> None:
+    result = run_cli("population.lengths=uniform:40", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "axoexp: invalid experiment config: population.lengths='uniform:40' is not null (every batch has "
+        "time_steps), a list such as [64,128,256] (or '64,128,256'), or uniform:MIN:MAX"
+    )
