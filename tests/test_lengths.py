@@ -136,3 +136,27 @@ def test_cli_refuses_a_bad_lengths_value_in_one_line(tmp_path) -> None:
         "axoexp: invalid experiment config: population.lengths='uniform:40' is not null (every batch has "
         "time_steps), a list such as [64,128,256] (or '64,128,256'), or uniform:MIN:MAX"
     )
+
+
+def test_fused_kernel_padded_and_masked_updates_equal_exact_length_eager_updates() -> None:
+    """The fused forward (Triton's interpreter without CUDA) on padded batches, masked loss."""
+    pytest.importorskip("triton", reason="the fused AxoSim-Lite kernels need Triton")
+    from axoexp.executors.fused import FusedLiteForward
+    from axoexp.kernels import lite_recurrence
+
+    if not torch.cuda.is_available() and not lite_recurrence.INTERPRETED:
+        pytest.skip("triton was imported before TRITON_INTERPRET=1 could be set in this process")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    setup = lite(device=device, dtype=torch.float32, seed=2, lengths=[9, 14], batches=2, batch_size=2)
+    exact_losses, exact = _updates(copy.deepcopy(setup.module), causal_mse(), setup.batches, None, 3)
+    fused_module = copy.deepcopy(setup.module)
+    optimizer = torch.optim.Adam(adaptation_parameters(fused_module), lr=0.05)
+    fused, losses = FusedLiteForward(fused_module), []
+    for index in range(3):
+        inputs, targets = setup.batches[index % 2]
+        length = torch.tensor(inputs.shape[-2], device=device)
+        padded = pad_steps(inputs, 16), pad_steps(targets, 16)
+        losses.append(eager_update(fused, optimizer, causal_mse(), None, *padded, length))
+    torch.testing.assert_close(torch.stack(losses), exact_losses, atol=1e-5, rtol=0)
+    for a, b in zip(adaptation_parameters(fused_module), exact, strict=True):
+        torch.testing.assert_close(a.detach(), b, atol=1e-5, rtol=0)
