@@ -19,13 +19,13 @@ from axoexp.guard import FiniteGuard
 from axoexp.interfaces import RunLog
 from axoexp.journal import journaled_run
 from axoexp.lease import device_lease
-from axoexp.measure import measure_updates
+from axoexp.measure import length_metrics, measure_updates
 from axoexp.plan import Plan, plan_experiment
 from axoexp.registry import REGISTRY, Registry
 from axoexp.runtime import configure_determinism, configure_threads
 from axoexp.statistics import LatencySummary
 from axoexp.tracking import configure_tracking, flatten
-from axoexp.verification import Verification, verify_parity
+from axoexp.verification import Verification, bucket_metrics, verify_buckets, verify_parity
 from axoexp.windows import PREPARE, VERIFY, Observer, window
 
 RESULT_FILE = "result.json"
@@ -161,6 +161,9 @@ def _execute(plan: Plan, tracker: RunLog, tracking_uri: str, observers: Sequence
     finally:
         guard.log_to(tracker)
     update = LatencySummary.of(measured.latencies_ms)
+    tracker.log_metrics(
+        length_metrics(measured.latencies_ms, setup.batches, config.run.warmup_updates, executor.buckets())
+    )
     tracker.log_metrics({names.STREAMS_PER_S: streams_per_s(setup.streams, update.median)})
     if config.run.require_quiet:
         guard.raise_if_contended()
@@ -177,8 +180,19 @@ def _execute(plan: Plan, tracker: RunLog, tracking_uri: str, observers: Sequence
                 config.verify.loss_atol,
                 config.verify.param_atol,
             )
-        tracker.log_metrics(verification.metrics())
+            per_bucket = verify_buckets(
+                plan.build_executor,
+                plan.components["executor"].name,
+                pristine,
+                setup.batches,
+                config.verify.updates,
+                config.verify.loss_atol,
+                config.verify.param_atol,
+            )
+        tracker.log_metrics({**verification.metrics(), **bucket_metrics(per_bucket)})
         verification.raise_if_failed()
+        for result in per_bucket.values():
+            result.raise_if_failed()
     return ExperimentResult(
         run_id=tracker.run_id,
         tracking_uri=tracking_uri,

@@ -148,6 +148,11 @@ class Executor(ABC):
         del params, lengths, loss_fn
         return None
 
+    def buckets(self) -> tuple[int, ...] | None:
+        """The lengths this executor runs batches at, when it pads them (after ``prepare_all``),
+        else ``None``: every batch runs at its exact length."""
+        return None
+
     def prepare_all(self, batches: list[Batch]) -> dict[str, float]:
         """``prepare`` for a run over ``batches``: on the first batch, unless the executor needs
         every batch (e.g. one captured graph per length bucket)."""

@@ -107,3 +107,11 @@ def bucket_of(length: int, buckets: Sequence[int]) -> int:
 def padding_overhead(lengths: Sequence[int], buckets: Sequence[int]) -> float:
     """Padded steps over real steps when each length runs in its bucket (1.0: no padding)."""
     return sum(bucket_of(length, buckets) for length in lengths) / sum(lengths)
+
+
+def by_bucket(latencies_ms: Sequence[float], lengths: Sequence[int], buckets: Sequence[int]) -> dict[int, list[float]]:
+    """The latencies of the updates whose lengths (``lengths[i]``: update ``i``'s) fall in each bucket."""
+    grouped: dict[int, list[float]] = {}
+    for latency, length in zip(latencies_ms, lengths, strict=True):
+        grouped.setdefault(bucket_of(length, buckets), []).append(latency)
+    return dict(sorted(grouped.items()))

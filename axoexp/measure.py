@@ -13,7 +13,8 @@ import torch
 
 from axoexp import names
 from axoexp.interfaces import Batch, Executor, RunLog
-from axoexp.statistics import NOISE_THRESHOLD, rel_iqr
+from axoexp.lengths import by_bucket, padding_overhead
+from axoexp.statistics import NOISE_THRESHOLD, LatencySummary, rel_iqr
 from axoexp.timing import device_events, elapsed_ms, synchronizer
 from axoexp.windows import MEASURED, WARMUP, Observer, UpdateTrace, log_traces, window
 
@@ -131,3 +132,20 @@ def measure_updates(
     finally:
         log_traces(tracker, warmup, measured, measured_count)
     return warmup, measured
+
+
+def length_metrics(
+    latencies_ms: list[float], batches: list[Batch], first: int, buckets: tuple[int, ...] | None
+) -> dict[str, float]:
+    """Per-bucket order statistics and the padding overhead of updates ``first``, ``first`` + 1, ...
+    (batches cycled; ``buckets`` ``None``: each length its own bucket, unpadded); empty when every
+    batch has one length."""
+    lengths = [int(batches[(first + index) % len(batches)][0].shape[-2]) for index in range(len(latencies_ms))]
+    if len({int(inputs.shape[-2]) for inputs, _ in batches}) == 1 or not lengths:
+        return {}
+    buckets = buckets or tuple(sorted(set(lengths)))
+    metrics = {names.PADDING_OVERHEAD: padding_overhead(lengths, buckets)}
+    for bucket, samples in by_bucket(latencies_ms, lengths, buckets).items():
+        summary = LatencySummary.of(samples)
+        metrics.update(summary.as_metrics(lambda stat, bucket=bucket: names.bucket_update_metric(bucket, stat)))
+    return metrics

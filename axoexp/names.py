@@ -163,9 +163,15 @@ def bucket_phase(bucket: int) -> str:
     return f"capture_bucket_{bucket}"
 
 
-def bucket_latency_metric(bucket: int, statistic: str) -> str:
-    """A statistic of the measured updates whose batches fell in one length bucket, e.g. ``bucket_64_update_p50_ms``."""
-    return f"bucket_{bucket}_update_{statistic}_ms"
+def bucket_update_metric(bucket: int, stat: str) -> str:
+    """``stat`` of the measured updates whose batches fell in one length bucket, e.g. ``bucket_64_update_ms_median``
+    (an eager run's buckets are its exact lengths)."""
+    return f"bucket_{bucket}_{update_metric(stat)}"
+
+
+def bucket_verify_metric(bucket: int, name: str) -> str:
+    """One bucket's parity with exact-length eager updates, e.g. ``bucket_64_verify_max_abs_param_diff``."""
+    return f"bucket_{bucket}_{name}"
 
 
 GRAPH_POOL_BYTES = "graph_pool_bytes"

@@ -8,8 +8,11 @@ from dataclasses import dataclass
 
 import torch
 
+from axoexp import names
 from axoexp.errors import VerificationError
+from axoexp.executors.capture import restore_optimizer, snapshot_optimizer
 from axoexp.interfaces import Batch, Executor, adaptation_parameters
+from axoexp.lengths import bucket_of
 from axoexp.timing import synchronizer
 
 BuildExecutor = Callable[[torch.nn.Module, str | None], Executor]
@@ -51,9 +54,9 @@ class Verification:
             )
 
 
-def _prepared(build: BuildExecutor, pristine: torch.nn.Module, name: str | None, example: Batch) -> Executor:
+def _prepared(build: BuildExecutor, pristine: torch.nn.Module, name: str | None, batches: list[Batch]) -> Executor:
     executor = build(copy.deepcopy(pristine), name)
-    executor.prepare(*example)
+    executor.prepare_all(batches)
     return executor
 
 
@@ -82,8 +85,8 @@ def verify_parity(
     ``prepared``, when given, is the planned executor already prepared on an unchanged copy
     of ``pristine`` (so a benchmark need not compile twice); it is then adapted in place.
     """
-    reference_losses, reference_params = _adapt(_prepared(build, pristine, REFERENCE, batches[0]), batches, updates)
-    executor = prepared if prepared is not None else _prepared(build, pristine, None, batches[0])
+    reference_losses, reference_params = _adapt(_prepared(build, pristine, REFERENCE, batches), batches, updates)
+    executor = prepared if prepared is not None else _prepared(build, pristine, None, batches)
     losses, params = _adapt(executor, batches, updates)
     initial = [parameter.detach() for parameter in adaptation_parameters(pristine)]
     return Verification(
@@ -95,3 +98,53 @@ def verify_parity(
         loss_atol=loss_atol,
         param_atol=param_atol,
     )
+
+
+def verify_buckets(
+    build: BuildExecutor,
+    executor_name: str,
+    pristine: torch.nn.Module,
+    batches: list[Batch],
+    updates: int,
+    loss_atol: float,
+    param_atol: float,
+) -> dict[int, Verification]:
+    """Per length bucket of an executor that pads batches: ``updates`` updates on that bucket's
+    batches against eager updates at their exact, unpadded lengths, both from ``pristine``'s
+    state. The executor is prepared once (its graphs hold the module's and optimizer's tensors);
+    its state is put back in place before each bucket. Empty where the executor pads nothing."""
+    if len({int(inputs.shape[-2]) for inputs, _ in batches}) == 1:
+        return {}  # one length: nothing padded, and no second capture or compile
+    executor = _prepared(build, pristine, None, batches)
+    buckets = executor.buckets()
+    if buckets is None:
+        return {}
+    module_state = {key: value.detach().clone() for key, value in executor.module.state_dict().items()}
+    optimizer_state = snapshot_optimizer(executor.optimizer)
+    initial = [parameter.detach() for parameter in adaptation_parameters(pristine)]
+    results = {}
+    for bucket in buckets:
+        inside = [batch for batch in batches if bucket_of(int(batch[0].shape[-2]), buckets) == bucket]
+        executor.module.load_state_dict(module_state)
+        restore_optimizer(executor.optimizer, optimizer_state)
+        reference_losses, reference_params = _adapt(_prepared(build, pristine, REFERENCE, inside), inside, updates)
+        losses, params = _adapt(executor, inside, updates)
+        results[bucket] = Verification(
+            executor=f"{executor_name} (bucket {bucket})",
+            updates=updates,
+            max_abs_loss_diff=_max_abs_diff(reference_losses, losses),
+            max_abs_param_diff=_max_abs_diff(reference_params, params),
+            max_abs_param_change=_max_abs_diff(reference_params, initial),
+            loss_atol=loss_atol,
+            param_atol=param_atol,
+        )
+    return results
+
+
+def bucket_metrics(results: dict[int, Verification]) -> dict[str, float]:
+    """Each bucket's parity metrics, e.g. ``bucket_64_verify_passed``."""
+    return {
+        names.bucket_verify_metric(bucket, name): value
+        for bucket, result in results.items()
+        for name, value in result.metrics().items()
+    }

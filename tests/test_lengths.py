@@ -160,3 +160,19 @@ def test_fused_kernel_padded_and_masked_updates_equal_exact_length_eager_updates
     torch.testing.assert_close(torch.stack(losses), exact_losses, atol=1e-5, rtol=0)
     for a, b in zip(adaptation_parameters(fused_module), exact, strict=True):
         torch.testing.assert_close(a.detach(), b, atol=1e-5, rtol=0)
+
+
+def test_length_metrics_group_measured_updates_by_bucket() -> None:
+    from axoexp import names
+    from axoexp.measure import length_metrics
+
+    batches = [(torch.zeros(3, steps, 4), torch.zeros(3, steps, 2)) for steps in (10, 30, 60)]
+    # updates 2, 3, 4, 5 (after 2 warm-up updates) take batches of 60, 10, 30 and 60 steps
+    metrics = length_metrics([4.0, 1.0, 2.0, 6.0], batches, 2, (32, 64))
+    assert metrics[names.PADDING_OVERHEAD] == pytest.approx((64 + 32 + 32 + 64) / (60 + 10 + 30 + 60))
+    assert metrics[names.bucket_update_metric(32, "median")] == 1.5
+    assert metrics[names.bucket_update_metric(64, "median")] == 5.0
+    assert metrics[names.bucket_update_metric(64, "count")] == 2
+    unpadded = length_metrics([4.0, 1.0, 2.0], batches, 2, None)
+    assert unpadded[names.PADDING_OVERHEAD] == 1.0 and unpadded[names.bucket_update_metric(10, "median")] == 1.0
+    assert length_metrics([1.0], batches[:1], 0, None) == {}

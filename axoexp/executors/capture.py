@@ -35,7 +35,7 @@ def release_autograd_graphs(module: torch.nn.Module) -> None:
                 setattr(submodule, name, value.detach())
 
 
-def _snapshot(optimizer: torch.optim.Optimizer) -> OptimizerSnapshot:
+def snapshot_optimizer(optimizer: torch.optim.Optimizer) -> OptimizerSnapshot:
     return {
         parameter: {
             key: value.detach().clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value)
@@ -45,7 +45,7 @@ def _snapshot(optimizer: torch.optim.Optimizer) -> OptimizerSnapshot:
     }
 
 
-def _restore(optimizer: torch.optim.Optimizer, snapshot: OptimizerSnapshot) -> None:
+def restore_optimizer(optimizer: torch.optim.Optimizer, snapshot: OptimizerSnapshot) -> None:
     """Put the state back in place (the graph holds these tensors); state that warm-up created
     is zeroed, which equals fresh state for Adam, AdamW and SGD without dampening."""
     for parameter, state in optimizer.state.items():
@@ -124,7 +124,7 @@ def capture_update(
     loss masked to a length read from a static device scalar. ``pool``: the memory pool the
     graph allocates from (``torch.cuda.graph_pool_handle()``, shared by a run's bucket graphs)."""
     module_state = {key: value.detach().clone() for key, value in module.state_dict().items()}
-    optimizer_state = _snapshot(optimizer)
+    optimizer_state = snapshot_optimizer(optimizer)
     static_length = None
     if bucket is None:
         static_inputs, static_targets = example_inputs.clone(), example_targets.clone()
@@ -146,7 +146,7 @@ def capture_update(
     torch.cuda.current_stream(example_inputs.device).wait_stream(stream)
     torch.cuda.synchronize(example_inputs.device)
     module.load_state_dict(module_state, strict=True)
-    _restore(optimizer, optimizer_state)
+    restore_optimizer(optimizer, optimizer_state)
     optimizer.zero_grad(set_to_none=False)
     torch.cuda.synchronize(example_inputs.device)
     return CapturedUpdate(graph, static_inputs, static_targets, static_loss, static_length)

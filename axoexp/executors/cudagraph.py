@@ -63,6 +63,9 @@ class CudaGraphExecutor(Executor):
             return "its bucket graphs pad batches and mask the loss, and this loss has no masked form"
         return None
 
+    def buckets(self) -> tuple[int, ...] | None:
+        return tuple(sorted(self.bucket_examples)) or None
+
     def prepare_all(self, batches: list[Batch]) -> dict[str, float]:
         """One graph per length bucket in use (largest first) when the batches' lengths differ."""
         lengths = [inputs.shape[-2] for inputs, _ in batches]
