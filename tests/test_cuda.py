@@ -325,3 +325,72 @@ def test_a_batched_plugin_population_runs_in_the_fused_kernel(make_config, plugi
     )
     result = run_experiment(config, registry=plugin_registry)
     assert result.streams == 3 and result.verification is not None and result.verification.passed
+
+
+BUCKETED = ("cudagraph", "regional_cudagraph", "fused_cudagraph")
+VARIED = ("population.lengths=[9,13,16,24,30]", "population.batches=6", "population.batch_size=2")
+
+
+@pytest.mark.parametrize("executor_name", BUCKETED)
+def test_bucket_graphs_equal_exact_length_eager_updates_and_capture_consumes_none(
+    cuda_plan, executor_name: str
+) -> None:
+    from axoexp.lengths import bucket_of, buckets_for
+
+    plan = cuda_plan(f"executor={executor_name}", *EXECUTOR_OPTIONS.get(executor_name, []), *VARIED)
+    setup = plan.build_population()
+    lengths = [int(inputs.shape[-2]) for inputs, _ in setup.batches]
+    assert len(set(lengths)) > 1, lengths
+    reference_module = copy.deepcopy(setup.module)
+    captured = plan.build_executor(setup.module)
+    reference = plan.build_executor(reference_module, "eager")
+    for executor in (captured, reference):  # an earlier update, so Adam has state to restore
+        executor.step(*setup.batches[0])
+    before = _state(setup.module, captured.optimizer)
+    phases = captured.prepare_all(setup.batches)
+    assert all(torch.equal(a, b) for a, b in zip(before, _state(setup.module, captured.optimizer), strict=True))
+    used = {bucket_of(length, buckets_for("pow2", lengths)) for length in lengths}
+    assert captured.buckets() == tuple(sorted(used))
+    assert {names.bucket_phase(bucket) for bucket in used} <= set(phases)
+    assert captured.prepared_metrics[names.GRAPH_POOL_BYTES] > 0
+    tolerance = float(TOLERANCE.get(executor_name, "1e-6"))
+    for index in range(2 * len(setup.batches)):
+        inputs, targets = setup.batches[index % len(setup.batches)]
+        torch.testing.assert_close(
+            captured.step(inputs, targets), reference.step(inputs, targets), atol=tolerance, rtol=0
+        )
+    for a, b in zip(setup.module.parameters(), reference_module.parameters(), strict=True):
+        torch.testing.assert_close(a, b, atol=tolerance, rtol=0)
+
+
+@pytest.mark.parametrize("executor_name", BUCKETED)
+def test_a_bucketed_run_verifies_each_bucket_and_logs_its_metrics(make_config, executor_name: str) -> None:
+    tolerance = TOLERANCE.get(executor_name, "1e-6")
+    config = make_config(
+        "device=cuda",
+        f"executor={executor_name}",
+        *EXECUTOR_OPTIONS.get(executor_name, []),
+        *VARIED,
+        "verify.enabled=true",
+        "verify.updates=4",
+        f"verify.param_atol={tolerance}",
+        f"verify.loss_atol={tolerance}",
+        "run.warmup_updates=2",
+        "run.measured_updates=24",
+    )
+    result = run_experiment(config)
+    assert result.verification is not None and result.verification.passed, result.verification
+    metrics = MlflowClient(result.tracking_uri).get_run(result.run_id).data.metrics
+    buckets = sorted(int(key.split("_")[1]) for key in metrics if key.endswith("_verify_passed"))
+    assert len(buckets) > 1, metrics
+    for bucket in buckets:
+        assert metrics[names.bucket_verify_metric(bucket, "verify_passed")] == 1.0
+        assert metrics[names.bucket_verify_metric(bucket, "verify_max_abs_param_change")] > 1e-5
+        assert metrics[names.phase_metric(names.bucket_phase(bucket))] > 0
+    assert any(names.bucket_update_metric(bucket, "median") in metrics for bucket in buckets)
+    assert metrics[names.PADDING_OVERHEAD] > 1.0 and metrics[names.GRAPH_POOL_BYTES] > 0
+
+
+def test_compiled_cudagraph_refuses_varying_lengths_while_planning(cuda_plan) -> None:
+    with pytest.raises(ConfigError, match="executor=compiled_cudagraph cannot run batches of these lengths"):
+        cuda_plan("executor=compiled_cudagraph", *VARIED)
