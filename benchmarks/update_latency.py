@@ -20,6 +20,18 @@ per update is the sum of all GPU activity (kernels, copies, memsets) that torch.
 records over 20 updates. Parity is max |parameter difference| to eager after 5 updates from
 one state, taken from each axoexp executor right after its preparation, so the compiled
 executors compile once per shape. ``--variants`` measures a subset.
+
+Variable lengths (docs/lengths.md): ``--lengths uniform:32:256`` draws each of
+``--length-batches`` batches' length from that spec (the shape's time_steps is then ignored),
+the captured executors keep one graph per length bucket (``cudagraph@buckets=256`` pads every
+batch to 256) and the bare helper keeps one graph per distinct length, each batch run at its
+exact length. ``--fixed-variants`` also measures those variants at the shape's own fixed
+time_steps, in the same process (give the workload's mean length: 64x144x32).
+
+    python benchmarks/update_latency.py --shapes 64x144x32 --lengths uniform:32:256 \
+        --variants bare_helper eager cudagraph regional_cudagraph fused_cudagraph cudagraph@buckets=256 \
+        regional_cudagraph@buckets=256 fused_cudagraph@buckets=256 --fixed-variants fused_cudagraph \
+        --label update-latency_h200_DATE_lengths
 """
 
 from __future__ import annotations
@@ -44,6 +56,7 @@ from axoexp import metadata, names
 from axoexp.config import register_configs
 from axoexp.experiment import streams_per_s
 from axoexp.interfaces import STREAM_AXIS_RANK
+from axoexp.lengths import by_bucket, padding_overhead
 from axoexp.measure import run_updates
 from axoexp.names import shape_label
 from axoexp.plan import Plan, plan_experiment
@@ -85,6 +98,10 @@ class Row:
     ratio_vs_bare: float | None = None
     parity_max_abs_param_diff: float | None = None
     tags: dict[str, str] = field(default_factory=dict)  # what prepare learned, e.g. compile.cache
+    lengths: str = "fixed"  # the population.lengths spec, or fixed (the shape's time_steps)
+    mean_ms: float | None = None
+    padding_overhead: float | None = None  # padded steps / real steps over the timed updates
+    bucket_median_ms: dict[int, float] = field(default_factory=dict)  # by length bucket (eager, bare: exact length)
 
     @property
     def streams_per_s(self) -> float:
@@ -104,6 +121,7 @@ class BatchedForward(torch.nn.Module):
 
 
 def make_plan(variant: str, shape: tuple[int, int, int], streams: int, overrides: list[str]) -> Plan:
+    """The plan of one variant; executor options after ``@`` (a comma-free value each)."""
     neurons, time_steps, contacts = shape
     executor, _, options = variant.partition(OPTION_SEPARATOR)
     executor_options = [f"executor.{option}" for option in options.split(",") if option]
@@ -124,23 +142,29 @@ def make_plan(variant: str, shape: tuple[int, int, int], streams: int, overrides
     return plan_experiment(config)
 
 
-def prepare_bare_helper(plan: Plan, module: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]):
+def prepare_bare_helper(plan: Plan, module: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]):
     """``axosim.CudaGraphAdaptationStep`` as its README shows it, with no axoexp executor around it;
-    for batched streams around ``forward_batch`` and axoexp's loss of B streams (``batch_loss``)."""
+    for batched streams around ``forward_batch`` and axoexp's loss of B streams (``batch_loss``).
+    Batches of different lengths: one helper captured per distinct length (its README's advice:
+    recapture after changing shapes), each batch replayed at its exact length."""
     template = plan.build_executor(module)  # the same optimizer, loss and transform as cudagraph
-    batched = batch[0].dim() == STREAM_AXIS_RANK
+    batched = batches[0][0].dim() == STREAM_AXIS_RANK
     phases: dict[str, float] = {}
+    helpers = {}
     with stopwatch(synchronizer(plan.device), phases, "capture"):
-        helper = CudaGraphAdaptationStep.capture(
-            BatchedForward(module) if batched else module,
-            template.optimizer,
-            *batch,
-            (lambda prediction, targets: torch.vmap(template.loss_fn)(prediction, targets).mean())
-            if batched
-            else template.loss_fn,
-            gradient_transform=template.gradient_transform,
-        )
-    return SimpleNamespace(step=helper), phases
+        for batch in batches:
+            if batch[0].shape[-2] in helpers:
+                continue
+            helpers[batch[0].shape[-2]] = CudaGraphAdaptationStep.capture(
+                BatchedForward(module) if batched else module,
+                template.optimizer,
+                *batch,
+                (lambda prediction, targets: torch.vmap(template.loss_fn)(prediction, targets).mean())
+                if batched
+                else template.loss_fn,
+                gradient_transform=template.gradient_transform,
+            )
+    return SimpleNamespace(step=lambda inputs, targets: helpers[inputs.shape[-2]](inputs, targets)), phases
 
 
 def device_ms_per_update(variant: Any, setup: Any) -> float:
@@ -152,9 +176,11 @@ def device_ms_per_update(variant: Any, setup: Any) -> float:
 
 def bench_shape(shape: tuple[int, int, int], streams: int, args: argparse.Namespace) -> list[Row]:
     chosen = list(dict.fromkeys(args.variants))
+    overrides = [*args.override]
+    if args.lengths:
+        overrides += [f"population.lengths={args.lengths}", f"population.batches={args.length_batches}"]
     plans = {
-        name: make_plan("cudagraph" if name == BARE else name, shape, streams, args.override)
-        for name in {"eager", *chosen}
+        name: make_plan("cudagraph" if name == BARE else name, shape, streams, overrides) for name in {"eager", *chosen}
     }
     setup = plans["eager"].build_population()
     pristine = copy.deepcopy(setup.module)
@@ -164,10 +190,10 @@ def bench_shape(shape: tuple[int, int, int], streams: int, args: argparse.Namesp
     for name in chosen:
         module = copy.deepcopy(pristine)
         if name == BARE:
-            variants[name], prepared[name] = prepare_bare_helper(plans[name], module, setup.batches[0])
+            variants[name], prepared[name] = prepare_bare_helper(plans[name], module, setup.batches)
         else:
             variants[name] = plans[name].build_executor(module)
-            prepared[name] = variants[name].prepare(*setup.batches[0])
+            prepared[name] = variants[name].prepare_all(setup.batches)
         if name.partition(OPTION_SEPARATOR)[0] in CHECKED:  # from the prepared executor: compiled once
             check = verify_parity(
                 plans[name].build_executor,
@@ -192,9 +218,12 @@ def bench_shape(shape: tuple[int, int, int], streams: int, args: argparse.Namesp
             samples[name] += trace.latencies_ms
             device_samples[name] += trace.device_ms
     label = shape_label(*shape)
+    lengths = [int(setup.batches[index % len(setup.batches)][0].shape[-2]) for index in range(args.updates)]
+    lengths *= args.rounds  # each round's updates start at the first batch
     rows = {}
     for name in chosen:
         summary = LatencySummary.of(samples[name])
+        buckets = getattr(variants[name], "buckets", lambda: None)() or tuple(sorted(set(lengths)))
         overhead = np.subtract(samples[name], device_samples[name])
         rows[name] = Row(
             label,
@@ -209,6 +238,13 @@ def bench_shape(shape: tuple[int, int, int], streams: int, args: argparse.Namesp
             prepared[name],
             parity_max_abs_param_diff=parity.get(name),
             tags=dict(getattr(variants[name], "prepared_tags", {})),
+            lengths=args.lengths or "fixed",
+            mean_ms=summary.mean,
+            padding_overhead=padding_overhead(lengths, buckets),
+            bucket_median_ms={
+                bucket: float(np.median(values))
+                for bucket, values in by_bucket(samples[name], lengths, buckets).items()
+            },
         )
     for row in rows.values():
         if "eager" in rows:
@@ -235,16 +271,18 @@ def markdown(rows: list[Row], environment: dict[str, str], args: argparse.Namesp
         "",
         metadata.provenance_line(environment),
         "",
-        "| shape (n x t x c) | B | variant | median ms | streams x updates/s | p10 | p90 | device clock ms "
+        "| shape (n x t x c) | lengths | B | variant | mean ms | pad overhead | median ms | streams x updates/s "
+        "| p10 | p90 | device clock ms "
         "| host overhead ms "
         "| GPU busy ms | compiler start-up ms | compile ms | capture ms | vs eager | / bare | parity max abs dparam "
         "| compile cache |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in rows:
         speedup = _cell(row.speedup_vs_eager, ".2f") + ("x" if row.speedup_vs_eager else "")
         lines.append(
-            f"| {row.shape} | {row.streams} | {row.variant} | {row.median_ms:.3f} | {row.streams_per_s:,.0f} "
+            f"| {row.shape} | {row.lengths} | {row.streams} | {row.variant} | {_cell(row.mean_ms, '.3f')} "
+            f"| {_cell(row.padding_overhead, '.3f')} | {row.median_ms:.3f} | {row.streams_per_s:,.0f} "
             f"| {row.p10_ms:.3f} | {row.p90_ms:.3f} "
             f"| {row.device_clock_ms:.3f} | {row.host_overhead_ms:.3f} "
             f"| {row.device_ms:.3f} | {_cell(row.prepare_ms.get('compiler_startup'), '.0f')} "
@@ -254,6 +292,27 @@ def markdown(rows: list[Row], environment: dict[str, str], args: argparse.Namesp
             f"| {row.tags.get(names.COMPILE_CACHE, '')} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def print_length_targets(rows: list[Row]) -> None:
+    """Issue 27's targets: each bucketed variant's mean update against the same variant at the fixed
+    mean length (<= 1.08x) and against the bare helper over the same lengths (>= 15x faster)."""
+    by_key = {(row.shape, row.streams, row.lengths, row.variant): row for row in rows}
+    for row in rows:
+        if row.lengths == "fixed" or row.mean_ms is None:
+            continue
+        fixed = by_key.get((row.shape, row.streams, "fixed", row.variant))
+        bare = by_key.get((row.shape, row.streams, row.lengths, BARE))
+        if fixed and fixed.mean_ms:
+            print(f"{row.variant} bucketed / fixed at {row.shape}: {row.mean_ms / fixed.mean_ms:.3f} (target <= 1.08)")
+        if bare and bare.mean_ms and row.variant != BARE:
+            print(
+                f"{row.variant} speedup over bare helper ({row.lengths}): "
+                f"{bare.mean_ms / row.mean_ms:.1f}x (target >= 15)"
+            )
+        print(
+            f"{row.variant} per-bucket median ms: {row.bucket_median_ms}, padding overhead {row.padding_overhead:.3f}"
+        )
 
 
 def _variant(text: str) -> str:
@@ -281,6 +340,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--override", nargs="*", default=[], help="extra Hydra overrides, e.g. optimizer=sgd")
+    parser.add_argument("--lengths", help="population.lengths for every shape, e.g. uniform:32:256")
+    parser.add_argument("--length-batches", type=int, default=32, help="distinct batches (lengths) with --lengths")
+    parser.add_argument(
+        "--fixed-variants", nargs="*", default=[], type=_variant, help="with --lengths: also at the fixed shape"
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--label", default=f"update-latency_gpu_{date.today()}_all")
     args = parser.parse_args()
@@ -291,7 +355,11 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[Row] = []
     for text, streams in itertools.product(args.shapes, args.batch_sizes):  # files rewritten after each: a
-        rows += bench_shape(tuple(map(int, text.split("x"))), streams, args)  # time-out keeps the rest
+        shape = tuple(map(int, text.split("x")))
+        rows += bench_shape(shape, streams, args)  # time-out keeps the rest
+        if args.lengths and args.fixed_variants:
+            fixed = argparse.Namespace(**{**vars(args), "lengths": None, "variants": args.fixed_variants})
+            rows += bench_shape(shape, streams, fixed)
         report = {
             "environment": environment,  # provenance included: commit, dirty flag, command, device, date
             "settings": {k: v for k, v in vars(args).items() if k != "out"} | {"profiled_updates": PROFILED_UPDATES},
@@ -304,6 +372,8 @@ def main() -> None:
     ratios = [row.ratio_vs_bare for row in rows if row.variant == "cudagraph" and row.ratio_vs_bare]
     if ratios:
         print(f"cudagraph executor / bare helper, worst shape: {max(ratios):.3f} (target <= 1.05)")
+    if args.lengths:
+        print_length_targets(rows)
     for row in rows:
         if row.variant != "cudagraph" and row.variant.partition(OPTION_SEPARATOR)[0] in CHECKED and row.ratio_vs_bare:
             print(

@@ -78,7 +78,8 @@ class CudaGraphExecutor(Executor):
 
     def prepare_includes(self) -> dict[str, tuple[str, ...]]:
         warmup = f"{self.warmup_steps}x_warmup_update({'+'.join(UPDATE_STAGES)})_on_side_stream"
-        return {"capture": ("static_buffer_copy", warmup, *CAPTURE_STAGES)}
+        stages = ("static_buffer_copy", warmup, *CAPTURE_STAGES)
+        return {"capture": stages, names.bucket_phase("*"): ("pad_to_bucket", *stages)}
 
     def captured_forward(self) -> torch.nn.Module:
         """The forward the graph captures: the population itself here."""
