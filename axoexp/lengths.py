@@ -11,8 +11,13 @@ if TYPE_CHECKING:
     import torch
 
 LENGTHS_SYNTAX = "null (every batch has time_steps), a list such as [64,128,256] (or '64,128,256'), or uniform:MIN:MAX"
-BUCKETS_SYNTAX = "pow2 (powers of two below the longest length, and the longest), or a list such as [64,128,256]"
-DEFAULT_BUCKETS = "pow2"
+BUCKETS_SYNTAX = (
+    "pow2half (powers of two and the midpoints 1.5x them, below the longest length, and the longest), "
+    "pow2 (powers of two only), or a list such as [64,128,256]"
+)
+BUCKET_RULES = {"pow2": (1.0,), "pow2half": (1.0, 1.5)}
+"""Rule -> the multiples of each power of two that are buckets."""
+DEFAULT_BUCKETS = "pow2half"
 
 
 @dataclass(frozen=True)
@@ -68,20 +73,23 @@ def parse_lengths(value: object, key: str = "population.lengths") -> Lengths | N
 def buckets_for(rule: object, lengths: Sequence[int], key: str = "executor.buckets") -> tuple[int, ...]:
     """The buckets a rule gives for the lengths the batches have, smallest first.
 
-    ``pow2``: the powers of two from the smallest one not below the shortest length up to, but
+    ``pow2``: the powers of two from the largest one not above the shortest length up to, but
     not including, the longest length, and the longest length itself (so a fixed length is one
-    bucket of exactly that length: no padding). A list: those buckets, as given. A length longer
-    than every bucket raises ``ValueError`` (never truncated)."""
+    bucket of exactly that length: no padding); ``pow2half`` adds 1.5x each power of two. A list:
+    those buckets, as given. A length longer than every bucket raises ``ValueError`` (never
+    truncated)."""
     shortest, longest = min(lengths), max(lengths)
-    if rule == DEFAULT_BUCKETS:
+    if rule in BUCKET_RULES:
         power = 1
-        while power < shortest:
+        while power * 2 <= shortest:
             power *= 2
-        chosen = []
+        chosen = set()
         while power < longest:
-            chosen.append(power)
+            chosen |= {
+                int(power * factor) for factor in BUCKET_RULES[str(rule)] if shortest <= power * factor < longest
+            }
             power *= 2
-        return (*chosen, longest)
+        return (*sorted(chosen), longest)
     if isinstance(rule, str) and not rule.replace(",", "").replace(" ", "").isdigit():
         raise ValueError(f"{key}={rule!r} is not {BUCKETS_SYNTAX}")
     items = rule.split(",") if isinstance(rule, str) else rule

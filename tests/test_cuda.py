@@ -335,7 +335,7 @@ VARIED = ("population.lengths=[9,13,16,24,30]", "population.batches=6", "populat
 def test_bucket_graphs_equal_exact_length_eager_updates_and_capture_consumes_none(
     cuda_plan, executor_name: str
 ) -> None:
-    from axoexp.lengths import bucket_of, buckets_for
+    from axoexp.lengths import DEFAULT_BUCKETS, bucket_of, buckets_for
 
     plan = cuda_plan(f"executor={executor_name}", *EXECUTOR_OPTIONS.get(executor_name, []), *VARIED)
     setup = plan.build_population()
@@ -349,7 +349,7 @@ def test_bucket_graphs_equal_exact_length_eager_updates_and_capture_consumes_non
     before = _state(setup.module, captured.optimizer)
     phases = captured.prepare_all(setup.batches)
     assert all(torch.equal(a, b) for a, b in zip(before, _state(setup.module, captured.optimizer), strict=True))
-    used = {bucket_of(length, buckets_for("pow2", lengths)) for length in lengths}
+    used = {bucket_of(length, buckets_for(DEFAULT_BUCKETS, lengths)) for length in lengths}
     assert captured.buckets() == tuple(sorted(used))
     assert {names.bucket_phase(bucket) for bucket in used} <= set(phases)
     assert captured.prepared_metrics[names.GRAPH_POOL_BYTES] > 0

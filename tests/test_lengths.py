@@ -61,13 +61,15 @@ def test_buckets_follow_the_documented_rules() -> None:
     assert buckets_for("pow2", list(range(32, 257))) == (32, 64, 128, 256)
     assert buckets_for("pow2", [33, 200]) == (64, 128, 200)  # the longest length is the last bucket
     assert buckets_for("pow2", [12, 12]) == (12,)  # a fixed length: one unpadded graph
+    assert buckets_for("pow2half", list(range(32, 257))) == (32, 48, 64, 96, 128, 192, 256)  # the default
+    assert buckets_for("pow2half", [9, 30]) == (12, 16, 24, 30)  # none below the shortest length
     assert buckets_for([256, 64, 128], [50, 256]) == (64, 128, 256)
     assert buckets_for("100,300", [50, 256]) == (100, 300)
     assert bucket_of(65, (64, 128, 256)) == 128 and bucket_of(64, (256, 64)) == 64
     assert padding_overhead([48, 64], (64,)) == pytest.approx(128 / 112)
     with pytest.raises(ValueError, match="longer than the largest bucket 128; add a bucket of at least 200"):
         buckets_for([64, 128], [50, 200])
-    with pytest.raises(ValueError, match=r"executor.buckets='fast' is not pow2"):
+    with pytest.raises(ValueError, match=r"executor.buckets='fast' is not pow2half"):
         buckets_for("fast", [50, 200])
 
 
