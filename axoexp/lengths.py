@@ -79,15 +79,13 @@ def buckets_for(rule: object, lengths: Sequence[int], key: str = "executor.bucke
     those buckets, as given. A length longer than every bucket raises ``ValueError`` (never
     truncated)."""
     shortest, longest = min(lengths), max(lengths)
-    if rule in BUCKET_RULES:
+    if isinstance(rule, str) and rule in BUCKET_RULES:
         power = 1
         while power * 2 <= shortest:
             power *= 2
         chosen = set()
         while power < longest:
-            chosen |= {
-                int(power * factor) for factor in BUCKET_RULES[str(rule)] if shortest <= power * factor < longest
-            }
+            chosen |= {int(power * factor) for factor in BUCKET_RULES[rule] if shortest <= power * factor < longest}
             power *= 2
         return (*sorted(chosen), longest)
     if isinstance(rule, str) and not rule.replace(",", "").replace(" ", "").isdigit():
