@@ -90,8 +90,8 @@ def buckets_for(rule: object, lengths: Sequence[int], key: str = "executor.bucke
         return (*sorted(chosen), longest)
     if isinstance(rule, str) and not rule.replace(",", "").replace(" ", "").isdigit():
         raise ValueError(f"{key}={rule!r} is not {BUCKETS_SYNTAX}")
-    items = rule.split(",") if isinstance(rule, str) else rule
-    if not isinstance(items, Sequence):
+    items = rule.split(",") if isinstance(rule, str) else [rule] if isinstance(rule, int) else rule
+    if isinstance(rule, bool) or not isinstance(items, Sequence):
         raise ValueError(f"{key}={rule!r} is not {BUCKETS_SYNTAX}")
     buckets = tuple(sorted(set(_positive_ints(items, key, rule, BUCKETS_SYNTAX))))
     if longest > buckets[-1]:

@@ -65,6 +65,7 @@ def test_buckets_follow_the_documented_rules() -> None:
     assert buckets_for("pow2half", [9, 30]) == (12, 16, 24, 30)  # none below the shortest length
     assert buckets_for([256, 64, 128], [50, 256]) == (64, 128, 256)
     assert buckets_for("100,300", [50, 256]) == (100, 300)
+    assert buckets_for(256, [50, 256]) == (256,)  # executor.buckets=256: pad everything to 256
     assert bucket_of(65, (64, 128, 256)) == 128 and bucket_of(64, (256, 64)) == 64
     assert padding_overhead([48, 64], (64,)) == pytest.approx(128 / 112)
     with pytest.raises(ValueError, match="longer than the largest bucket 128; add a bucket of at least 200"):

@@ -25,7 +25,10 @@ from axoexp.registry import Registry
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
-PAGES = [REPO / "README.md", *(REPO / "docs" / name for name in ("design.md", "sweeps.md", "troubleshooting.md"))]
+PAGES = [
+    REPO / "README.md",
+    *(REPO / "docs" / name for name in ("design.md", "sweeps.md", "troubleshooting.md", "lengths.md")),
+]
 FEW_UPDATES = ["run.warmup_updates=1", "run.measured_updates=3", "run.progress=false"]
 NOT_RUN = {  # a pattern in the command: why a CPU test does not run it
     "hydra/launcher=": "another launcher (tests/test_launchers.py runs each)",
