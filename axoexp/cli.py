@@ -46,14 +46,16 @@ def hydra_app(config: DictConfig) -> float | None:
     if hydra_config.mode == RunMode.MULTIRUN:
         job_name = hydra_config.job.override_dirname or "defaults"
         run_name = describe_run.job_run_name(config, hydra_config.job.num, hydra_config.overrides.task)
-        previous = sweep.reused_run(config, hydra_config.job.num)
-        if previous is not None:
+        resume = sweep.resume_job(config, hydra_config.job.num)
+        if resume.run is not None:
             print(
-                f"reused {job_name}: FINISHED as MLflow run {previous.info.run_id} "
-                f"'{previous.info.run_name}' (sweep.resume=false re-measures)",
+                f"reused {job_name}: FINISHED as MLflow run {resume.run.info.run_id} "
+                f"'{resume.run.info.run_name}' (sweep.resume=false re-measures)",
                 flush=True,
             )
             return None
+        if resume.remeasure_reason:
+            print(f"measuring {job_name}: {resume.remeasure_reason}", flush=True)
     try:
         in_this_terminal = hydra_config.mode != RunMode.MULTIRUN or "BasicLauncher" in hydra_config.launcher._target_
         result = run_experiment(

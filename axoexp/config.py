@@ -98,6 +98,9 @@ class SweepConfig:
         "earlier sweep with the same overrides (same_sweep), from any run (any), or "
         "never (false)",
     )
+    resume_contended: bool = setting(
+        False, "resume also reuses runs measured under contention or with high noise (default: it measures again)"
+    )
     parent_run_id: str | None = setting(None, "set by the sweep itself: the MLflow parent run of its jobs")
     repeats: int = setting(
         1, "in a multirun, run each job this many times as separate child runs (the report pools them)", AT_LEAST_ONE

@@ -36,7 +36,9 @@ class TrackingUnavailableError(AxoexpError):
 
 
 class NoSweepError(AxoexpError):
-    """The report found no sweep to report on."""
+    """The report found no sweep to report on (none yet, or ``--parent`` names no run)."""
+
+    exit_code = 2
 
 
 class ContentionError(AxoexpError):

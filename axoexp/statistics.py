@@ -7,10 +7,12 @@ IQR / median falls below 0.1, and so do axoexp's (``run.min_time_s``) and its ve
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
+
+from axoexp import names
 
 NOISE_THRESHOLD = 0.10
 """IQR / median above this is ``high`` noise (torch.utils.benchmark's adaptive-autorange threshold)."""
@@ -33,6 +35,18 @@ def rel_iqr(samples: Sequence[float]) -> float:
 def noise_verdict(relative_iqr: float) -> str:
     """``low`` when IQR / median is at most :data:`NOISE_THRESHOLD`, else ``high``."""
     return LOW if relative_iqr <= NOISE_THRESHOLD else HIGH
+
+
+def disturbance(tags: Mapping[str, str]) -> str:
+    """What disturbed a run's timing, from its tags: ``contention cpu``, ``noise high`` or both;
+    ``""`` for a run measured quietly (or one logged before axoexp labelled its timings)."""
+    found = []
+    contention = tags.get(names.TIMING_CONTENTION, "none")
+    if contention != "none":
+        found.append(f"contention {contention}")
+    if tags.get(names.TIMING_NOISE) == HIGH:
+        found.append(f"noise {HIGH}")
+    return ", ".join(found)
 
 
 @dataclass(frozen=True)

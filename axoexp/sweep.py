@@ -23,6 +23,8 @@ import os
 import signal
 import sys
 import time
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +38,12 @@ from axoexp import metadata, names, processes, signals
 from axoexp.describe import sweep_run_name
 from axoexp.journal import process_tags
 from axoexp.plan import resume_mode
+from axoexp.statistics import disturbance
 from axoexp.sync import end_dead_run, process_gone
 from axoexp.tracking import (
     UNREACHABLE,
     child_runs,
+    config_digest,
     configure_tracking,
     experiment_id,
     open_client,
@@ -50,7 +54,7 @@ from axoexp.tracking import (
 PARENT_FILE = "mlflow_parent_run_id"
 PARENT_OVERRIDE_KEY = "sweep.parent_run_id"
 REPEAT_OVERRIDE_KEY = "sweep.repeat"
-RESUME_CANDIDATES = 200  # newest FINISHED runs of a job's result key looked at for reuse
+RESUME_CANDIDATES = 200  # newest runs of a job's result key looked at for reuse
 WORKER_GRACE_S = 10.0
 """How long a stopped sweep waits for its workers to end their runs (SLURM's grace is 30 s)."""
 
@@ -240,68 +244,128 @@ def result_key(config: DictConfig) -> str:
     return metadata.result_key(torch.device(str(config.device)), container)
 
 
-def reused_run(config: DictConfig, job_number: int) -> Run | None:
-    """Resume: the earlier run this job can reuse, recorded on the sweep's parent.
+@dataclass(frozen=True)
+class Resume:
+    """What resume decided for one job: the run it reuses, or why it measures again."""
 
-    A run qualifies if it FINISHED with every metric finite, has this job's :func:`result_key`
-    (tag ``axoexp.result_key``: config, code, plugins, package versions, device) and this
-    ``sweep.repeat``, and, with ``sweep.resume=same_sweep`` (the default), is a job of an
-    earlier sweep with the same definition (:func:`sweep_definition`): a single run or another
-    sweep's job is reused only with ``sweep.resume=any``. ``None`` with ``sweep.resume=false``,
-    outside a sweep, or when nothing qualifies; the job then runs.
+    run: Run | None
+    remeasure_reason: str = ""
+
+
+def resume_job(config: DictConfig, job_number: int) -> Resume:
+    """Resume: the earlier run this job can reuse, recorded on the sweep's parent, or why none.
+
+    A run qualifies if it FINISHED with every metric finite, was measured quietly
+    (``timing.contention=none`` and noise not ``high``; ``sweep.resume_contended=true`` drops
+    this condition), has this job's :func:`result_key` (tag ``axoexp.result_key``: config, code,
+    plugins, package versions, device) and this ``sweep.repeat``, and, with
+    ``sweep.resume=same_sweep`` (the default), is a job of an earlier sweep with the same
+    definition (:func:`sweep_definition`): a single run or another sweep's job is reused only
+    with ``sweep.resume=any``. Outside a sweep and with ``sweep.resume=false`` nothing is reused
+    and no reason is given; otherwise the reason (contended, not finished, code or config
+    changed) is recorded on the parent as ``axoexp.remeasured.jobN``.
     """
     mode = resume_mode(config.sweep.resume)
     parent_id = config.sweep.parent_run_id
     if mode in (None, "false") or not parent_id:
-        return None
+        return Resume(None)
     try:
         client = open_client(configure_tracking(config.tracking))
-        run = _newest_reusable(
-            client, config.tracking.experiment, result_key(config), parent_id, mode, config.sweep.repeat
-        )
-        if run is not None:
-            client.set_tag(parent_id, f"{names.REUSED_PREFIX}job{job_number}", run.info.run_id)
-    except UNREACHABLE:
-        return None
-    return run
+        decision = _decide(client, config, parent_id, mode)
+        if decision.run is not None:
+            client.set_tag(parent_id, f"{names.REUSED_PREFIX}job{job_number}", decision.run.info.run_id)
+        else:
+            client.set_tag(parent_id, f"{names.REMEASURED_PREFIX}job{job_number}", decision.remeasure_reason[:5000])
+    except UNREACHABLE as error:
+        return Resume(None, f"the MLflow store could not be searched ({str(error).splitlines()[0]})")
+    return decision
 
 
-def _newest_reusable(
-    client: MlflowClient, experiment: str, key: str, parent_id: str, mode: str, repeat: int
-) -> Run | None:
-    found = client.get_experiment_by_name(experiment)
+def _decide(client: MlflowClient, config: DictConfig, parent_id: str, mode: str) -> Resume:
+    found = client.get_experiment_by_name(config.tracking.experiment)
     if found is None:
-        return None
-    finished = (
-        f"tags.`{names.RESULT_KEY}` = '{key}' and attributes.status = 'FINISHED' "
-        f"and params.`{names.SWEEP_REPEAT_PARAM}` = '{repeat}'"
-    )
-    candidates = [
-        run
-        for run in client.search_runs(
+        return Resume(None, "no earlier run: the experiment is new")
+    repeat = f"params.`{names.SWEEP_REPEAT_PARAM}` = '{config.sweep.repeat}'"
+    scope = None if mode == "any" else _same_sweeps(client, found.experiment_id, parent_id)
+    where = "in any run" if scope is None else "in an earlier sweep with these overrides"
+
+    def search(condition: str) -> list[Run]:
+        runs = client.search_runs(
             [found.experiment_id],
-            filter_string=finished,
+            filter_string=f"{condition} and {repeat}",
             order_by=["attributes.start_time DESC"],
             max_results=RESUME_CANDIDATES,
         )
-        if all(math.isfinite(value) for value in run.data.metrics.values())
+        return [run for run in runs if scope is None or run.data.tags.get(names.PARENT_RUN_ID) in scope]
+
+    key = result_key(config)
+    same_key = search(f"tags.`{names.RESULT_KEY}` = '{key}'")
+    finished = [
+        run
+        for run in same_key
+        if run.info.status == "FINISHED" and all(math.isfinite(value) for value in run.data.metrics.values())
     ]
-    if mode == "any":
-        return next(iter(candidates), None)
+    quiet = [run for run in finished if config.sweep.resume_contended or not disturbance(run.data.tags)]
+    if quiet:
+        return Resume(quiet[0])
+    if finished:
+        return Resume(
+            None,
+            f"contended: the earlier run {finished[0].info.run_id} was measured with "
+            f"{disturbance(finished[0].data.tags)} (sweep.resume_contended=true reuses it)",
+        )
+    if same_key:
+        run = same_key[0]
+        how = f"ended {run.info.status}" if run.info.status != "FINISHED" else "logged a non-finite metric"
+        return Resume(None, f"not finished: the earlier run {run.info.run_id} {how}")
+    container = OmegaConf.to_container(config, resolve=True)
+    assert isinstance(container, dict)
+    same_config = search(f"tags.`{names.CONFIG_HASH}` = '{config_digest(container)}'")
+    if same_config:
+        earlier = same_config[0]
+        return Resume(None, f"{_what_changed(earlier, config)} since the earlier run {earlier.info.run_id}")
+    return Resume(None, f"config changed: no earlier run of this resolved config {where}")
+
+
+def _same_sweeps(client: MlflowClient, experiment: str, parent_id: str) -> set[str]:
+    """Earlier sweeps with the same definition as ``parent_id``'s."""
     definition = client.get_run(parent_id).data.tags.get(names.SWEEP_DEFINITION)
     if definition is None:
-        return None
-    same_sweeps = {
-        run.info.run_id
-        for run in client.search_runs(
-            [found.experiment_id], filter_string=f"tags.`{names.SWEEP_DEFINITION}` = '{definition}'"
-        )
-    } - {parent_id}
-    return next((run for run in candidates if run.data.tags.get(names.PARENT_RUN_ID) in same_sweeps), None)
+        return set()
+    sweeps = client.search_runs([experiment], filter_string=f"tags.`{names.SWEEP_DEFINITION}` = '{definition}'")
+    return {run.info.run_id for run in sweeps} - {parent_id}
+
+
+def _what_changed(earlier: Run, config: DictConfig) -> str:
+    """Why a run of the same config has another result key: which code files, versions or device."""
+    tags = earlier.data.tags
+    now = {
+        **metadata.code_state(),
+        **metadata.git_state(metadata.PACKAGE_DIR),
+        **metadata.package_versions(),
+        **metadata.device_identity(torch.device(str(config.device))),
+    }
+    if names.CODE_FILES in tags and tags[names.CODE_FILES] != now[names.CODE_FILES]:
+        files = metadata.changed_files(tags[names.CODE_FILES], now[names.CODE_FILES])
+        return f"code changed: {', '.join(files[:5])}{f' and {len(files) - 5} more' if len(files) > 5 else ''}"
+    changed = [key for key, value in now.items() if key in tags and tags[key] != value and key != names.CODE_FILES]
+    if changed:
+        return "changed: " + ", ".join(f"{key} {tags[key]} -> {now[key]}" for key in changed[:3])
+    return "code or environment changed (the earlier run predates per-file digests)"
 
 
 def print_reuse(client: MlflowClient, parent: Run, children: int) -> None:
-    """Say how many jobs reused earlier runs, and from which sweeps: ``reused k of n jobs from ...``."""
+    """Say how many jobs reused earlier runs, and from which sweeps (``reused k of n jobs from ...``),
+    and how many were measured again, by reason (``re-measured m: 3 contended, 1 code changed``)."""
+    reasons = [value for key, value in parent.data.tags.items() if key.startswith(names.REMEASURED_PREFIX)]
+    if reasons:
+        counts = Counter(reason.partition(":")[0] for reason in reasons)
+        print(
+            f"re-measured {len(reasons)} job{'s' if len(reasons) != 1 else ''}: "
+            + ", ".join(f"{count} {reason}" for reason, count in sorted(counts.items()))
+            + " (each job's line says which run or file)",
+            flush=True,
+        )
     reused = [value for key, value in parent.data.tags.items() if key.startswith(names.REUSED_PREFIX)]
     if not reused:
         return
