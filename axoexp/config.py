@@ -35,7 +35,10 @@ class RunConfig:
     )
     measured_updates: int = setting(50, "updates in the steady-state summary (median, p10, p90, ...)", AT_LEAST_ONE)
     threads: int | None = setting(
-        None, "torch intra-op threads; null: the CPUs this process may use, at most 16 (logged resolved)", AT_LEAST_ONE
+        None,
+        "torch intra-op threads; null: on the CPU the fewest of 1, 2, 4, ... (at most 16) within 1.05x of the "
+        "fastest, calibrated after warm-up; on a GPU one per CPU allowed, at most 16 (logged resolved)",
+        AT_LEAST_ONE,
     )
     min_time_s: float = setting(
         0.0,

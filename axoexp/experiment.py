@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from axoexp import describe, metadata, names, signals
@@ -99,11 +100,13 @@ def run_experiment(
             if (output_dir / HYDRA_DIR).is_dir():
                 tracker.log_artifact(str(output_dir / HYDRA_DIR))
         with device_lease(plan.device, cpus=config.run.lease_cpus, timeout_s=config.run.lease_timeout_s) as lease:
-            threads = configure_threads(config.run.threads)  # after the lease pinned this process's CPUs
-            tracker.log_params({names.RUN_THREADS_PARAM: threads.count})
+            # after the lease pinned this process's CPUs
+            threads = configure_threads(config.run.threads, plan.device.type)
+            if not threads.candidates:  # else logged once calibrated
+                tracker.log_params({names.RUN_THREADS_PARAM: threads.count})
             tracker.set_tags({**lease.tags(), **threads.tags()})  # held alone from build through verify
-            result = _execute(plan, tracker, tracking_uri, [tracker, *observers])
-            result.threads = threads.count
+            result = _execute(plan, tracker, tracking_uri, [tracker, *observers], threads.candidates)
+            result.threads = torch.get_num_threads()
         tracker.set_tags(lease.tags())
         if output_dir is not None:
             path = output_dir / RESULT_FILE
@@ -116,7 +119,13 @@ def run_experiment(
         return result
 
 
-def _execute(plan: Plan, tracker: RunLog, tracking_uri: str, observers: Sequence[Observer]) -> ExperimentResult:
+def _execute(
+    plan: Plan,
+    tracker: RunLog,
+    tracking_uri: str,
+    observers: Sequence[Observer],
+    thread_candidates: Sequence[int] = (),
+) -> ExperimentResult:
     """Build, prepare, time, verify; log each as it completes."""
     config = plan.config
     setup = plan.build_population()
@@ -144,6 +153,7 @@ def _execute(plan: Plan, tracker: RunLog, tracking_uri: str, observers: Sequence
             observers,
             config.run.min_time_s,
             config.run.max_time_s,
+            thread_candidates,
         )
     finally:
         guard.log_to(tracker)

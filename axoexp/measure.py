@@ -13,6 +13,7 @@ import torch
 
 from axoexp import names
 from axoexp.interfaces import Batch, Executor, RunLog
+from axoexp.runtime import CALIBRATION_TOLERANCE, choose_threads
 from axoexp.statistics import NOISE_THRESHOLD, rel_iqr
 from axoexp.timing import device_events, elapsed_ms, synchronizer
 from axoexp.windows import MEASURED, WARMUP, Observer, UpdateTrace, log_traces, window
@@ -95,6 +96,42 @@ def measure_until_stable(
         run_updates(executor, batches, count, first + len(trace.latencies_ms), trace, observers, MEASURED)
 
 
+CALIBRATION_UPDATES = 5
+"""Scored updates per thread count and round of :func:`calibrate_threads` (after one unscored one)."""
+
+
+def calibrate_threads(
+    executor: Executor, batches: list[Batch], first: int, candidates: Sequence[int], tracker: RunLog
+) -> int:
+    """Time the updates with each candidate thread count, in two rounds (ascending, then
+    descending, so drift hits all alike), keep :func:`axoexp.runtime.choose_threads`'s choice and
+    log it: param ``run.threads``, tag ``runtime.threads`` with every candidate's mean, and
+    metrics ``threads_calibration/<n>_threads_mean_ms``. Not part of the per-update series."""
+    scored: dict[int, list[float]] = {count: [] for count in candidates}
+    index = first
+    for order in (list(candidates), list(reversed(candidates))):
+        for count in order:
+            torch.set_num_threads(count)
+            trace = UpdateTrace()
+            run_updates(executor, batches, 1 + CALIBRATION_UPDATES, index, trace)
+            index += 1 + CALIBRATION_UPDATES
+            scored[count] += trace.latencies_ms[1:]  # the first pays for the pool's change
+    means = {count: float(np.mean(values)) for count, values in scored.items()}
+    chosen = choose_threads(means)
+    torch.set_num_threads(chosen)
+    tracker.log_metrics({names.threads_calibration_metric(count): round(mean, 4) for count, mean in means.items()})
+    tracker.log_params({names.RUN_THREADS_PARAM: chosen})
+    tracker.set_tags(
+        {
+            names.RUNTIME_THREADS: f"{chosen} (calibrated after warm-up: the fewest threads within "
+            f"{CALIBRATION_TOLERANCE:g}x of the fastest mean update; "
+            + ", ".join(f"{count}: {mean:.3f} ms" for count, mean in means.items())
+            + ")"
+        }
+    )
+    return chosen
+
+
 def measure_updates(
     executor: Executor,
     batches: list[Batch],
@@ -104,13 +141,17 @@ def measure_updates(
     observers: Sequence[Observer] = (),
     min_time_s: float = 0.0,
     max_time_s: float = math.inf,
+    thread_candidates: Sequence[int] = (),
 ) -> tuple[UpdateTrace, UpdateTrace]:
-    """Warm-up then measured updates (more with ``min_time_s``, see :func:`measure_until_stable`);
-    whatever completed is logged, also on failure."""
+    """Warm-up, the thread calibration where there are ``thread_candidates``
+    (:func:`calibrate_threads`), then measured updates (more with ``min_time_s``, see
+    :func:`measure_until_stable`); whatever completed is logged, also on failure."""
     warmup, measured = UpdateTrace(), UpdateTrace()
     try:
         with window(observers, WARMUP, warmup_count, warmup):
             run_updates(executor, batches, warmup_count, 0, warmup, observers, WARMUP)
+        if thread_candidates:
+            calibrate_threads(executor, batches, warmup_count, thread_candidates, tracker)
         with window(observers, MEASURED, measured_count, measured):
             started = time.monotonic()
             run_updates(executor, batches, measured_count, warmup_count, measured, observers, MEASURED)

@@ -175,6 +175,13 @@ def shape_size(label: str) -> int:
 RUN_THREADS_PARAM = "run.threads"  # logged resolved (the config's null means "auto")
 RUNTIME_THREADS = "runtime.threads"  # how run.threads was chosen
 RUNTIME_CPU_AFFINITY = "runtime.cpu_affinity"  # the CPUs this process may run on, e.g. 0-15
+
+
+def threads_calibration_metric(threads: int) -> str:
+    """The mean update time calibration measured with ``threads`` threads (``run.threads=null`` on the CPU)."""
+    return f"threads_calibration/{threads}_threads_mean_ms"
+
+
 TIMING_DEVICE_CLOCK = "timing.device_clock"  # what update_device_ms covers (CUDA runs only)
 TIMING_CONTENTION = "timing.contention"  # "none" or a comma list: cpu, gpu-shared, gpu-throttled
 TIMING_CONTENTION_DETAIL = "timing.contention.detail"  # what was seen, per window
