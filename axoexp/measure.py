@@ -14,7 +14,7 @@ import torch
 from axoexp import names
 from axoexp.interfaces import Batch, Executor, RunLog
 from axoexp.runtime import CALIBRATION_TOLERANCE, choose_threads
-from axoexp.statistics import NOISE_THRESHOLD, rel_iqr
+from axoexp.statistics import STABLE_THRESHOLD, rel_iqr
 from axoexp.timing import device_events, elapsed_ms, synchronizer
 from axoexp.windows import MEASURED, WARMUP, Observer, UpdateTrace, log_traces, window
 
@@ -80,10 +80,10 @@ def measure_until_stable(
     while True:
         measured_s = sum(trace.latencies_ms) / 1e3
         spread = rel_iqr(trace.latencies_ms)
-        if measured_s >= min_time_s and spread <= NOISE_THRESHOLD:
+        if measured_s >= min_time_s and spread <= STABLE_THRESHOLD:
             return (
                 f"stable after {len(trace.latencies_ms)} updates ({measured_s:.2f} s measured, "
-                f"IQR/median {spread:.3f} <= {NOISE_THRESHOLD})"
+                f"IQR/median {spread:.3f} <= {STABLE_THRESHOLD})"
             )
         remaining_s = max_time_s - (time.monotonic() - started)
         if remaining_s <= 0:

@@ -185,7 +185,7 @@ def threads_calibration_metric(threads: int) -> str:
 TIMING_DEVICE_CLOCK = "timing.device_clock"  # what update_device_ms covers (CUDA runs only)
 TIMING_CONTENTION = "timing.contention"  # "none" or a comma list: cpu, gpu-shared, gpu-throttled
 TIMING_CONTENTION_DETAIL = "timing.contention.detail"  # what was seen, per window
-TIMING_NOISE = "timing.noise"  # "low" or "high" (axoexp.statistics.NOISE_THRESHOLD)
+TIMING_NOISE = "timing.noise"  # "low" or "high" (IQR/median above axoexp.statistics.NOISE_THRESHOLD)
 TIMING_ADAPTIVE = "timing.adaptive"  # why run.min_time_s stopped measuring
 SWEEP_REPEAT_PARAM = "sweep.repeat"
 UPDATE_DEVICE_SERIES = "update_device_ms"  # CUDA-event time of every update (step = update index)
