@@ -411,7 +411,7 @@ def test_the_result_key_covers_config_code_plugins_and_device(tmp_path: Path) ->
 
 @pytest.mark.slow
 def test_resume_does_not_reuse_a_run_whose_plugin_code_changed(tmp_path: Path) -> None:
-    sweep = ("-m", "executor=sleepy", "population.neurons=2,3", "run.measured_updates=2")
+    sweep = ("-m", "executor=sleepy", "population.neurons=2,3", "run.measured_updates=2", "sweep.resume_contended=true")
     first = start_cli(*sweep, cwd=tmp_path)
     assert first.wait(timeout=300) == 0
     same = run_cli(*sweep, cwd=tmp_path)
@@ -420,6 +420,8 @@ def test_resume_does_not_reuse_a_run_whose_plugin_code_changed(tmp_path: Path) -
     plugin.write_text(plugin.read_text().replace("0.02", "0.03"))
     changed = run_cli(*sweep, cwd=tmp_path)
     assert changed.returncode == 0 and "FINISHED as MLflow run" not in changed.stdout
+    assert changed.stdout.count(f": code changed: {plugin} since the earlier run ") == 2, changed.stdout
+    assert "re-measured 2 jobs: 2 code changed (each job's line says which run or file)" in changed.stdout
 
 
 # --- concurrency ------------------------------------------------------------------------------------

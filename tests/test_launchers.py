@@ -220,7 +220,13 @@ def _leftovers(marker: str) -> list[str]:
 
 def check_fail_then_resume(run: Callable[..., subprocess.CompletedProcess], uri: str, root: Path) -> None:
     """One sweep, twice: a failing job fails the parent but not its sibling; the rerun runs only it."""
-    sweep = ("executor=eager,fails_once", "population.neurons=2", "run.measured_updates=3", f"tracking.uri={uri}")
+    sweep = (
+        "executor=eager,fails_once",
+        "population.neurons=2",
+        "run.measured_updates=3",
+        f"tracking.uri={uri}",
+        "sweep.resume_contended=true",  # about reuse: a busy machine's runs are contended
+    )
     first = run(*sweep, f"hydra.sweep.dir={root / 'first'}")
     assert first.returncode == 1, first.stderr[-3000:]
     (parent,), children = _sweep_runs(uri)

@@ -93,7 +93,8 @@ def test_failing_job_fails_the_parent_but_keeps_the_others(tmp_path: Path) -> No
 
 def test_rerunning_a_sweep_reuses_its_finished_runs_unless_told_not_to(tmp_path: Path) -> None:
     assert run_cli("population.neurons=2", "run.measured_updates=3", cwd=tmp_path).returncode == 0
-    sweep = ("-m", "population.neurons=2,3", "run.measured_updates=3")
+    # resume_contended: this test is about reuse, and on a busy machine every run is contended
+    sweep = ("-m", "population.neurons=2,3", "run.measured_updates=3", "sweep.resume_contended=true")
     first = run_cli(*sweep, cwd=tmp_path)
     assert first.returncode == 0 and "reused" not in first.stdout, "a single run is not a sweep's job"
     again = run_cli(*sweep, cwd=tmp_path)
