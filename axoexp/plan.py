@@ -101,6 +101,10 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
     for group, spec in GROUPS.items():
         node = OmegaConf.to_container(config[group], resolve=True)
         assert isinstance(node, dict)
+        unset = [key for key in node if OmegaConf.is_missing(config[group], key)]
+        if unset:  # a factory would get the string '???'
+            problems += [f"{group}.{key} is mandatory and not set: set it, e.g. {group}.{key}=VALUE" for key in unset]
+            continue
         name = node.pop("name", None)
         settings[group] = {key: node.pop(key, setting.default) for key, setting in spec.settings.items()}
         params[group] = node
