@@ -20,6 +20,7 @@ import hashlib
 import logging
 import math
 import os
+import shutil
 import signal
 import sys
 import time
@@ -29,15 +30,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf.errors import OmegaConfBaseException
 
 from axoexp import metadata, names, processes, signals
 from axoexp.describe import sweep_run_name
+from axoexp.errors import ConfigError, SweepRefusedError
 from axoexp.journal import process_tags
-from axoexp.plan import resume_mode
+from axoexp.plan import plan_experiment, resume_mode
 from axoexp.statistics import disturbance
 from axoexp.sync import end_dead_run, process_gone
 from axoexp.tracking import (
@@ -74,10 +81,17 @@ class MlflowSweepCallback(Callback):
     def __init__(self) -> None:
         self.client: MlflowClient | None = None
         self.parent_run_id: str | None = None
+        self.refused: list[str] = []
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         uri = configure_tracking(config.tracking)
         overrides = list(config.hydra.overrides.task)
+        try:  # before any run exists: no empty parent. Hydra turns a callback's exception into a warning
+            check_launcher(config)
+            self.refused = refused_jobs(config)
+        except SweepRefusedError as error:
+            print(f"axoexp: {error}", file=sys.stderr, flush=True)
+            raise SystemExit(error.exit_code) from None
         sweep_dir = claim_sweep_dir(config)
         with read_write(config.hydra.overrides), open_dict(config.hydra.overrides):
             add_repeats(config)  # also without a parent run
@@ -164,6 +178,8 @@ class MlflowSweepCallback(Callback):
                 )
         children = child_runs(client, parent_run)
         print_reuse(client, parent_run, len(children))
+        for line in self.refused:
+            print(f"refused {line}", file=sys.stderr, flush=True)
         unfinished = [child for child in children if child.info.status != "FINISHED"]
         refused = [key for key in parent_run.data.tags if key.startswith(names.REFUSED_PREFIX)]
         if all_jobs_returned and not unfinished and not refused and not stopped_by:
@@ -178,6 +194,43 @@ class MlflowSweepCallback(Callback):
             reason += "; a job failed or the sweep was interrupted"
         client.set_tag(parent, names.FAILURE, reason)
         client.set_terminated(parent, status="KILLED" if stopped_by else "FAILED")
+
+
+LAUNCHER_NEEDS = {"SlurmLauncher": ("srun", "slurm", "SLURM")}
+"""A launcher's class name: the command it needs on PATH, its preset and what provides the command."""
+
+
+def check_launcher(config: DictConfig) -> None:
+    """Refuse, in one line and before any run exists, a launcher that cannot work on this machine."""
+    target = str(config.hydra.launcher.get("_target_", ""))
+    for launcher, (command, preset, provider) in LAUNCHER_NEEDS.items():
+        if target.endswith(launcher) and shutil.which(command) is None:
+            raise SweepRefusedError(
+                f"hydra/launcher={preset} needs {provider}, but {command!r} is not on PATH here; "
+                "start the sweep on a machine that has it, or use hydra/launcher=parallel or the default launcher"
+            )
+
+
+def refused_jobs(config: DictConfig) -> list[str]:
+    """Plan every job of a basic sweep before any run exists: ``job N (overrides): why`` for each
+    refused one. If every job is refused, :class:`SweepRefusedError` lists them all in one line
+    and no parent run is created. Other sweepers choose their jobs as they go: nothing is planned."""
+    if not str(config.hydra.sweeper.get("_target_", "")).endswith("BasicSweeper"):
+        return []
+    loader = GlobalHydra.instance().config_loader()
+    params = [f"{key}={value}" for key, value in (config.hydra.sweeper.get("params") or {}).items()]
+    parsed = OverridesParser.create(config_loader=loader).parse_overrides([*params, *config.hydra.overrides.task])
+    jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    refused = []
+    for number, job in enumerate(jobs):
+        try:
+            plan_experiment(loader.load_sweep_config(config, job))
+        except (ConfigError, HydraException, OmegaConfBaseException) as error:
+            shown = " ".join(item for item in job if not item.startswith(names.NOT_MEASUREMENT_PARAM_PREFIXES))
+            refused.append(f"job {number} ({shown or 'defaults'}): {str(error).strip().splitlines()[0]}")
+    if jobs and len(refused) == len(jobs):
+        raise SweepRefusedError(f"no job of the sweep can run, so it created no run: {'; '.join(refused)}")
+    return refused
 
 
 def claim_sweep_dir(config: DictConfig) -> Path:
@@ -357,7 +410,13 @@ def _what_changed(earlier: Run, config: DictConfig) -> str:
 def print_reuse(client: MlflowClient, parent: Run, children: int) -> None:
     """Say how many jobs reused earlier runs, and from which sweeps (``reused k of n jobs from ...``),
     and how many were measured again, by reason (``re-measured m: 3 contended, 1 code changed``)."""
-    reasons = [value for key, value in parent.data.tags.items() if key.startswith(names.REMEASURED_PREFIX)]
+    tags = parent.data.tags
+    refused = {key.removeprefix(names.REFUSED_PREFIX) for key in tags if key.startswith(names.REFUSED_PREFIX)}
+    reasons = [
+        value
+        for key, value in parent.data.tags.items()
+        if key.startswith(names.REMEASURED_PREFIX) and key.removeprefix(names.REMEASURED_PREFIX) not in refused
+    ]
     if reasons:
         counts = Counter(reason.partition(":")[0] for reason in reasons)
         print(
@@ -369,12 +428,11 @@ def print_reuse(client: MlflowClient, parent: Run, children: int) -> None:
     reused = [value for key, value in parent.data.tags.items() if key.startswith(names.REUSED_PREFIX)]
     if not reused:
         return
-    refused = sum(key.startswith(names.REFUSED_PREFIX) for key in parent.data.tags)
     sources = []
     for run_id in dict.fromkeys(client.get_run(run_id).data.tags.get(names.PARENT_RUN_ID) for run_id in reused):
         sources.append(f"'{client.get_run(run_id).info.run_name}' ({run_id})" if run_id else "single runs")
     print(
-        f"reused {len(reused)} of {len(reused) + children + refused} jobs from {', '.join(sources)} "
+        f"reused {len(reused)} of {len(reused) + children + len(refused)} jobs from {', '.join(sources)} "
         "(sweep.resume=false re-measures)",
         flush=True,
     )

@@ -25,6 +25,7 @@ from axoexp.errors import ConfigError, NonFiniteResultError
 from axoexp.experiment import run_experiment
 from axoexp.journal import JOURNAL_FILE, read_journal
 from axoexp.plan import plan_experiment
+from axoexp.sync import main as sync_main
 
 SLEEPY = sleepy_executor_plugin(20)
 LONG_RUN = ("executor=sleepy", "run.warmup_updates=2", "run.measured_updates=100000")
@@ -468,3 +469,9 @@ def test_a_checkpoint_that_would_run_code_is_refused_unless_pinned(registry, tmp
     torch.save({"config": 1}, plain)
     with pytest.raises(CheckpointError, match="is not an axosim checkpoint"):
         lite.build({"checkpoint": str(plain)}, device=torch.device("cpu"), dtype=torch.float32, seed=0)
+
+
+def test_sync_names_a_path_that_does_not_exist_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert sync_main([str(tmp_path / "nope"), "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]) == 2
+    assert capsys.readouterr().err == f"axoexp.sync: no such journal or directory: {tmp_path / 'nope'}\n"
+    assert not (tmp_path / "mlflow.db").exists(), "nothing created"
