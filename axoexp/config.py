@@ -9,6 +9,7 @@ from the same source. ``conf/config.yaml`` holds only the defaults list and Hydr
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -173,6 +174,13 @@ def node_class(entry: Component) -> type:
     return dataclasses.make_dataclass(f"{entry.group}_{entry.name}", fields)
 
 
+def first_sentence(docstring: str) -> str:
+    """A docstring's first sentence, whole even where it wraps over lines: one line of help."""
+    paragraph = " ".join(docstring.strip().split("\n\n")[0].split())
+    end = re.search(r"\.(\s|$)", paragraph)
+    return paragraph[: end.start() + 1] if end else paragraph
+
+
 def register_configs(registry: Registry) -> None:
     """Store the schema, every component's node and the help page in Hydra's ConfigStore."""
     from hydra.core.config_store import ConfigStore
@@ -222,8 +230,7 @@ def describe(registry: Registry) -> str:
         lines.append(f"{group} (choose with {group}=NAME; {spec.contract}):")
         for entry in sorted((e for e in registry.components() if e.group == group), key=lambda e: e.name):
             origin = "" if entry.source == "builtin" else f"  [from {entry.source}]"
-            summary = (entry.factory.__doc__ or "").strip().splitlines()
-            lines.append(f"  {entry.name}{origin}: {summary[0] if summary else ''}")
+            lines.append(f"  {entry.name}{origin}: {first_sentence(entry.factory.__doc__ or '')}")
             lines += _table(
                 [(f"{group}.{key}", *rest) for key, *rest in _rows(node_class(entry)) if key != "name"], indent="    "
             )

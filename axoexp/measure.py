@@ -119,7 +119,7 @@ def calibrate_threads(
     means = {count: float(np.mean(values)) for count, values in scored.items()}
     chosen = choose_threads(means)
     torch.set_num_threads(chosen)
-    tracker.log_metrics({names.threads_calibration_metric(count): round(mean, 4) for count, mean in means.items()})
+    tracker.log_metrics({names.threads_calibration_metric(count): mean for count, mean in means.items()})
     tracker.log_params({names.RUN_THREADS_PARAM: chosen})
     tracker.set_tags(
         {

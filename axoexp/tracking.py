@@ -36,6 +36,18 @@ UNREACHABLE = (MlflowException, requests.exceptions.RequestException, OSError)
 """What a client raises when its tracking store cannot be reached."""
 
 
+MILLISECOND_DIGITS = 4
+"""Milliseconds are logged to 0.1 microsecond (1.2776, not 1.277578999999): finer than any
+clock axoexp reads is worth, and what a reader can take in at a glance."""
+
+
+def metric_value(name: str, value: float) -> float:
+    """``value`` as logged under ``name``: a duration in milliseconds (``..._ms``, ``..._ms_...``,
+    ``.../latency_ms``) rounded to :data:`MILLISECOND_DIGITS` decimals, anything else as it is."""
+    milliseconds = name.endswith("_ms") or "_ms_" in name
+    return round(float(value), MILLISECOND_DIGITS) if milliseconds else float(value)
+
+
 def configure_tracking(tracking: DictConfig) -> str:
     """Bound MLflow's HTTP retries as ``tracking.*`` says (a dead server then fails in seconds,
     not ~4 minutes); return the tracking URI to use."""

@@ -96,7 +96,9 @@ def test_eager_run_is_logged_to_sqlite_and_reads_back(make_config, client, tmp_p
     assert (
         0 < metrics[names.update_metric("p10")] <= metrics[names.UPDATE_MEDIAN] <= metrics[names.update_metric("p90")]
     )
-    assert metrics[names.UPDATE_MEDIAN] == pytest.approx(result.update.median)
+    assert metrics[names.UPDATE_MEDIAN] == round(result.update.median, 4), "to 0.1 microsecond"
+    series = client.get_metric_history(result.run_id, names.UPDATE_SERIES)
+    assert series and all(metric.value == round(metric.value, 4) for metric in series)
     assert names.CAPTURE not in metrics, "eager has nothing to capture"
     losses = [m.value for m in client.get_metric_history(result.run_id, names.LOSS_SERIES)]
     assert len(losses) == 9 and losses == pytest.approx(result.losses)

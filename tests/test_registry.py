@@ -8,7 +8,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_module
 
-from axoexp.config import node_class, register_configs
+from axoexp.config import describe, first_sentence, node_class, register_configs
 from axoexp.errors import ConfigError, RegistryError
 from axoexp.executors.eager import EagerExecutor
 from axoexp.plan import plan_experiment
@@ -158,3 +158,12 @@ def test_a_mandatory_value_left_unset_is_refused_while_planning_naming_the_key(m
     )
     plan = plan_experiment(make_config("loss=weighted_mandatory", "loss.weight=2.5"), registry)
     assert plan.params["loss"] == {"weight": 2.5}
+
+
+def test_help_gives_each_option_its_whole_first_sentence(loaded_registry: Registry) -> None:
+    wrapped = "Compiled regions of ``n`` blocks (and the code\n    before the loop), then more.\n\nDetails."
+    assert first_sentence(wrapped) == "Compiled regions of ``n`` blocks (and the code before the loop), then more."
+    assert first_sentence("No full stop") == "No full stop" and first_sentence("") == ""
+    page = describe(loaded_registry)
+    executors = [line for line in page.splitlines() if line.startswith(("  regional", "  fused", "  compiled"))]
+    assert executors and all(line.rstrip().endswith(".") for line in executors), executors
