@@ -98,7 +98,7 @@ class TrackingConfig:
 class SweepConfig:
     resume: str = setting(
         "same_sweep",
-        "in a multirun, reuse a FINISHED run of the job's resolved config from an "
+        "in a multirun, reuse a FINISHED, quietly measured run of the job's resolved config from an "
         "earlier sweep with the same overrides (same_sweep), from any run (any), or "
         "never (false)",
     )

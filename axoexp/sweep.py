@@ -1,5 +1,8 @@
 """Sweeps: one MLflow parent run per Hydra multirun, each job a child of it, and resume.
 
+Before the parent exists, every job of the basic sweeper is planned: a sweep whose every job
+is refused, or whose launcher cannot run here, ends with one line and exit 2, creating no run.
+
 The parent run id reaches every job as part of the job's own config: the callback appends
 the override ``sweep.parent_run_id=<id>`` to the sweep's overrides before the sweeper reads
 them, so it survives any launcher (other processes, remote Ray workers, containers).
