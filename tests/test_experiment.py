@@ -220,7 +220,8 @@ def test_verify_catches_a_wrong_executor_and_the_run_ends_failed(make_config, cl
 
 
 def test_failure_mid_measurement_keeps_what_was_measured(make_config, client, test_registry) -> None:
-    config = make_config("executor.name=test_fails", "run.warmup_updates=2", "run.measured_updates=10")
+    # run.threads=1: no thread calibration, whose updates would count towards the failing one
+    config = make_config("executor.name=test_fails", "run.warmup_updates=2", "run.measured_updates=10", "run.threads=1")
     with pytest.raises(RuntimeError, match="device lost on update 5"):
         run_experiment(config, registry=test_registry)
     run = only_run(client)
@@ -278,7 +279,8 @@ def test_observers_see_every_window_and_update_in_order(make_config) -> None:
 
 def test_observers_hear_a_window_end_when_an_update_fails(make_config, test_registry) -> None:
     recorder = Recorder()
-    config = make_config("executor.name=test_fails", "run.warmup_updates=2", "run.measured_updates=10")
+    # run.threads=1: no thread calibration, whose updates would count towards the failing one
+    config = make_config("executor.name=test_fails", "run.warmup_updates=2", "run.measured_updates=10", "run.threads=1")
     with pytest.raises(RuntimeError, match="device lost on update 5"):
         run_experiment(config, registry=test_registry, observers=[recorder])
     assert recorder.events[-2:] == [("update", "measured", 3), ("end", "measured", 2)]
