@@ -16,6 +16,7 @@ from axoexp.interfaces import Batch, Executor, RunLog
 from axoexp.runtime import CALIBRATION_TOLERANCE, choose_threads
 from axoexp.statistics import STABLE_THRESHOLD, rel_iqr
 from axoexp.timing import device_events, elapsed_ms, synchronizer
+from axoexp.tracking import MILLISECOND_DIGITS
 from axoexp.windows import MEASURED, WARMUP, Observer, UpdateTrace, log_traces, window
 
 
@@ -50,7 +51,7 @@ def run_updates(
             if events:
                 events[completed][1].record(stream)
             sync()
-            latency_ms = (time.perf_counter_ns() - start) / 1e6
+            latency_ms = round((time.perf_counter_ns() - start) / 1e6, MILLISECOND_DIGITS)  # as logged
             completed += 1
             trace.latencies_ms.append(latency_ms)
             trace.losses.append(float(loss))
