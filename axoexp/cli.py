@@ -33,15 +33,30 @@ _tracebacks_wanted = os.environ.get(FULL_ERROR_ENV) == "1"  # the user's own set
 
 @hydra.main(version_base="1.3", config_path="pkg://axoexp.conf", config_name="config")
 def hydra_app(config: DictConfig) -> float | None:
-    """Run one experiment; Hydra's multirun calls this once per job."""
+    """Run one experiment; Hydra's multirun calls this once per job, each in a process of its own."""
+    load_plugins()  # a no-op here; in a launcher's worker process the registry starts empty
+    hydra_config = HydraConfig.get()
+    if hydra_config.mode != RunMode.MULTIRUN:
+        return _experiment(config, hydra_config)
+    from axoexp import sweep
+    from axoexp.job_process import run_isolated
+
+    job_number, job_name = hydra_config.job.num, hydra_config.job.override_dirname or "defaults"
+    output_dir = Path(hydra_config.runtime.output_dir)
+    return run_isolated(
+        lambda: _experiment(config, hydra_config),
+        lambda pid, how: sweep.end_killed_job(config, job_number, job_name, output_dir, pid, how),
+    )
+
+
+def _experiment(config: DictConfig, hydra_config: DictConfig) -> float | None:
+    """One run (or, in a sweep, one job): print its result, return its median update time."""
     from axoexp import describe as describe_run
     from axoexp import sweep
     from axoexp.console import format_result
     from axoexp.experiment import run_experiment
     from axoexp.progress import run_observers
 
-    load_plugins()  # a no-op here; in a launcher's worker process the registry starts empty
-    hydra_config = HydraConfig.get()
     job_name = run_name = None
     if hydra_config.mode == RunMode.MULTIRUN:
         job_name = hydra_config.job.override_dirname or "defaults"

@@ -53,3 +53,11 @@ class LeaseTimeoutError(LeaseError):
 
 class NonFiniteResultError(AxoexpError):
     """An update produced a non-finite loss or parameter: the run's results are invalid."""
+
+
+class JobKilledError(AxoexpError):
+    """A sweep's job process died of a signal; its run was ended KILLED from its journal."""
+
+
+class RefusedTargetError(ConfigError):
+    """The composed config names a ``_target_`` (a class to instantiate) that axoexp does not ship."""
