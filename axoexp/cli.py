@@ -20,8 +20,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
+from axoexp import targets
 from axoexp.config import describe, register_configs
-from axoexp.errors import AxoexpError, ConfigError
+from axoexp.errors import AxoexpError, ConfigError, RefusedTargetError
 from axoexp.plugins import load_plugins
 from axoexp.signals import Interrupted
 
@@ -56,6 +57,7 @@ def _experiment(config: DictConfig, hydra_config: DictConfig) -> float | None:
     from axoexp.console import format_result
     from axoexp.experiment import run_experiment
     from axoexp.progress import run_observers
+    from axoexp.targets import check_targets
 
     job_name = run_name = None
     if hydra_config.mode == RunMode.MULTIRUN:
@@ -70,6 +72,9 @@ def _experiment(config: DictConfig, hydra_config: DictConfig) -> float | None:
             )
             return None
     try:
+        refused = check_targets(config)  # this job's sweep values (Hydra's config was checked before instantiating)
+        if refused:
+            raise ConfigError(refused)
         in_this_terminal = hydra_config.mode != RunMode.MULTIRUN or "BasicLauncher" in hydra_config.launcher._target_
         result = run_experiment(
             config,
@@ -103,6 +108,7 @@ def main() -> None:
         print(describe(registry))
         return
     os.environ[FULL_ERROR_ENV] = "1"  # Hydra then raises instead of printing; we report below
+    targets.install()
     try:
         hydra_app()
     except Interrupted as interrupted:  # the run ended KILLED with what was measured
@@ -114,8 +120,8 @@ def main() -> None:
         if _tracebacks_wanted:
             raise
         multirun = any(argument in ("-m", "--multirun") for argument in sys.argv[1:])
-        if isinstance(error, AxoexpError):
-            _exit_with(str(error), 1 if multirun else error.exit_code)
+        if isinstance(error, AxoexpError):  # in a sweep, a job's error (but a refusal before any job)
+            _exit_with(str(error), 1 if multirun and not isinstance(error, RefusedTargetError) else error.exit_code)
         _exit_with(one_line(error), 1 if multirun else 2)
 
 
