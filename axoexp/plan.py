@@ -16,6 +16,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from axoexp import names
+from axoexp.components.population import checkpoint_problem
 from axoexp.config import bounded_keys
 from axoexp.contention import gpu_probe
 from axoexp.errors import ConfigError, RegistryError
@@ -139,6 +140,9 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
     store = store_problem(resolve_tracking_uri(config.tracking.uri))
     if store:
         problems.append(store)
+    if "population" in components:  # found here rather than once the MLflow run exists
+        checkpoint = params["population"].get("checkpoint")
+        problems += filter(None, [checkpoint_problem(checkpoint, params["population"].get("checkpoint_sha256"))])
     executor = components.get("executor")
     capturable = False
     if executor is not None and device is not None:
