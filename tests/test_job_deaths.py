@@ -14,8 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 from mlflow.tracking import MlflowClient
-from test_faults import assert_everything_measured_is_in, journals, start_cli, updates_in
-from test_launchers import _leftovers, _sweep_runs
+from test_faults import SLEEPY, assert_everything_measured_is_in, journals, start_cli, updates_in
+from test_launchers import RAY_PORT_ENV, _leftovers, _sweep_runs, ray_cluster  # noqa: F401 (a fixture)
 
 from axoexp import lease, names
 from axoexp.journal import read_journal
@@ -60,7 +60,30 @@ def _gone(pids: list[int], timeout: float = 60) -> list[int]:
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
 def test_kill_9_of_one_job_is_its_own_death(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launcher: str) -> None:
     monkeypatch.setenv(lease.LEASE_DIR_ENV, str(tmp_path / "leases"))
-    process = start_cli("-m", *LAUNCHERS[launcher], *JOBS, f"run.measured_updates={LONG},{SHORT},{SHORT}", cwd=tmp_path)
+    check_one_job_killed(tmp_path, *LAUNCHERS[launcher])
+
+
+@pytest.mark.slow
+def test_kill_9_of_one_ray_job_is_its_own_death(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    address, plugins = request.getfixturevalue("ray_cluster")  # test_launchers' local Ray instance
+    (plugins / "sleepy.py").write_text(SLEEPY)  # the cluster's workers load their plugins from there
+    for key, value in {**RAY_PORT_ENV, "AXOEXP_PLUGINS_DIR": str(plugins)}.items():
+        monkeypatch.setenv(key, value)
+    check_one_job_killed(tmp_path, "hydra/launcher=ray_devices", f"hydra.launcher.ray.init.address={address}")
+
+
+def check_one_job_killed(tmp_path: Path, *launcher: str) -> None:
+    """Three jobs, the first long: it is killed -9 once it measured; the others finish."""
+    process = start_cli(
+        "-m",
+        *launcher,
+        *JOBS,
+        f"run.measured_updates={LONG},{SHORT},{SHORT}",
+        f"hydra.sweep.dir={tmp_path / 'outputs' / 'sweep'}",  # absolute: Ray's workers run elsewhere
+        cwd=tmp_path,
+    )
     try:
         victim_journal = _journal_of_long_job(tmp_path / "outputs", process, 10)
         victim = int(_start_record(victim_journal)["tags"][names.PROCESS_PID])
