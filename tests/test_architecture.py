@@ -59,6 +59,7 @@ LAYERS = (
         "axoexp",
         "axoexp.plugins",
         "axoexp.config",
+        "axoexp.targets",
         "axoexp.lease",
         "axoexp.metadata",
         "axoexp.journal",
@@ -75,6 +76,7 @@ LAYERS = (
         "axoexp.verification",
         "axoexp.plan",
         "axoexp.sync",
+        "axoexp.job_process",
     ),
     # whole flows
     ("axoexp.describe", "axoexp.experiment", "axoexp.sweep", "axoexp.report*"),
