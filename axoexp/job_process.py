@@ -76,8 +76,9 @@ def run_isolated(work: Callable[[], Any], on_killed: Callable[[int, str], str]) 
             _stop(child)
         _drain(read_end, payload)
         os.close(read_end)
-    if payload:
-        kind, value = pickle.loads(bytes(payload))  # written by our own child just now
+    outcome = _outcome(payload)
+    if outcome is not None:
+        kind, value = outcome
         if kind == "raised":
             raise value
         return value
@@ -87,26 +88,33 @@ def run_isolated(work: Callable[[], Any], on_killed: Callable[[int, str], str]) 
 
 
 def _child(work: Callable[[], Any], write_end: int, waiter: int) -> None:
-    """The forked job: die with the waiting process, run ``work``, hand back the outcome, exit."""
-    code = 0
+    """The forked job: die with the waiting process, run ``work``, hand back the outcome, exit.
+    It always leaves through ``os._exit``: the launcher's atexit hooks (e.g. the one that ends
+    the sweep's parent run) belong to the launcher's process, not to the job."""
+    code = 1
     try:
         _die_with_parent(signal.SIGTERM)
         if os.getppid() != waiter:  # it died before the parent-death signal was set
-            os._exit(128 + signal.SIGTERM)
-        outcome: tuple[str, Any] = ("returned", work())
-    except BaseException as error:  # handed to the waiting process, which raises it there
-        outcome, code = ("raised", _picklable(error)), 1
-    try:
-        data = pickle.dumps(outcome)
-    except Exception as error:  # e.g. a plugin's result that cannot be pickled
-        data = pickle.dumps(("raised", RuntimeError(f"the job's outcome cannot be handed back: {error}")))
-    view = memoryview(data)
-    while view:
-        view = view[os.write(write_end, view) :]
-    sys.stdout.flush()
-    sys.stderr.flush()
-    logging.shutdown()
-    os._exit(code)  # not sys.exit: the launcher's atexit hooks (e.g. ending the sweep's parent) are not the job's
+            return
+        try:
+            outcome: tuple[str, Any] = ("returned", work())
+        except BaseException as error:  # handed to the waiting process, which raises it there
+            outcome = ("raised", _picklable(error))
+        try:
+            data = pickle.dumps(outcome)
+        except Exception as error:  # e.g. a plugin's result that cannot be pickled
+            data = pickle.dumps(("raised", RuntimeError(f"the job's outcome cannot be handed back: {error}")))
+        view = memoryview(data)
+        while view:
+            view = view[os.write(write_end, view) :]
+        code = 0 if outcome[0] == "returned" else 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            logging.shutdown()
+        finally:
+            os._exit(code)
 
 
 def _picklable(error: BaseException) -> BaseException:
@@ -189,6 +197,14 @@ def _drain(read_end: int, payload: bytearray) -> None:
         if not chunk:
             return
         payload.extend(chunk)
+
+
+def _outcome(payload: bytearray) -> tuple[str, Any] | None:
+    """What the child handed back (pickled by our own child just now); ``None`` if it died first."""
+    try:
+        return pickle.loads(bytes(payload)) if payload else None
+    except Exception:  # cut off mid-write by its death
+        return None
 
 
 def _death(status: int) -> str:

@@ -151,3 +151,46 @@ def test_kill_9_of_a_parallel_sweeps_main_process_takes_its_workers_with_it(
     for child in children:  # each job's process got SIGTERM as its worker went, and ended its run
         assert child.info.status == "KILLED" and child.data.tags[names.FAILURE] == "interrupted by SIGTERM"
         assert_everything_measured_is_in(client, child, Path(child.data.tags[names.JOURNAL]))
+
+
+# --- the fork itself, in this process
+
+
+@pytest.mark.slow
+def test_an_isolated_job_hands_back_what_it_returned_or_raised() -> None:
+    from axoexp.errors import ConfigError
+    from axoexp.job_process import run_isolated
+
+    def never(pid: int, how: str) -> str:
+        raise AssertionError(f"{pid} {how}")
+
+    assert run_isolated(lambda: 1.5, never) == 1.5
+    assert run_isolated(lambda: None, never) is None
+
+    def refuse() -> None:
+        raise ConfigError("population.neurons=0: must be at least 1")
+
+    with pytest.raises(ConfigError, match=r"^population.neurons=0: must be at least 1$"):
+        run_isolated(refuse, never)
+    with pytest.raises(ZeroDivisionError) as raised:
+        run_isolated(lambda: 1 / 0, never)
+    assert "in the job's process" in raised.value.__notes__[0], "the child's traceback comes along"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGUSR1])
+def test_an_isolated_job_killed_by_a_signal_is_reported_as_such(signum: int) -> None:
+    from axoexp.errors import JobKilledError
+    from axoexp.job_process import run_isolated
+
+    seen: list[tuple[int, str]] = []
+
+    def on_killed(pid: int, how: str) -> str:
+        seen.append((pid, how))
+        return "its run was completed"
+
+    name = signal.Signals(signum).name
+    with pytest.raises(JobKilledError, match=rf"^the job's process (\d+) was killed by {name}; its run was completed$"):
+        run_isolated(lambda: os.kill(os.getpid(), signum), on_killed)
+    ((pid, how),) = seen
+    assert how == f"was killed by {name}" and not psutil.pid_exists(pid), "the child was reaped"
