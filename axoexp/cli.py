@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import NoReturn
 
 import hydra
+from hydra.conf import HydraConf
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from hydra.types import RunMode
@@ -50,7 +51,7 @@ def hydra_app(config: DictConfig) -> float | None:
     )
 
 
-def _experiment(config: DictConfig, hydra_config: DictConfig) -> float | None:
+def _experiment(config: DictConfig, hydra_config: HydraConf) -> float | None:
     """One run (or, in a sweep, one job): print its result, return its median update time."""
     from axoexp import describe as describe_run
     from axoexp import sweep

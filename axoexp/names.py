@@ -40,6 +40,7 @@ DIED_PREFIX = "axoexp.died."  # on a parent: axoexp.died.jobN = how job N's proc
 OUTPUT_DIR = "output_dir"
 PROCESS_PID = "process.pid"
 COMMAND = "command"
+DATE = "date"  # UTC, ISO 8601, in a benchmark's provenance
 SEED = "seed"
 SWEEP_DIR = "sweep.dir"
 SWEEP_OVERRIDES = "sweep.overrides"

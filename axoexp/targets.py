@@ -56,7 +56,8 @@ def check_targets(config: DictConfig) -> str | None:
 
 def _targets(node: Any, path: str) -> list[tuple[str, str]]:
     """``(dotted key, class name)`` of every ``_target_``, ``()`` and ``class`` key below ``node``."""
-    found = []
+    found: list[tuple[str, str]] = []
+    items: list[tuple[str, Any]]
     if isinstance(node, DictConfig):
         items = [(str(key), node._get_node(key)) for key in node.keys()]
     elif isinstance(node, ListConfig):
@@ -72,11 +73,11 @@ def _targets(node: Any, path: str) -> list[tuple[str, str]]:
     return found
 
 
-def _value(node: DictConfig, key: str) -> str:
+def _value(node: Any, key: str) -> str:
     try:
         return str(node[key])
     except Exception:  # an interpolation that does not resolve: judged by what it says
-        return str(node._get_node(key)._value())  # type: ignore[union-attr]
+        return str(node._get_node(key)._value())
 
 
 def _problem(key: str, name: str) -> str | None:

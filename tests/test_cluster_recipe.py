@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import free_port, start_mlflow
+from helpers import free_port, start_mlflow
 from mlflow.tracking import MlflowClient
 from test_faults import assert_everything_measured_is_in, journals, start_cli, sync, updates_in
 from test_job_deaths import LONG, _journal_of_long_job, _start_record

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from helpers import run_cli
 from hydra import compose, initialize_config_module
 from mlflow.tracking import MlflowClient
 from omegaconf import open_dict
