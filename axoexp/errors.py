@@ -53,3 +53,9 @@ class LeaseTimeoutError(LeaseError):
 
 class NonFiniteResultError(AxoexpError):
     """An update produced a non-finite loss or parameter: the run's results are invalid."""
+
+
+class ComparisonError(AxoexpError):
+    """``python -m axoexp.compare`` was given runs it cannot compare, or a bad option."""
+
+    exit_code = 2
