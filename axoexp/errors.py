@@ -59,3 +59,7 @@ class ComparisonError(AxoexpError):
     """``python -m axoexp.compare`` was given runs it cannot compare, or a bad option."""
 
     exit_code = 2
+
+
+class SearchError(AxoexpError):
+    """An Optuna search (``hydra/sweeper=optuna``) in which trials failed; the study keeps them as FAIL."""

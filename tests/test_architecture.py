@@ -77,7 +77,7 @@ LAYERS = (
         "axoexp.sync",
     ),
     # whole flows
-    ("axoexp.describe", "axoexp.experiment", "axoexp.sweep", "axoexp.report*", "axoexp.compare"),
+    ("axoexp.describe", "axoexp.experiment", "axoexp.sweep", "axoexp.report*", "axoexp.compare", "axoexp.search"),
     # the command line
     ("axoexp.console", "axoexp.cli", "axoexp.__main__"),
 )

@@ -45,6 +45,9 @@ def test_wheel_install_composes_configs_outside_the_checkout(tmp_path: Path) -> 
 
     shipped = set(zipfile.ZipFile(wheel).namelist())
     assert {f"axoexp/conf/hydra/launcher/{preset}.yaml" for preset in ("parallel", "slurm", "ray_devices")} <= shipped
+    sweeper = "hydra_plugins/axoexp_optuna_sweeper"
+    assert {f"{sweeper}/{module}.py" for module in ("__init__", "config", "optuna_sweeper")} <= shipped
+    assert "hydra_plugins/__init__.py" not in shipped, "a namespace package Hydra's other plugins share"
     site = tmp_path / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
