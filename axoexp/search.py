@@ -164,23 +164,32 @@ def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
     return kinds[name](seed=seed)
 
 
-def trial_outcome(run: Run | None, objectives: dict[str, str], contended: str) -> tuple[list[float] | None, str]:
-    """The objective values to tell Optuna, or ``None`` and why the trial is told FAIL."""
+@dataclass(frozen=True)
+class Outcome:
+    """What a trial tells Optuna: its objective values, or ``None`` (FAIL) and why."""
+
+    values: list[float] | None
+    reason: str = ""
+    disturbed: bool = False  # FAIL because the timing was contended, not because the run failed
+
+
+def trial_outcome(run: Run | None, objectives: dict[str, str], contended: str) -> Outcome:
+    """The objective values of the trial's run, or FAIL: no run, a run that did not finish, no
+    finite objective metric, or (with ``contended=fail``) a timing under contention."""
     if run is None:
-        return None, "the job made no run (refused, or the tracking store was unreachable)"
+        return Outcome(None, "the job made no run (refused, or the tracking store was unreachable)")
     if run.info.status != "FINISHED":
-        return None, f"its run ended {run.info.status}: {run.data.tags.get(names.FAILURE, '')}".rstrip(": ")
+        return Outcome(None, f"its run ended {run.info.status}: {run.data.tags.get(names.FAILURE, '')}".rstrip(": "))
     contention = run.data.tags.get(names.TIMING_CONTENTION, "none")
     if contention != "none" and contended == "fail":
-        return (
-            None,
-            f"timing.contention={contention}: the timing was disturbed (hydra.sweeper.contended=keep accepts it)",
-        )
+        reason = f"timing.contention={contention}: the timing was disturbed (hydra.sweeper.contended=keep accepts it)"
+        return Outcome(None, reason, disturbed=True)
     values = [run.data.metrics.get(metric, math.nan) for metric in objectives]
     missing = [metric for metric, value in zip(objectives, values, strict=True) if not math.isfinite(value)]
     if missing:
-        return None, f"no finite {', '.join(missing)} in its run; valid metrics: {', '.join(sorted(run.data.metrics))}"
-    return values, ""
+        valid = ", ".join(sorted(run.data.metrics))
+        return Outcome(None, f"no finite {', '.join(missing)} in its run; valid metrics: {valid}")
+    return Outcome(values)
 
 
 class Search:
@@ -236,25 +245,31 @@ class Search:
                 ]
                 for trial in trials
             ]
-            returns = self.launch(batch, initial_job_idx=trials[0].number)
+            try:
+                returns = self.launch(batch, initial_job_idx=trials[0].number)
+            except BaseException:  # a stop signal (Interrupted) or a launcher's failure: no value was measured
+                for trial in trials:
+                    study.tell(trial, state=TrialState.FAIL)
+                raise
             results.extend(returns)
             for trial, job in zip(trials, returns, strict=True):
                 run = self._trial_run(client, parent_id, trial.number)
-                values, reason = trial_outcome(run, self.objectives, self.settings.contended)
-                if job.status == JobStatus.FAILED and values is not None:
-                    values, reason = None, f"the job failed: {getattr(job, '_return_value', '')}"
-                study.tell(trial, values, state=TrialState.COMPLETE if values is not None else TrialState.FAIL)
-                self._tag_trial(client, run, parent_id, trial, values, reason)
-                if values is None:
-                    log.warning("trial %d told to Optuna as FAIL: %s", trial.number, reason)
-                    if not reason.startswith("timing.contention"):
+                outcome = trial_outcome(run, self.objectives, self.settings.contended)
+                if job.status == JobStatus.FAILED and outcome.values is not None:
+                    outcome = Outcome(None, f"the job failed: {getattr(job, '_return_value', '')}")
+                state = TrialState.COMPLETE if outcome.values is not None else TrialState.FAIL
+                study.tell(trial, outcome.values, state=state)
+                self._tag_trial(client, run, parent_id, trial, outcome)
+                if outcome.values is None:
+                    log.warning("trial %d told to Optuna as FAIL: %s", trial.number, outcome.reason)
+                    if not outcome.disturbed:
                         failed.append(trial.number)
             done += len(trials)
         self._summary(study)
         if failed:
             raise SearchError(
                 f"{len(failed)} trials failed (trials {', '.join(map(str, failed))}), told to Optuna as FAIL; "
-                f"rerun the same command to run the missing trials of study {name}"
+                f"the study {name} counts them among its hydra.sweeper.n_trials"
             )
         return results
 
@@ -295,19 +310,18 @@ class Search:
         run: Run | None,
         parent_id: str | None,
         trial: optuna.trial.Trial,
-        values: list[float] | None,
-        reason: str,
+        outcome: Outcome,
     ) -> None:
         """Trial number, what Optuna was told and the sampled values, on the trial's own child run."""
         if client is None or run is None or run.data.tags.get(names.PARENT_RUN_ID) != parent_id:
             return
         tags = {
             names.TRIAL: str(trial.number),
-            names.TRIAL_STATE: "COMPLETE" if values is not None else "FAIL",
+            names.TRIAL_STATE: "COMPLETE" if outcome.values is not None else "FAIL",
             **{names.trial_param_tag(key): str(value) for key, value in trial.params.items()},
         }
-        if reason:
-            tags[names.TRIAL_FAILURE] = reason[:5000]
+        if outcome.reason:
+            tags[names.TRIAL_FAILURE] = outcome.reason[:5000]
         try:
             for key, value in tags.items():
                 client.set_tag(run.info.run_id, key, value)

@@ -18,7 +18,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from axoexp import names
 from axoexp.errors import ConfigError
 from axoexp.report.pareto import pareto_front
-from axoexp.search import check_settings, make_sampler, search_space, study_name, study_storage, trial_outcome
+from axoexp.search import Outcome, check_settings, make_sampler, search_space, study_name, study_storage, trial_outcome
 from axoexp.tracking import runs_view
 
 
@@ -95,17 +95,18 @@ def _trial_run(client: MlflowClient, experiment: str, status: str = "FINISHED", 
 def test_failed_killed_and_contended_trials_are_told_as_failures(client: MlflowClient) -> None:
     experiment = client.create_experiment("axoexp")
     objectives = {"loss_final": "minimize", names.UPDATE_MEDIAN: "minimize"}
-    assert trial_outcome(_trial_run(client, experiment), objectives, "fail") == ([0.25, 3.0], "")
+    assert trial_outcome(_trial_run(client, experiment), objectives, "fail") == Outcome([0.25, 3.0])
     failed = _trial_run(client, experiment, "FAILED", **{names.FAILURE: "boom"})
-    assert trial_outcome(failed, objectives, "fail") == (None, "its run ended FAILED: boom")
-    assert trial_outcome(_trial_run(client, experiment, "KILLED"), objectives, "fail")[0] is None
+    assert trial_outcome(failed, objectives, "fail") == Outcome(None, "its run ended FAILED: boom")
+    assert trial_outcome(_trial_run(client, experiment, "KILLED"), objectives, "fail").values is None
     contended = _trial_run(client, experiment, **{names.TIMING_CONTENTION: "cpu"})
-    values, reason = trial_outcome(contended, objectives, "fail")
-    assert values is None and reason.startswith("timing.contention=cpu")
-    assert trial_outcome(contended, objectives, "keep") == ([0.25, 3.0], "")
-    values, reason = trial_outcome(_trial_run(client, experiment), {"eval_loss_after": "minimize"}, "fail")
-    assert values is None and reason.startswith("no finite eval_loss_after in its run; valid metrics: loss_final")
-    assert trial_outcome(None, objectives, "fail")[0] is None
+    outcome = trial_outcome(contended, objectives, "fail")
+    assert outcome.values is None and outcome.disturbed and outcome.reason.startswith("timing.contention=cpu")
+    assert trial_outcome(contended, objectives, "keep") == Outcome([0.25, 3.0])
+    outcome = trial_outcome(_trial_run(client, experiment), {"eval_loss_after": "minimize"}, "fail")
+    assert outcome.values is None and not outcome.disturbed
+    assert outcome.reason.startswith("no finite eval_loss_after in its run; valid metrics: loss_final")
+    assert trial_outcome(None, objectives, "fail").values is None
 
 
 def test_the_runs_view_shows_trial_numbers() -> None:
@@ -167,3 +168,50 @@ def test_a_multi_objective_study_resumes_and_the_report_names_its_pareto_front(t
     assert f"{len(front)} of 12 complete trials (12 in all)" in report.stdout
     assert (Path(parents[1].data.tags[names.SWEEP_DIR]) / "pareto.png").is_file()
     assert not any(math.isnan(run.data.metrics["loss_final"]) for run in front)
+
+
+FLAKY_EXECUTOR = '''
+from axoexp import component
+from axoexp.executors.eager import EagerExecutor
+
+@component("executor", "flaky")
+class Flaky(EagerExecutor):
+    """Fails on its second update: a run that starts, measures a little, then fails."""
+    calls = 0
+
+    def step(self, inputs, targets):
+        self.calls += 1
+        if self.calls == 2:
+            raise RuntimeError("flaky executor failed on purpose")
+        return super().step(inputs, targets)
+'''
+
+
+@pytest.mark.slow
+def test_failed_trials_are_told_fail_and_n_jobs_trials_run_side_by_side(tmp_path: Path) -> None:
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "flaky.py").write_text(FLAKY_EXECUTOR)
+    result = run_cli(
+        "-m",
+        "hydra/sweeper=optuna",
+        "hydra/launcher=parallel",
+        "run.lease_cpus=1",
+        "hydra.launcher.n_jobs=2",
+        "hydra.sweeper.n_jobs=2",
+        "hydra.sweeper.n_trials=2",
+        "executor=flaky",
+        "run.measured_updates=3",
+        "optimizer.lr=tag(log,interval(1e-3,1e-1))",
+        cwd=tmp_path,
+        env={"AXOEXP_LEASE_DIR": str(tmp_path / "leases")},
+    )
+    assert result.returncode == 1, "a search in which trials failed exits 1"
+    assert "is launching 2 jobs" in result.stdout + result.stderr, "both trials in one batch of the parallel launcher"
+    assert "axoexp: 2 trials failed (trials 0, 1), told to Optuna as FAIL" in result.stderr
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    assert [trial.state for trial in study.trials] == [optuna.trial.TrialState.FAIL] * 2
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
+    trials = sorted((run for run in runs if names.TRIAL in run.data.tags), key=lambda run: run.data.tags[names.TRIAL])
+    assert [(run.info.status, run.data.tags[names.TRIAL_STATE]) for run in trials] == [("FAILED", "FAIL")] * 2
+    assert all(run.data.tags[names.TRIAL_FAILURE].startswith("its run ended FAILED") for run in trials)
