@@ -65,8 +65,9 @@ def _distribution(override: Override) -> BaseDistribution:
     sweep = override.value()
     key = override.get_key_element()
     if isinstance(sweep, ChoiceSweep):
-        return CategoricalDistribution([value for value in sweep.list])
+        return CategoricalDistribution(list(sweep.list))  # type: ignore[arg-type]  # parsed scalars
     if isinstance(sweep, RangeSweep):
+        assert sweep.start is not None and sweep.stop is not None and sweep.step is not None
         values = [
             sweep.start + index * sweep.step for index in range(math.ceil((sweep.stop - sweep.start) / sweep.step))
         ]
@@ -75,9 +76,10 @@ def _distribution(override: Override) -> BaseDistribution:
                 f"{key}=range({sweep.start}, {sweep.stop}, {sweep.step}): an empty range; give start < stop"
             )
         if all(isinstance(value, int) for value in (sweep.start, sweep.stop, sweep.step)):
-            return IntDistribution(values[0], values[-1], step=sweep.step)
+            return IntDistribution(int(values[0]), int(values[-1]), step=int(sweep.step))
         return FloatDistribution(values[0], values[-1], step=sweep.step)
     if isinstance(sweep, IntervalSweep):
+        assert sweep.start is not None and sweep.end is not None
         log_scale = "log" in sweep.tags
         if not sweep.start < sweep.end or (log_scale and sweep.start <= 0):
             raise ConfigError(
@@ -210,13 +212,12 @@ class Search:
         parent_id = next((o.partition("=")[2] for o in space.fixed if o.startswith(f"{PARENT_KEY}=")), None)
         storage = study_storage(self.settings.storage, self.tracking_uri)
         name = study_name(self.settings.study_name, space, self.objectives)
-        study = optuna.create_study(
-            storage=storage, study_name=name, directions=list(self.objectives.values()), load_if_exists=True
-        )
-        if list(study.directions) != [optuna.study.StudyDirection[d.upper()] for d in self.objectives.values()]:
+        directions = [optuna.study.StudyDirection[direction.upper()] for direction in self.objectives.values()]
+        study = optuna.create_study(storage=storage, study_name=name, directions=directions, load_if_exists=True)
+        if list(study.directions) != directions:
             raise ConfigError(f"hydra.sweeper.study_name={name}: the stored study has other objective directions")
-        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
-            study.tell(trial.number, state=TrialState.FAIL)  # left by an interrupted search
+        for stale in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
+            study.tell(stale.number, state=TrialState.FAIL)  # left by an interrupted search
         done = len(study.get_trials(deepcopy=False, states=DONE))
         # seeded by how far the study is, so a resumed study does not redraw its first trials
         study.sampler = make_sampler(self.settings.sampler, int(self.settings.seed) + done)

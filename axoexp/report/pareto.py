@@ -78,6 +78,9 @@ def format_front(parent: Run, runs: list[Run], front: list[Run], objectives: lis
         f"Pareto front of study {parent.data.tags[names.STUDY]} ({goals}): "
         f"{len(front)} of {complete} complete trials ({len(runs)} in all)"
     ]
+    failed = len(runs) - complete
+    if failed:
+        lines.append(f"  {failed} trials were told FAIL; tag {names.TRIAL_FAILURE} on their runs says why")
     for run in front:
         values = "  ".join(f"{metric}={run.data.metrics[metric]:.4g}" for metric, _ in objectives)
         lines.append(f"  trial {run.data.tags[names.TRIAL]:>3}  {values}  {_sampled(run)}  run {run.info.run_id}")
