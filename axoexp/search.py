@@ -248,9 +248,11 @@ class Search:
             ]
             try:
                 returns = self.launch(batch, initial_job_idx=trials[0].number)
-            except BaseException:  # a stop signal (Interrupted) or a launcher's failure: no value was measured
+            except BaseException as error:  # a stop signal (Interrupted) or a launcher's failure: no value counts
                 for trial in trials:
                     study.tell(trial, state=TrialState.FAIL)
+                    stopped = Outcome(None, f"the search was stopped: {signals.received() or repr(error)}")
+                    self._tag_trial(client, self._trial_run(client, parent_id, trial.number), parent_id, trial, stopped)
                 raise
             results.extend(returns)
             for trial, job in zip(trials, returns, strict=True):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 from conftest import run_cli
 from mlflow.tracking import MlflowClient
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from test_faults import LONG_RUN, start_cli, wait_for_updates
 
 from axoexp import names
 from axoexp.errors import ConfigError
@@ -215,3 +217,25 @@ def test_failed_trials_are_told_fail_and_n_jobs_trials_run_side_by_side(tmp_path
     trials = sorted((run for run in runs if names.TRIAL in run.data.tags), key=lambda run: run.data.tags[names.TRIAL])
     assert [(run.info.status, run.data.tags[names.TRIAL_STATE]) for run in trials] == [("FAILED", "FAIL")] * 2
     assert all(run.data.tags[names.TRIAL_FAILURE].startswith("its run ended FAILED") for run in trials)
+
+
+@pytest.mark.slow
+def test_a_stopped_search_tells_its_trial_fail_and_ends_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AXOEXP_LEASE_DIR", str(tmp_path / "leases"))
+    search = ("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "optimizer.lr=tag(log,interval(1e-3,1e-1))")
+    process = start_cli(*search, *LONG_RUN, cwd=tmp_path)
+    try:
+        wait_for_updates(tmp_path / "outputs", 5, process)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    assert [trial.state for trial in study.trials] == [optuna.trial.TrialState.FAIL], "the second trial never started"
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
+    (parent,) = [run for run in runs if run.data.tags.get(names.SWEEP_ROLE) == "parent"]
+    (trial,) = [run for run in runs if run is not parent]
+    assert parent.info.status == "KILLED" and trial.info.status == "KILLED"
+    assert trial.data.tags[names.TRIAL] == "0" and trial.data.tags[names.TRIAL_STATE] == "FAIL"
+    assert trial.data.tags[names.TRIAL_FAILURE] == "the search was stopped: SIGTERM"
