@@ -10,6 +10,7 @@ candidates.
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -114,7 +115,7 @@ def plot_front(runs: list[Run], front: list[Run], objectives: list[tuple[str, st
         axes.annotate(run.data.tags[names.TRIAL], (x, y), xytext=(4, 4), textcoords="offset points", fontsize=8)
     axes.set_xlabel(x_metric)
     axes.set_ylabel(y_metric)
-    axes.set_title(heading, fontsize=9, loc="left")
+    axes.set_title("\n".join(textwrap.fill(line, 90) for line in heading.splitlines()), fontsize=8, loc="left")
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize=8)
     figure.tight_layout()
