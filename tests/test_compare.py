@@ -24,6 +24,7 @@ def _run(
     *,
     commit: str = "aaaa",
     repeat: int = 0,
+    status: str = "FINISHED",
     **tags: str,
 ) -> str:
     """A FINISHED run of eager at 2x12x4 and ``optimizer.lr=lr`` whose updates take ``scale`` x UPDATES."""
@@ -56,7 +57,7 @@ def _run(
     series = [value * scale for value in UPDATES]
     client.log_batch(run_id, metrics=[Metric(names.UPDATE_SERIES, v, 0, step) for step, v in enumerate(series)])
     client.log_metric(run_id, names.UPDATE_MEDIAN, sorted(series[5:])[len(series[5:]) // 2])
-    client.set_terminated(run_id, "FINISHED")
+    client.set_terminated(run_id, status)
     return run_id
 
 
@@ -82,12 +83,13 @@ def _compare(tracking_uri: str, *args: str) -> int:
 def test_verdicts_of_known_medians_and_a_contended_slowdown_is_no_regression(
     client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    base = _sweep(client, experiment, {"0.1": 1.0, "0.2": 1.0, "0.3": 1.0, "0.4": 1.0})
+    base = _sweep(client, experiment, {"0.1": 1.0, "0.2": 1.0, "0.3": 1.0, "0.4": 1.0, "0.5": 1.0})
     new = client.create_run(experiment, tags={names.SWEEP_ROLE: "parent"}).info.run_id
     _run(client, experiment, new, "0.1", 1.02, commit="bbbb")  # within 5%: no change
     _run(client, experiment, new, "0.2", 0.8, commit="bbbb")  # faster
     _run(client, experiment, new, "0.3", 1.5, commit="bbbb", **{names.TIMING_CONTENTION: "cpu"})
     _run(client, experiment, new, "0.4", 1.5, commit="bbbb", **{names.TIMING_NOISE: "high"})
+    _run(client, experiment, new, "0.5", 1.5, commit="bbbb", status="FAILED")
 
     assert _compare(tracking_uri, base, new, "--format", "json") == 0
     report = json.loads(capsys.readouterr().out)
@@ -97,11 +99,13 @@ def test_verdicts_of_known_medians_and_a_contended_slowdown_is_no_regression(
         "optimizer.lr=0.2": "faster",
         "optimizer.lr=0.3": "slower",
         "optimizer.lr=0.4": "slower",
+        "optimizer.lr=0.5": "not compared",
     }
     assert rows["optimizer.lr=0.2"]["ratio"] == pytest.approx(0.8)
     assert rows["optimizer.lr=0.2"]["ratio_low"] <= 0.8 <= rows["optimizer.lr=0.2"]["ratio_high"]
     assert rows["optimizer.lr=0.3"]["caution"] == "contended (cpu)" and not rows["optimizer.lr=0.3"]["regression"]
     assert rows["optimizer.lr=0.4"]["caution"] == "noisy" and not rows["optimizer.lr=0.4"]["regression"]
+    assert rows["optimizer.lr=0.5"]["caution"] == "new FAILED" and rows["optimizer.lr=0.5"]["ratio_low"] is None
     assert report["base"]["code"][names.GIT_COMMIT] == "aaaa" and report["new"]["code"][names.GIT_COMMIT] == "bbbb"
 
 
