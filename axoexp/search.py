@@ -101,15 +101,15 @@ def search_space(arguments: Sequence[str], params: dict[str, str]) -> SearchSpac
     for override in parser.parse_overrides([*arguments, *(f"{key}={value}" for key, value in params.items())]):
         key = override.get_key_element()
         if not override.is_sweep_override():
-            fixed.append(f"{key}={override.get_value_element_as_str()}")
+            fixed.append(override.input_line or key)  # as given: +key=..., ~key, quoting
             continue
         if key.lstrip("+~") == "sweep.repeat":
             raise ConfigError("sweep.repeats: repeats are not supported with hydra/sweeper=optuna; leave it at 1")
         distributions[key] = _distribution(override)
     if not distributions:
         raise ConfigError(
-            "hydra.sweeper.params: nothing to search; give e.g. "
-            "'+hydra.sweeper.params={optimizer.lr:tag(log,interval(1e-4,1e-1))}' or optimizer.lr='interval(1e-4,1e-1)'"
+            "hydra.sweeper.params: nothing to search; sweep a key, e.g. 'optimizer.lr=tag(log,interval(1e-4,1e-1))' "
+            "or gradient_transform=none,clip_norm"
         )
     return SearchSpace(fixed, distributions)
 
