@@ -174,7 +174,8 @@ def compare(client: MlflowClient, base: Side, new: Side, threshold: float) -> li
         if not unfinished and all(base_series) and all(new_series):
             interval = median_ratio_interval(new_series, base_series)
             ratio, low, high = interval.estimate, interval.low, interval.high
-        caution = ", ".join([*unfinished, untrusted([by_id[i] for i in (*before.run_ids, *row.run_ids)])]).strip(", ")
+        timing = untrusted([by_id[run_id] for run_id in (*before.run_ids, *row.run_ids)])
+        caution = ", ".join(filter(None, [*unfinished, timing]))
         outcome = verdict(low, high, threshold)
         first = by_id[row.run_id]
         comparisons.append(
