@@ -12,7 +12,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import run_cli
+from helpers import run_cli
 from mlflow.tracking import MlflowClient
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from test_faults import LONG_RUN, start_cli, wait_for_updates
