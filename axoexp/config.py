@@ -105,6 +105,7 @@ class SweepConfig:
         1, "in a multirun, run each job this many times as separate child runs (the report pools them)", AT_LEAST_ONE
     )
     repeat: int = setting(0, "set by the sweep itself: which of the sweep.repeats runs this job is", NON_NEGATIVE)
+    trial: int | None = setting(None, "set by hydra/sweeper=optuna: the Optuna trial number of this job")
 
 
 @dataclass

@@ -72,3 +72,13 @@ class JobKilledError(AxoexpError):
 
 class RefusedTargetError(ConfigError):
     """The composed config names a ``_target_`` (a class to instantiate) that axoexp does not ship."""
+
+
+class ComparisonError(AxoexpError):
+    """``python -m axoexp.compare`` was given runs it cannot compare, or a bad option."""
+
+    exit_code = 2
+
+
+class SearchError(AxoexpError):
+    """An Optuna search (``hydra/sweeper=optuna``) in which trials failed; the study keeps them as FAIL."""

@@ -56,6 +56,22 @@ TRACKING_LOST = "axoexp.tracking_lost"  # why the store stopped answering mid-ru
 SYNCED = "axoexp.synced"  # set by python -m axoexp.sync when it completed the run from a journal
 NON_FINITE_UPDATE = "axoexp.non_finite_update"  # the first update whose loss or parameters were not finite
 
+# --- tags: an Optuna search (hydra/sweeper=optuna, axoexp.search)
+STUDY = "axoexp.study"  # on the search's parent run: the Optuna study's name
+STUDY_STORAGE = "axoexp.study.storage"  # on the parent: the study's RDB URL (a rerun resumes it)
+STUDY_OBJECTIVES = "axoexp.study.objectives"  # on the parent: metric:direction,... in the study's order
+TRIAL = "axoexp.trial"  # on a trial's run: its Optuna trial number
+TRIAL_STATE = "axoexp.trial.state"  # what Optuna was told: COMPLETE or FAIL
+TRIAL_FAILURE = "axoexp.trial.failure"  # why the trial was told FAIL (a failed run, contention, no metric)
+TRIAL_PARAM_PREFIX = "axoexp.trial.param."  # axoexp.trial.param.<key> = the value the sampler chose
+SWEEP_TRIAL_PARAM = "sweep.trial"  # the config key the sweeper sets on each trial's job
+
+
+def trial_param_tag(key: str) -> str:
+    """The tag holding a trial's sampled value of ``key``, e.g. ``axoexp.trial.param.optimizer.lr``."""
+    return f"{TRIAL_PARAM_PREFIX}{key}"
+
+
 # --- tags: what ran
 SHAPE = "shape"  # neurons x time_steps x contacts, e.g. 64x256x32 (see shape_label)
 SHAPE_INPUTS = "shape.inputs"

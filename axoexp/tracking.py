@@ -131,6 +131,7 @@ RUNS_VIEW_COLUMNS = (
     _ui_column("metrics", names.CAPTURE),
     _ui_column("tags", names.component_tag("executor")),
     _ui_column("tags", names.SHAPE),
+    _ui_column("tags", names.TRIAL),  # an Optuna search's trial number (hydra/sweeper=optuna)
     *(_ui_column("attributes", key) for key in ("Dataset", "Source", "Version")),
 )
 
