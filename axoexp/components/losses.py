@@ -26,10 +26,10 @@ def skip_warmup(loss: LossFn, warmup_steps: int) -> LossFn:
     return causal
 
 
-def _too_short(warmup_steps: int, time_steps: object) -> str:
+def _too_short(warmup_steps: int, steps: object) -> str:
     return (
         f"a causal loss skips the first {warmup_steps} warm-up steps, so it needs more than {warmup_steps} "
-        f"time steps, and the population's predictions have {time_steps}; give the population more time steps "
+        f"time steps, and the population's predictions have {steps}; give the population more time steps "
         "or lower loss.warmup_steps"
     )
 
