@@ -63,7 +63,8 @@ def _experiment(config: DictConfig, hydra_config: HydraConf) -> float | None:
     job_name = run_name = None
     if hydra_config.mode == RunMode.MULTIRUN:
         job_name = hydra_config.job.override_dirname or "defaults"
-        run_name = describe_run.job_run_name(config, hydra_config.job.num, hydra_config.overrides.task)
+        job_number, overrides = hydra_config.job.num, list(hydra_config.overrides.task)
+        run_name = lambda plan: describe_run.job_run_name(plan, job_number, overrides)  # noqa: E731
         previous = sweep.reused_run(config, hydra_config.job.num)
         if previous is not None:
             print(

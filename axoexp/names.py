@@ -8,6 +8,8 @@ milliseconds unless named otherwise.
 
 from __future__ import annotations
 
+import math
+
 # --- MLflow's own (checked against mlflow.utils.mlflow_tags and mlflow.environment_variables)
 PARENT_RUN_ID = "mlflow.parentRunId"
 HTTP_MAX_RETRIES_ENV = "MLFLOW_HTTP_REQUEST_MAX_RETRIES"
@@ -73,7 +75,8 @@ def trial_param_tag(key: str) -> str:
 
 
 # --- tags: what ran
-SHAPE = "shape"  # neurons x time_steps x contacts, e.g. 64x256x32 (see shape_label)
+SHAPE = "shape"  # one stream's (population x time x channels), e.g. 64x256x32 (see shape_label)
+STREAMS = "workload.streams"  # independent streams per update (B); batches are (B, population, time, channels)
 SHAPE_INPUTS = "shape.inputs"
 SHAPE_TARGETS = "shape.targets"
 DTYPE_INPUTS = "dtype.inputs"
@@ -161,6 +164,7 @@ def update_metric(stat: str) -> str:
 
 
 UPDATE_MEDIAN = update_metric("median")
+STREAMS_PER_S = "streams_per_s"  # streams x updates per second: B * 1000 / update_ms_median
 
 
 def phase_metric(phase: str) -> str:
@@ -176,15 +180,16 @@ EXECUTOR_PARAM_PREFIX = "executor."
 NOT_MEASUREMENT_PARAM_PREFIXES = ("tracking.", "sweep.", "run.progress")
 
 
-def shape_label(neurons: object, time_steps: object, contacts: object) -> str:
-    """The one spelling of a population shape: ``neurons x time_steps x contacts``."""
-    return f"{neurons}x{time_steps}x{contacts}"
+def shape_label(*dims: object) -> str:
+    """The one spelling of a population's shape, one stream's input dimensions joined by ``x``:
+    (population, time, channels), e.g. ``64x256x32``."""
+    return "x".join(map(str, dims))
 
 
 def shape_size(label: str) -> int:
-    """Neurons x time steps x contacts of a :func:`shape_label`, for ordering (0 if unreadable)."""
+    """The product of a :func:`shape_label`'s dimensions, for ordering (0 if unreadable)."""
     parts = label.split("x")
-    return int(parts[0]) * int(parts[1]) * int(parts[2]) if len(parts) == 3 and all(p.isdigit() for p in parts) else 0
+    return math.prod(int(part) for part in parts) if all(part.isdigit() for part in parts) else 0
 
 
 # --- timing you can defend: threads, device clock, contention, noise, repeats

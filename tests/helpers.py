@@ -15,6 +15,7 @@ import requests
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+PLUGINS = Path(__file__).resolve().parent / "plugins"  # the tests' own: a documented population, a CPU fused executor
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
