@@ -26,7 +26,7 @@ from mlflow.utils.time import get_current_time_millis
 
 from axoexp import names, processes
 from axoexp.errors import TrackingUnavailableError
-from axoexp.tracking import UNREACHABLE, Tracker, experiment_id, open_client, store_lock, with_mlflow_context
+from axoexp.tracking import UNREACHABLE, StoreOpening, Tracker, store_lock, with_mlflow_context
 from axoexp.windows import Observer
 
 JOURNAL_FILE = "journal.jsonl"
@@ -216,6 +216,7 @@ def journaled_run(
     tags: Mapping[str, str],
     *,
     output_dir: Path | None,
+    store: StoreOpening | None = None,
 ) -> Iterator[JournaledLog]:
     """An MLflow run, journaled in ``output_dir``, that ends FINISHED, FAILED (reason in tag
     ``axoexp.failure``) or KILLED (a signal or Ctrl-C).
@@ -223,20 +224,25 @@ def journaled_run(
     If the store cannot be reached at the start, or stops answering during the run, the run
     goes on with the journal alone and :class:`TrackingUnavailableError` is raised at its
     end, naming the journal to sync; without ``output_dir`` an unreachable store is an error
-    at once.
+    at once. ``store`` is the store already being opened (else it is opened here).
     """
+    store = store or StoreOpening(tracking_uri, experiment)
     journal = Journal(output_dir / JOURNAL_FILE) if output_dir is not None else None
+    try:
+        opened: tuple[Any, str] | BaseException = store.result()
+    except UNREACHABLE as error:
+        opened = error
     tags = with_mlflow_context({**tags, **process_tags()})
     if journal is not None:
         tags.update({names.JOURNAL_ID: journal.id, names.JOURNAL: str(journal.path.resolve())})
     start_time = get_current_time_millis()
     remote, lost = None, None
     try:
-        client = open_client(tracking_uri)
+        if isinstance(opened, BaseException):
+            raise opened
+        client, experiment_id = opened
         with store_lock(tracking_uri):
-            run = client.create_run(
-                experiment_id(client, experiment), start_time=start_time, run_name=run_name, tags=tags
-            )
+            run = client.create_run(experiment_id, start_time=start_time, run_name=run_name, tags=tags)
         remote = Tracker(client, run.info.run_id)
     except UNREACHABLE as error:
         if journal is None:

@@ -9,6 +9,7 @@ import fcntl
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -255,3 +256,32 @@ def child_runs(client: MlflowClient, parent: Run) -> list[Run]:
     return client.search_runs(
         [parent.info.experiment_id], filter_string=f"tags.`{names.PARENT_RUN_ID}` = '{parent.info.run_id}'"
     )
+
+
+class StoreOpening:
+    """The store opened, and the experiment found or created, in a background thread, so that
+    the run's other set-up (CUDA initialisation, git state, tags) overlaps importing the
+    store's backend and creating a fresh store's schema; :meth:`result` waits for it."""
+
+    def __init__(self, tracking_uri: str, experiment: str) -> None:
+        self._outcome: tuple[MlflowClient, str] | BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._open, args=(tracking_uri, experiment), name="axoexp-store-opening", daemon=True
+        )
+        self._thread.start()
+
+    def _open(self, tracking_uri: str, experiment: str) -> None:
+        try:
+            client = open_client(tracking_uri)
+            with store_lock(tracking_uri):
+                self._outcome = (client, experiment_id(client, experiment))
+        except BaseException as error:  # raised again in the waiting thread
+            self._outcome = error
+
+    def result(self) -> tuple[MlflowClient, str]:
+        """The client and the experiment's id, or what opening the store raised."""
+        self._thread.join()
+        if isinstance(self._outcome, BaseException):
+            raise self._outcome
+        assert self._outcome is not None
+        return self._outcome
