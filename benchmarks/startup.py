@@ -10,7 +10,7 @@ untimed (the store is created then, and files are in the page cache), then REPEA
 alternating, each in a new process, in one fresh working directory. A run's wall time is
 measured from outside (start of the child to its exit) and compared with the phases the run
 logged (``process_*_ms``); what the run could not log, its exit, is the difference.
-Writes NAME.json and NAME.md under --out-dir.
+Writes NAME.json and NAME.md under --out-dir (and, while it runs, each pair to NAME.partial.jsonl).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def commit() -> str:
     return head + (" (dirty)" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
-def measure(device: str, repeats: int) -> dict[str, object]:
+def measure(device: str, repeats: int, partial: Path) -> dict[str, object]:
     run_arguments, bare_arguments = COMMANDS[device]
     loads = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory(prefix="axoexp-startup-") as directory:
@@ -109,6 +109,8 @@ def measure(device: str, repeats: int) -> dict[str, object]:
             phases.append(logged_phases(stdout, workdir))
             bare_s.append(timed(bare_arguments, workdir)[0])
             loads.append(os.getloadavg()[0])
+            with partial.open("a") as out:  # what a pair measured, kept should a later one not finish
+                out.write(json.dumps({"run_s": run_s[-1], "bare_s": bare_s[-1], "phases_ms": phases[-1]}) + "\n")
     exit_s = [seconds - logged["process_total_ms"] / 1000 for seconds, logged in zip(run_s, phases, strict=True)]
     phase_names = [key for key in phases[0] if key != "process_total_ms"]
     return {
@@ -185,9 +187,11 @@ def main() -> None:
     parser.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--note", default="", help="what the reader must know, e.g. that the machine was shared")
     args = parser.parse_args()
-    result = measure(args.device, args.repeats)
-    result["note"] = args.note
     args.out_dir.mkdir(parents=True, exist_ok=True)
+    partial = args.out_dir / f"{args.name}.partial.jsonl"
+    result = measure(args.device, args.repeats, partial)
+    partial.unlink()
+    result["note"] = args.note
     (args.out_dir / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     text = markdown(result, args.note)
     (args.out_dir / f"{args.name}.md").write_text(text)
