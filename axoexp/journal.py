@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from mlflow.data.dataset import Dataset
+from mlflow.entities import Metric
 from mlflow.utils.time import get_current_time_millis
 
 from axoexp import names, processes
@@ -103,33 +104,42 @@ def read_journal(path: Path) -> list[dict[str, Any]]:
 @dataclass
 class JournaledLog(Observer):
     """The run's :class:`~axoexp.tracking.RunLog`: every call goes to the journal first, then
-    to MLflow. When MLflow stops answering, the run goes on with the journal alone."""
+    to MLflow. Params, tags and metrics go to MLflow together when the run ends, in as few
+    requests as MLflow allows (the journal has them from the moment they are logged); files
+    and datasets go at once. When MLflow stops answering, the run goes on with the journal alone."""
 
     journal: Journal | None
     remote: Tracker | None
     run_id: str
     remote_lost: str | None = None
     _journal_loss_reported: bool = False
+    _params: dict[str, str] = field(default_factory=dict)  # held for the batch at the end
+    _tags: dict[str, str] = field(default_factory=dict)
+    _metrics: list[Metric] = field(default_factory=list)
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         values = {key: str(value) for key, value in params.items()}
         self._record(PARAMS, params=values)
-        self._deliver(lambda remote: remote.log_params(values))
+        self._params.update(values)
+        self._send_unless_journaled()
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         values = {key: str(value) for key, value in tags.items()}
         self._record(TAGS, tags=values)
-        self._deliver(lambda remote: remote.set_tags(values))
+        self._tags.update(values)
+        self._send_unless_journaled()
 
     def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
         now, values = get_current_time_millis(), {key: float(value) for key, value in metrics.items()}
         self._record(METRICS, metrics=values, step=step, timestamp=now)
-        self._deliver(lambda remote: remote.log_metrics(values, step, now))
+        self._metrics.extend(Metric(key, value, now, step) for key, value in values.items())
+        self._send_unless_journaled()
 
     def log_series(self, name: str, values: list[float], first_step: int = 0) -> None:
         now, series = get_current_time_millis(), [float(value) for value in values]
         self._record(SERIES, name=name, values=series, first_step=first_step, timestamp=now)
-        self._deliver(lambda remote: remote.log_series(name, series, first_step, now))
+        self._metrics.extend(Metric(name, value, now, first_step + index) for index, value in enumerate(series))
+        self._send_unless_journaled()
 
     def log_text(self, text: str, artifact_file: str) -> None:
         """Kept as a file next to the journal, which names it, then uploaded."""
@@ -164,12 +174,13 @@ class JournaledLog(Observer):
             self.journal.sync()
 
     def end(self, status: str, reason: str | None) -> None:
-        """Record the end, then end the MLflow run (if it still answers)."""
+        """Record the end, send what was held for MLflow, then end the MLflow run (if it still answers)."""
         now = get_current_time_millis()
         self._record(END, status=status, reason=reason, end_time=now)
         if self.journal is not None:
             self.journal.close()
         self._report_journal_loss()
+        self._send_held()
 
         def terminate(remote: Tracker) -> None:
             if reason:
@@ -183,11 +194,22 @@ class JournaledLog(Observer):
             self.journal.append(kind, **fields)
             self._report_journal_loss()
 
+    def _send_unless_journaled(self) -> None:
+        """Without a working journal nothing is kept locally, so nothing is held back either."""
+        if self.journal is None or self.journal.lost is not None:
+            self._send_held()
+
+    def _send_held(self) -> None:
+        params, tags, metrics = self._params, self._tags, self._metrics
+        self._params, self._tags, self._metrics = {}, {}, []
+        if params or tags or metrics:
+            self._deliver(lambda remote: remote.log_batch(params, tags, metrics))
+
     def _report_journal_loss(self) -> None:
         if self.journal is None or self.journal.lost is None or self._journal_loss_reported:
             return
         self._journal_loss_reported = True
-        self._deliver(lambda remote: remote.set_tags({names.JOURNAL_LOST: self.journal.lost[:5000]}))  # type: ignore[union-attr]
+        self._tags[names.JOURNAL_LOST] = self.journal.lost[:5000]
 
     def _deliver(self, call: Callable[[Tracker], None]) -> None:
         if self.remote is None:

@@ -117,6 +117,19 @@ class Tracker:
             self.run_id, [DatasetInput(DatasetEntity(**record), [InputTag(names.DATASET_CONTEXT, context)])]
         )
 
+    def log_batch(self, params: Mapping[str, str], tags: Mapping[str, str], metrics: list[Metric]) -> None:
+        """Params, tags and metrics in as few requests as MLflow's limits allow (100 params,
+        100 tags, 1000 entries in all per request)."""
+        param_items = [Param(key, str(value)[:MAX_PARAM_LENGTH]) for key, value in params.items()]
+        tag_items = [RunTag(key, str(value)) for key, value in tags.items()]
+        metric_items = list(metrics)
+        while param_items or tag_items or metric_items:
+            some_params, param_items = param_items[:100], param_items[100:]
+            some_tags, tag_items = tag_items[:100], tag_items[100:]
+            room = MAX_BATCH - len(some_params) - len(some_tags)
+            some_metrics, metric_items = metric_items[:room], metric_items[room:]
+            self.client.log_batch(self.run_id, metrics=some_metrics, params=some_params, tags=some_tags)
+
     def _log(self, metrics: list[Metric]) -> None:
         for start in range(0, len(metrics), MAX_BATCH):
             self.client.log_batch(self.run_id, metrics=metrics[start : start + MAX_BATCH])
