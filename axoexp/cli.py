@@ -68,6 +68,7 @@ def hydra_app(config: DictConfig) -> float | None:
             observers=run_observers(config.run.progress, in_this_terminal),
         )
     except AxoexpError as error:
+        wallclock.take_phases()  # a failed job's phases are not the next job's
         if hydra_config.mode == RunMode.MULTIRUN:
             if isinstance(error, ConfigError):  # it made no run: the parent records why
                 sweep.note_refused_job(config, hydra_config.job.num, job_name or "", error)
