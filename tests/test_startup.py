@@ -50,6 +50,7 @@ def test_phase_clock_adds_phases_marked_twice_and_sums_to_its_total() -> None:
     assert metrics[names.PROCESS_TOTAL] == sum(value for key, value in metrics.items() if key != names.PROCESS_TOTAL)
 
 
+@pytest.mark.slow  # starts an interpreter
 def test_process_start_is_when_this_process_began() -> None:
     """Read in a fresh interpreter that reports the clock at its first line: the start lies before it."""
     code = "import time; now = time.clock_gettime(time.CLOCK_BOOTTIME); from axoexp import wallclock; "
@@ -72,6 +73,7 @@ def test_console_names_the_total_and_the_biggest_phases() -> None:
     )
 
 
+@pytest.mark.slow  # starts an interpreter
 def test_determinism_left_off_does_not_import_inductor_and_on_sets_its_flag() -> None:
     code = """
 import sys
