@@ -8,7 +8,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -81,8 +81,7 @@ def run_experiment(
         torch.cuda.init()
     wallclock.mark("cuda_init")
     configure_determinism(config.determinism)
-    container = OmegaConf.to_container(config, resolve=True)
-    assert isinstance(container, dict)
+    container = cast(dict[str, Any], OmegaConf.to_container(config, resolve=True))
     run_name = config.tracking.run_name or run_name or describe.default_run_name(plan)
     tags = {**describe.run_tags(plan, container), names.RESULT_KEY: metadata.result_key(plan.device, container)}
     machine_tags = metadata.collect(plan.device)

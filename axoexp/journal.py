@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from mlflow.data.dataset import Dataset
 from mlflow.entities import Metric
@@ -46,6 +46,7 @@ class Journal:
     lost: str | None = None
 
     def __post_init__(self) -> None:
+        self._stream: TextIO | None
         try:
             self._stream = self.path.open("a", encoding="utf-8")
         except OSError as error:
@@ -84,7 +85,8 @@ class Journal:
     def _fail(self, error: OSError) -> None:
         self.lost = f"writing {self.path} failed: {error}"
         try:
-            self._stream.close()  # type: ignore[union-attr]
+            if self._stream is not None:
+                self._stream.close()
         except OSError:
             pass
         self._stream = None

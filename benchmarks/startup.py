@@ -1,7 +1,7 @@
 """The README's command against the bare imports it cannot do without, side by side in fresh processes.
 
-    python benchmarks/startup.py --device cpu --repeats 7 --name cpu-startup-2026-12-03 --note "..."
-    python benchmarks/startup.py --device cuda --repeats 5 --name h200-startup-2026-12-03
+    python benchmarks/startup.py --device cpu --repeats 5 --label startup_cpu_2026-12-03_readme --note "..."
+    python benchmarks/startup.py --device cuda --repeats 3 --label startup_h200_2026-12-03_readme
 
 On the CPU it times ``python -m axoexp executor=eager loss=causal_mse`` against
 ``python -c "import torch, mlflow"``; with ``--device cuda`` the README's GPU command against
@@ -10,7 +10,8 @@ untimed (the store is created then, and files are in the page cache), then REPEA
 alternating, each in a new process, in one fresh working directory. A run's wall time is
 measured from outside (start of the child to its exit) and compared with the phases the run
 logged (``process_*_ms``); what the run could not log, its exit, is the difference.
-Writes NAME.json and NAME.md under --out-dir (and, while it runs, each pair to NAME.partial.jsonl).
+Writes LABEL.json and LABEL.md under --out-dir (and, while it runs, each pair to LABEL.partial.jsonl),
+with axoexp's provenance (commit, dirty flag, command, device, date).
 """
 
 from __future__ import annotations
@@ -18,14 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
+
+from axoexp import metadata
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMANDS = {
@@ -72,30 +73,6 @@ def spread(values: list[float]) -> dict[str, float]:
     }
 
 
-def machine(device: str) -> str:
-    if device == "cuda":
-        import torch
-
-        return f"{torch.cuda.get_device_name(0)}, {os.cpu_count()} CPUs"
-    model = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if "model name" in line
-        ),
-        platform.processor(),
-    )
-    return f"{model}, {os.cpu_count()} CPUs"
-
-
-def commit() -> str:
-    def git(*arguments: str) -> str:
-        return subprocess.run(["git", *arguments], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    head = git("rev-parse", "HEAD") or "unknown"
-    return head + (" (dirty)" if git("status", "--porcelain", "--untracked-files=no") else "")
-
-
 def measure(device: str, repeats: int, partial: Path) -> dict[str, object]:
     run_arguments, bare_arguments = COMMANDS[device]
     loads = [os.getloadavg()[0]]
@@ -114,9 +91,8 @@ def measure(device: str, repeats: int, partial: Path) -> dict[str, object]:
     exit_s = [seconds - logged["process_total_ms"] / 1000 for seconds, logged in zip(run_s, phases, strict=True)]
     phase_names = [key for key in phases[0] if key != "process_total_ms"]
     return {
-        "device": machine(device),
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "commit": commit(),
+        "provenance": metadata.provenance(device),
+        "cpus": os.cpu_count(),
         "python": sys.executable,
         "commands": {
             "run": " ".join(["python", *run_arguments]),
@@ -144,11 +120,10 @@ def markdown(result: dict[str, object], note: str) -> str:
     commands = result["commands"]
     assert isinstance(commands, dict)
     lines = [
-        f"# Start-up: the README's command against the bare imports ({result['date']})",
+        "# Start-up: the README's command against the bare imports",
         "",
-        f"- device: {result['device']}",
-        f"- commit: {result['commit']}",
-        f"- command: `python benchmarks/startup.py {' '.join(sys.argv[1:])}`",
+        f"- {metadata.provenance_line(result['provenance'])}",  # type: ignore[arg-type]
+        f"- {result['cpus']} CPUs",
         f"- {result['repeats']} alternating repetitions in fresh processes, after one untimed run of each "
         f"(untimed: run {result['untimed_first_s']['run']:.2f} s, bare {result['untimed_first_s']['bare']:.2f} s)",  # type: ignore[index]
         f"- 1-minute load average during the measurement: {', '.join(f'{x:.1f}' for x in result['load_average_1min'])}",  # type: ignore[union-attr]
@@ -183,18 +158,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=sorted(COMMANDS), default="cpu")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--name", required=True, help="file stem of the results, e.g. cpu-startup-2026-12-03")
+    parser.add_argument("--label", required=True, help="file stem of the results, e.g. startup_cpu_2026-12-03_readme")
     parser.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--note", default="", help="what the reader must know, e.g. that the machine was shared")
     args = parser.parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    partial = args.out_dir / f"{args.name}.partial.jsonl"
+    partial = args.out_dir / f"{args.label}.partial.jsonl"
     result = measure(args.device, args.repeats, partial)
     partial.unlink()
     result["note"] = args.note
-    (args.out_dir / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out_dir / f"{args.label}.json").write_text(json.dumps(result, indent=2) + "\n")
     text = markdown(result, args.note)
-    (args.out_dir / f"{args.name}.md").write_text(text)
+    (args.out_dir / f"{args.label}.md").write_text(text)
     print(text)
 
 

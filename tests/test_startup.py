@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from helpers import run_cli
 from mlflow.tracking import MlflowClient
 
 from axoexp import names, wallclock
