@@ -174,6 +174,32 @@ def phase_metric(phase: str) -> str:
 
 CAPTURE = phase_metric("capture")
 
+
+# A single run's wall time from its process's start (axoexp.wallclock), in the order the phases happen:
+# interpreter and imports; Hydra composing the config; planning; CUDA initialisation; the run's start
+# (store opened in the background meanwhile, run created, its params and tags); lease, population and
+# executor build; prepare; warm-up and measured updates; verify; the final logging.
+PROCESS_PHASES = (
+    "imports",
+    "config",
+    "planning",
+    "cuda_init",
+    "store",
+    "build",
+    "prepare",
+    "measure",
+    "verify",
+    "logging",
+)
+
+
+def process_metric(phase: str) -> str:
+    """The wall time of one phase of the run's process, e.g. ``process_imports_ms``."""
+    return f"process_{phase}_ms"
+
+
+PROCESS_TOTAL = process_metric("total")  # process start to the end of the final logging (exit not included)
+
 # --- params
 EXECUTOR_PARAM_PREFIX = "executor."
 # where results go and how a run is watched, not what was measured
