@@ -27,6 +27,17 @@ class PluginLoadError(AxoexpError, ImportError):
     exit_code = 2
 
 
+class CheckpointError(AxoexpError, ValueError):
+    """A checkpoint that is missing, of the wrong kind, fails its pinned SHA-256, or needs
+    arbitrary unpickling without a pin."""
+
+    exit_code = 2
+
+
+class IncompatibleComponentsError(AxoexpError, ValueError):
+    """Components that cannot work together, found only once built (planning refuses what it can see)."""
+
+
 class VerificationError(AxoexpError):
     """An executor's updates differ from eager ones by more than the tolerance."""
 
@@ -59,3 +70,21 @@ class LeaseTimeoutError(LeaseError):
 
 class NonFiniteResultError(AxoexpError):
     """An update produced a non-finite loss or parameter: the run's results are invalid."""
+
+
+class JobKilledError(AxoexpError):
+    """A sweep's job process died of a signal; its run was ended KILLED from its journal."""
+
+
+class RefusedTargetError(ConfigError):
+    """The composed config names a ``_target_`` (a class to instantiate) that axoexp does not ship."""
+
+
+class ComparisonError(AxoexpError):
+    """``python -m axoexp.compare`` was given runs it cannot compare, or a bad option."""
+
+    exit_code = 2
+
+
+class SearchError(AxoexpError):
+    """An Optuna search (``hydra/sweeper=optuna``) in which trials failed; the study keeps them as FAIL."""

@@ -1,28 +1,39 @@
 """Planning: check a composed config before any work and resolve it into a :class:`Plan`.
 
-Every problem that can be found without building anything (unknown names, parameters a
-factory does not take, out-of-range values, a CUDA-only executor on the CPU, a
-non-capturable optimizer under capture) is collected into one :class:`ConfigError`,
-raised before any MLflow run exists.
+Every problem that can be found before the work (unknown names, parameters a factory does
+not take, out-of-range values, a CUDA-only executor on the CPU, a non-capturable optimizer
+under capture, what a factory's ``config_problems`` refuses, a population an executor cannot
+run) is collected into one :class:`ConfigError`, raised before any MLflow run exists.
+
+The population is built once while planning, on the meta device (:func:`probe_population`):
+its factory runs as it will in the run, but no tensor holds memory or data. What it builds
+decides each executor's preconditions (:meth:`axoexp.interfaces.Executor.refusal`) and gives
+the run its shape and streams, for any population, whatever its parameters are called.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import psutil
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from axoexp import names
+from axoexp.components.population import checkpoint_problem
 from axoexp.config import bounded_keys
-from axoexp.errors import ConfigError, RegistryError
-from axoexp.interfaces import Executor, PopulationSetup
+from axoexp.errors import ConfigError, IncompatibleComponentsError, RegistryError
+from axoexp.executors.base import batch_loss
+from axoexp.interfaces import Executor, PopulationSetup, adaptation_parameters
 from axoexp.nvml import gpu_probe
 from axoexp.registry import GROUPS, REGISTRY, Component, Registry
 from axoexp.runtime import allowed_cpus
 from axoexp.tracking import resolve_tracking_uri, store_problem
+
+log = logging.getLogger(__name__)
+META = torch.device("meta")
 
 DTYPES = {
     "float32": torch.float32,
@@ -49,6 +60,19 @@ class Plan:
     params: dict[str, dict[str, Any]]
     capturable: bool
     registry: Registry
+    probe: PopulationSetup | None = None
+    """The population built on the meta device while planning (None where its factory cannot build there)."""
+
+    @property
+    def shape(self) -> str:
+        """The population's shape label, one stream's (population, time, channels), e.g. ``64x256x32``
+        (``?`` where planning could not build it)."""
+        return names.shape_label(*self.probe.shape) if self.probe is not None else "?"
+
+    @property
+    def streams(self) -> int:
+        """Independent streams per update (B), as the population builds its batches."""
+        return self.probe.streams if self.probe is not None else 1
 
     def build_population(self) -> PopulationSetup:
         return self.components["population"].build(
@@ -57,7 +81,7 @@ class Plan:
 
     def begin_executor_setup(self) -> None:
         """Let the planned executor start its population-independent one-off work now."""
-        self.components["executor"].factory.begin_setup(self.device, self.params["executor"])
+        executor_class(self.components["executor"]).begin_setup(self.device, self.params["executor"])
 
     def build_executor(self, module: torch.nn.Module, executor: str | None = None) -> Executor:
         """Optimizer, gradient transform and executor around ``module`` (a fresh set each call).
@@ -65,7 +89,7 @@ class Plan:
         ``executor`` names another executor of the plan's registry (built with its defaults),
         e.g. ``"eager"`` for a reference; by default the planned one with its parameters.
         """
-        parameters = list(module.trainable_adaptation_parameters())
+        parameters = adaptation_parameters(module)
         optimizer = self.components["optimizer"].build(
             self.params["optimizer"], parameters=parameters, capturable=self.capturable
         )
@@ -74,6 +98,9 @@ class Plan:
         )
         chosen = self.components["executor"]
         entry = chosen if executor is None else self.registry.get("executor", executor)
+        refusal = executor_class(entry).refusal(module=module, dtype=self.dtype)
+        if refusal:  # planning judged the meta-built population, or could not build one
+            raise IncompatibleComponentsError(f"executor={entry.name} cannot run this population: {refusal}")
         return entry.build(
             self.params["executor"] if entry is chosen else {},
             module=module,
@@ -84,6 +111,11 @@ class Plan:
 
 
 RESUME_MODES = ("same_sweep", "any", "false")
+
+
+def executor_class(entry: Component) -> type[Executor]:
+    """An ``executor`` option's factory: a subclass of :class:`Executor` (checked at registration)."""
+    return cast(type[Executor], entry.factory)
 
 
 def resume_mode(value: object) -> str | None:
@@ -99,8 +131,7 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
     params: dict[str, dict[str, Any]] = {}
     settings: dict[str, dict[str, Any]] = {}
     for group, spec in GROUPS.items():
-        node = OmegaConf.to_container(config[group], resolve=True)
-        assert isinstance(node, dict)
+        node = cast(dict[str, Any], OmegaConf.to_container(config[group], resolve=True))
         unset = [key for key in node if OmegaConf.is_missing(config[group], key)]
         if unset:  # a factory would get the string '???'
             problems += [f"{group}.{key} is mandatory and not set: set it, e.g. {group}.{key}=VALUE" for key in unset]
@@ -115,6 +146,7 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
             problems.append(str(error))
             continue
         problems += components[group].value_problems(node)
+        problems += factory_problems(components[group], node, config)
 
     for key, bounds in bounded_keys().items():
         problem = bounds.problem(OmegaConf.select(config, key))
@@ -137,41 +169,78 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
     elif dtype is None:
         choices = ", ".join(name for name in DTYPES if name not in REFUSED_DTYPES)
         problems.append(f"dtype={config.dtype!r} is not supported; choose one of: {choices}")
+    probe = None
     if "population" in components and device is not None and dtype is not None and not problems:
         problems += memory_problems(components["population"], params["population"], device, dtype)
+        if not problems:  # it fits: build it on the meta device, to see what it is
+            probe = probe_population(components["population"], params["population"], dtype, int(config.seed))
     store = store_problem(resolve_tracking_uri(config.tracking.uri))
     if store:
         problems.append(store)
+    if "population" in components:  # found here rather than once the MLflow run exists
+        checkpoint = params["population"].get("checkpoint")
+        problems += filter(None, [checkpoint_problem(checkpoint, params["population"].get("checkpoint_sha256"))])
     executor = components.get("executor")
     capturable = False
     if executor is not None and device is not None:
-        if executor.factory.requires_cuda and device.type != "cuda":
+        if executor_class(executor).requires_cuda and device.type != "cuda":
             problems.append(
                 f"executor={executor.name} needs CUDA, but device={config.device} "
                 f"(CUDA available here: {'yes' if torch.cuda.is_available() else 'no'}); "
                 "use executor=eager, or device=cuda on a machine with a GPU"
             )
         capturable = resolve_capturable(settings["optimizer"]["capturable"], executor, device, problems)
-    if executor is not None and dtype is not None and "population" in components:
-        refusal = executor.factory.refusal(population=components["population"].name, dtype=dtype)
+    if executor is not None and dtype is not None and probe is not None:
+        refusal = executor_class(executor).refusal(module=probe.module, dtype=dtype)
         if refusal:
             able = [
                 entry.name
                 for entry in registry.components()
-                if entry.group == "executor"
-                and not entry.factory.refusal(population=components["population"].name, dtype=dtype)
+                if entry.group == "executor" and not executor_class(entry).refusal(module=probe.module, dtype=dtype)
             ]
             problems.append(
                 f"executor={executor.name} cannot run this experiment: {refusal}; "
                 f"executors that can: {', '.join(sorted(able))}"
             )
+    if probe is not None and "loss" in components and not problems:
+        problems += loss_problems(components["loss"], params["loss"], probe)
     if problems:
         raise ConfigError(
             "invalid experiment config: "
             + (problems[0] if len(problems) == 1 else "".join(f"\n  - {problem}" for problem in problems))
         )
     assert device is not None and dtype is not None
-    return Plan(config, device, dtype, components, params, capturable, registry)
+    return Plan(config, device, dtype, components, params, capturable, registry, probe)
+
+
+def loss_problems(loss: Component, params: dict[str, Any], probe: PopulationSetup) -> list[str]:
+    """What the loss refuses of the population's predictions (e.g. a causal loss on too few time
+    steps), found by one forward and loss of the meta-built population (no data, no arithmetic)."""
+    try:
+        batch_loss(probe.module, loss.build(params), *probe.batches[0])
+    except IncompatibleComponentsError as error:
+        return [f"loss={loss.name}: {error}"]
+    except Exception as error:  # an operation the meta device lacks: the run finds what is wrong
+        log.info("loss %s cannot be evaluated on the meta device (%s)", loss.name, error)
+    return []
+
+
+def probe_population(
+    population: Component, params: dict[str, Any], dtype: torch.dtype, seed: int
+) -> PopulationSetup | None:
+    """The population as its factory builds it, on the meta device: the module's types,
+    dtypes and trainable parameters and the batches' shapes, with no memory or arithmetic
+    spent on tensors (the factory still runs its own host code, e.g. a random generator's
+    draws). None where the factory cannot build on the meta device: the executor's
+    preconditions are then checked on the real module, inside the run, and the shape is
+    read from the real batches."""
+    try:
+        return population.build(params, device=META, dtype=dtype, seed=seed)
+    except Exception as error:  # e.g. a data-dependent check; the real build reports its own errors
+        log.info(
+            "population %s cannot be built on the meta device (%s); it is judged when built", population.name, error
+        )
+        return None
 
 
 def available_bytes(device: torch.device) -> int:
@@ -189,6 +258,13 @@ def available_bytes(device: torch.device) -> int:
     return psutil.virtual_memory().available
 
 
+def factory_problems(component: Component, params: dict[str, Any], config: DictConfig) -> list[str]:
+    """What a factory with ``config_problems(params, config) -> list[str]`` refuses in its
+    settings (defaults included) and the config around them, before anything is built."""
+    check = getattr(component.factory, "config_problems", None)
+    return [] if check is None else list(check({**component.defaults(), **params}, config))
+
+
 def memory_problems(
     population: Component, params: dict[str, Any], device: torch.device, dtype: torch.dtype
 ) -> list[str]:
@@ -203,12 +279,10 @@ def memory_problems(
     if needed <= available:
         return []
     where = f"device {device}" if device.type == "cuda" else "host"
-    shape = names.shape_label(*(merged.get(key, "?") for key in ("neurons", "time_steps", "contacts")))
     return [
-        f"population {population.name} of shape {shape} (neurons x time_steps x contacts) "
-        f"needs about {needed / 2**30:.1f} GiB "
-        f"({dtype}; an estimate), but {where} memory has {available / 2**30:.1f} GiB available; "
-        "reduce population.neurons (or time_steps, contacts, batches)"
+        f"population {population.name} needs about {needed / 2**30:.1f} GiB "
+        f"({dtype}; its estimate), but {where} memory has {available / 2**30:.1f} GiB available; "
+        "make the population smaller (its population.* settings)"
     ]
 
 
@@ -230,7 +304,7 @@ def resolve_capturable(setting: object, executor: Component, device: torch.devic
     if setting not in CAPTURABLE_CHOICES:
         problems.append(f"optimizer.capturable={setting!r}; choose auto, true or false")
         return False
-    needs = executor.factory.requires_capturable_optimizer
+    needs = executor_class(executor).requires_capturable_optimizer
     if setting is False and needs:
         problems.append(
             f"optimizer.capturable=false, but executor={executor.name} captures the optimizer "

@@ -23,7 +23,11 @@ def configure_determinism(determinism: DictConfig) -> None:
     """Apply the run's determinism settings (``determinism.*``)."""
     if determinism.deterministic_algorithms:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(bool(determinism.deterministic_algorithms))
+    wanted = bool(determinism.deterministic_algorithms)
+    if wanted or torch.are_deterministic_algorithms_enabled():
+        # torch.use_deterministic_algorithms also sets inductor's flag, importing dynamo and inductor
+        # (seconds); off is both flags' default, so a run that keeps it off skips that import
+        torch.use_deterministic_algorithms(wanted)
     torch.backends.cudnn.benchmark = bool(determinism.cudnn_benchmark)
     torch.set_float32_matmul_precision(str(determinism.float32_matmul_precision))
 

@@ -23,7 +23,7 @@ NOISE_THRESHOLD = 0.50
 idle 16-CPU host, on all 16 CPUs and on 2 of them: every idle run stayed at or below 0.44 (0 of
 75 high), while 12 of 18 runs whose thread pool shared all its CPUs with one busy process were
 above (the 6 others were slowed uniformly, which a spread cannot show).
-benchmarks/results/noise_threads_*_2026-12-03.json keep every latency."""
+benchmarks/results/noise-threads_*_2026-12-03_*.json keep every latency."""
 LOW, HIGH = "low", "high"
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0
@@ -147,7 +147,7 @@ class LatencySummary:
             mean=float(values.mean()),
             min=float(values.min()),
             max=float(values.max()),
-            rel_iqr=rel_iqr(values),
+            rel_iqr=rel_iqr(samples_ms),
         )
 
     def as_metrics(self, metric_name: Callable[[str], str]) -> dict[str, float]:

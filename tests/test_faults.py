@@ -16,12 +16,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import free_port, run_cli, sleepy_executor_plugin, start_mlflow
+from helpers import free_port, run_cli, sleepy_executor_plugin, start_mlflow
 from mlflow.tracking import MlflowClient
 
 from axoexp import metadata, names, processes
-from axoexp.components.population import CheckpointError
-from axoexp.errors import ConfigError, NonFiniteResultError
+from axoexp.errors import CheckpointError, ConfigError, NonFiniteResultError
 from axoexp.experiment import run_experiment
 from axoexp.journal import JOURNAL_FILE, read_journal
 from axoexp.plan import plan_experiment
@@ -377,7 +376,7 @@ def test_float16_is_refused_while_planning_with_the_reason(make_config) -> None:
 
 
 def test_a_shape_that_cannot_fit_is_refused_before_allocating(make_config) -> None:
-    with pytest.raises(ConfigError, match=r"population lite of shape 1000000000x12x4 .* needs about \d+\.\d GiB"):
+    with pytest.raises(ConfigError, match=r"population lite needs about \d+\.\d GiB"):
         plan_experiment(make_config("population.neurons=1000000000"))
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli
+from helpers import run_cli
 from mlflow.tracking import MlflowClient
 from test_sweeps import SLOW_EXECUTOR
 
@@ -117,7 +117,7 @@ def test_unset_threads_are_calibrated_and_logged_resolved(make_config, client) -
 
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
-EVIDENCE = sorted(RESULTS.glob("noise_threads_h200host_*.json"))
+EVIDENCE = sorted(RESULTS.glob("noise-threads_h200_*.json"))
 
 
 def test_the_noise_threshold_holds_on_the_committed_evidence() -> None:

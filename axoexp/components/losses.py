@@ -1,4 +1,4 @@
-"""Losses between a population's prediction and its targets, shape (neurons, time, outputs)."""
+"""Losses between a population's prediction and its targets, shape (population, time, outputs)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from axoexp.components.population import WARMUP_STEPS
+from axoexp.errors import IncompatibleComponentsError
 from axoexp.interfaces import LossFn
 from axoexp.registry import NON_NEGATIVE, POSITIVE, component
 
@@ -18,15 +19,19 @@ def skip_warmup(loss: LossFn, warmup_steps: int) -> LossFn:
         raise ValueError(f"loss.warmup_steps must be non-negative, got {warmup_steps}")
 
     def causal(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        if prediction.shape[1] <= warmup_steps:
-            raise ValueError(
-                f"a causal loss skips the first {warmup_steps} warm-up steps, so it needs more "
-                f"than {warmup_steps} time steps; got {prediction.shape[1]} "
-                "(raise population.time_steps)"
-            )
+        if prediction.shape[1] <= warmup_steps:  # planning finds it on the meta-built population
+            raise IncompatibleComponentsError(_too_short(warmup_steps, prediction.shape[1]))
         return loss(prediction[:, warmup_steps:], target[:, warmup_steps:])
 
     return causal
+
+
+def _too_short(warmup_steps: int, steps: object) -> str:
+    return (
+        f"a causal loss skips the first {warmup_steps} warm-up steps, so it needs more than {warmup_steps} "
+        f"time steps, and the population's predictions have {steps}; give the population more time steps "
+        "or lower loss.warmup_steps"
+    )
 
 
 @component("loss", "causal_mse")
