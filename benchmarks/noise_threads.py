@@ -1,6 +1,6 @@
 """Idle against disturbed default runs, per thread count: the evidence for ``timing.noise`` and ``run.threads``.
 
-    python benchmarks/noise_threads.py --threads 1 2 auto --repeats 8 --out benchmarks/results/noise-threads_cpu_DATE_2cpu.json
+    python benchmarks/noise_threads.py --threads 1 2 auto --repeats 8 --out noise-threads_cpu_DATE_2cpu.json
 
 In one process, the default experiment's population and eager executor (or ``--override``s)
 run, for each repeat and each thread count (``auto``: ``run.threads=null``'s calibration after
