@@ -22,6 +22,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from axoexp import names
+from axoexp.components.population import checkpoint_problem
 from axoexp.config import bounded_keys
 from axoexp.errors import ConfigError, IncompatibleComponentsError, RegistryError
 from axoexp.executors.base import batch_loss
@@ -131,6 +132,10 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
     settings: dict[str, dict[str, Any]] = {}
     for group, spec in GROUPS.items():
         node = cast(dict[str, Any], OmegaConf.to_container(config[group], resolve=True))
+        unset = [key for key in node if OmegaConf.is_missing(config[group], key)]
+        if unset:  # a factory would get the string '???'
+            problems += [f"{group}.{key} is mandatory and not set: set it, e.g. {group}.{key}=VALUE" for key in unset]
+            continue
         name = node.pop("name", None)
         settings[group] = {key: node.pop(key, setting.default) for key, setting in spec.settings.items()}
         params[group] = node
@@ -172,6 +177,9 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
     store = store_problem(resolve_tracking_uri(config.tracking.uri))
     if store:
         problems.append(store)
+    if "population" in components:  # found here rather than once the MLflow run exists
+        checkpoint = params["population"].get("checkpoint")
+        problems += filter(None, [checkpoint_problem(checkpoint, params["population"].get("checkpoint_sha256"))])
     executor = components.get("executor")
     capturable = False
     if executor is not None and device is not None:

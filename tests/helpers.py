@@ -59,10 +59,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_mlflow(verb: str, root: Path, port: int, *, own_session: bool = False) -> subprocess.Popen[bytes]:
-    """A real ``mlflow server`` or ``mlflow ui`` on 127.0.0.1:``port`` over ``root/mlflow.db``,
-    returned once it answers /health (its log is ``root/VERB.log``). ``own_session`` puts it
-    and its workers in a process group of their own, so a test can kill them all at once."""
+def start_mlflow(
+    verb: str, root: Path, port: int, *, own_session: bool = False, backend: str | None = None, workers: int = 1
+) -> subprocess.Popen[bytes]:
+    """A real ``mlflow server`` or ``mlflow ui`` on 127.0.0.1:``port`` over ``root/mlflow.db``
+    (or the ``backend`` store URI) with ``workers`` worker processes, returned once it answers
+    /health (its log is ``root/VERB.log``, appended to). ``own_session`` puts it and its
+    workers in a process group of their own, so a test can kill them all at once."""
     log = root / f"{verb}.log"
     server = subprocess.Popen(
         [
@@ -75,13 +78,13 @@ def start_mlflow(verb: str, root: Path, port: int, *, own_session: bool = False)
             "--port",
             str(port),
             "--backend-store-uri",
-            f"sqlite:///{root / 'mlflow.db'}",
+            backend or f"sqlite:///{root / 'mlflow.db'}",
             "--workers",
-            "1",
+            str(workers),
         ],
         cwd=root,
         stdout=subprocess.DEVNULL,
-        stderr=log.open("w"),
+        stderr=log.open("a"),
         start_new_session=own_session,
     )
     deadline = time.monotonic() + 120

@@ -56,10 +56,10 @@ def masked_form(loss: LossFn) -> MaskedLossFn | None:
     return loss.masked if isinstance(loss, MeanOverSteps) else None
 
 
-def _too_short(warmup_steps: int, time_steps: object) -> str:
+def _too_short(warmup_steps: int, steps: object) -> str:
     return (
         f"a causal loss skips the first {warmup_steps} warm-up steps, so it needs more than {warmup_steps} "
-        f"time steps, and the population's predictions have {time_steps}; give the population more time steps "
+        f"time steps, and the population's predictions have {steps}; give the population more time steps "
         "or lower loss.warmup_steps"
     )
 

@@ -35,6 +35,31 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def checkpoint_problem(path: str | None, pinned_sha256: str | None) -> str | None:
+    """What makes ``population.checkpoint`` unusable that is found without unpickling it (so
+    while planning, before any MLflow run): not a file, unreadable, or failing its pin."""
+    if path is None:
+        return None
+    shown = path if len(path) <= 200 else f"{path[:200]}... ({len(path)} characters)"
+    try:
+        file = Path(path).expanduser()
+        if not file.is_file():
+            return f"population.checkpoint={shown!r} is not a file"
+        if pinned_sha256 is None:
+            with file.open("rb") as stream:
+                stream.read(1)
+            return None
+        actual = sha256_of(file)
+    except OSError as error:
+        return f"population.checkpoint={shown!r} cannot be read: {error.strerror or error}"
+    if actual != pinned_sha256.lower():
+        return (
+            f"population.checkpoint={shown!r} has SHA-256 {actual}, "
+            f"but population.checkpoint_sha256 pins {pinned_sha256}"
+        )
+    return None
+
+
 def load_lite_checkpoint(path: str, pinned_sha256: str | None) -> tuple[AxoSimLite, str]:
     """Load an AxoSim-Lite checkpoint; return the model and the file's SHA-256.
 
@@ -43,15 +68,11 @@ def load_lite_checkpoint(path: str, pinned_sha256: str | None) -> tuple[AxoSimLi
     unpickling is refused unless ``checkpoint_sha256`` pins it; the pin is checked before
     anything is unpickled.
     """
+    problem = checkpoint_problem(path, pinned_sha256)
+    if problem:
+        raise CheckpointError(problem)
     file = Path(path).expanduser()
-    if not file.is_file():
-        raise CheckpointError(f"population.checkpoint={path!r} is not a file")
     actual = sha256_of(file)
-    if pinned_sha256 is not None and actual != pinned_sha256.lower():
-        raise CheckpointError(
-            f"population.checkpoint={path!r} has SHA-256 {actual}, "
-            f"but population.checkpoint_sha256 pins {pinned_sha256}"
-        )
     try:
         payload = torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
