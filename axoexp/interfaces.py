@@ -142,9 +142,10 @@ class Executor(ABC):
         return {}
 
     @classmethod
-    def length_refusal(cls, *, params: Mapping[str, Any], lengths: list[int], loss_fn: LossFn) -> str | None:
+    def length_refusal(cls, *, params: Mapping[str, Any], lengths: list[int], loss_fn: LossFn | None) -> str | None:
         """Why this executor cannot run batches of these lengths (one per batch; they may differ,
-        ``population.lengths``) with ``loss_fn``, or ``None``. Planning asks it before any run."""
+        ``population.lengths``) with ``loss_fn`` (``None`` where the config has other problems),
+        or ``None``. Planning asks it before any run."""
         del params, lengths, loss_fn
         return None
 

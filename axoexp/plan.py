@@ -208,7 +208,7 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
         refusal = executor_class(executor).length_refusal(
             params={**executor.defaults(), **params["executor"]},
             lengths=[int(inputs.shape[-2]) for inputs, _ in probe.batches],
-            loss_fn=components["loss"].build(params["loss"]),
+            loss_fn=None if problems else components["loss"].build(params["loss"]),  # built only when valid
         )
         if refusal:
             problems.append(f"executor={executor.name} cannot run batches of these lengths: {refusal}")

@@ -136,8 +136,8 @@ def test_cli_refuses_a_bad_lengths_value_in_one_line(tmp_path) -> None:
     result = run_cli("population.lengths=uniform:40", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
-        "axoexp: invalid experiment config: population.lengths='uniform:40' is not null (every batch has "
-        "time_steps), a list such as [64,128,256] (or '64,128,256'), or uniform:MIN:MAX"
+        "axoexp: invalid experiment config: population.lengths='uniform:40' is not null (every batch has the "
+        "population's fixed length), a list such as [64,128,256] (or '64,128,256'), or uniform:MIN:MAX"
     )
 
 

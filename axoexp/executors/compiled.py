@@ -75,7 +75,7 @@ class CompiledCudaGraphExecutor(compiler_startup.StartsCompilerEarly, CudaGraphE
         self.compiled = CompiledForward(self.module, backend="inductor", dynamic=False, options=INDUCTOR_OPTIONS)
 
     @classmethod
-    def length_refusal(cls, *, params: Mapping[str, Any], lengths: list[int], loss_fn: LossFn) -> str | None:
+    def length_refusal(cls, *, params: Mapping[str, Any], lengths: list[int], loss_fn: LossFn | None) -> str | None:
         if len(set(lengths)) == 1:
             return None
         return (

@@ -52,14 +52,14 @@ class CudaGraphExecutor(Executor):
         self.bucket_steps: dict[int, CapturedUpdate] = {}
 
     @classmethod
-    def length_refusal(cls, *, params: Mapping[str, Any], lengths: list[int], loss_fn: LossFn) -> str | None:
+    def length_refusal(cls, *, params: Mapping[str, Any], lengths: list[int], loss_fn: LossFn | None) -> str | None:
         if len(set(lengths)) == 1:
             return None
         try:
             buckets_for(params.get("buckets", DEFAULT_BUCKETS), lengths)
         except ValueError as error:
             return str(error)
-        if masked_form(loss_fn) is None:
+        if loss_fn is not None and masked_form(loss_fn) is None:
             return "its bucket graphs pad batches and mask the loss, and this loss has no masked form"
         return None
 
