@@ -14,6 +14,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from axoexp import describe, metadata, names, signals
+from axoexp.banks import SavedBanks, UpdateCount, eval_loss, keep_banks
 from axoexp.contention import ContentionGuard
 from axoexp.guard import FiniteGuard
 from axoexp.interfaces import RunLog
@@ -51,6 +52,10 @@ class ExperimentResult:
     host_overhead_ms: float | None = None  # median of host minus device time per measured update
     contention: str = "none"  # tag timing.contention
     threads: int = 0  # torch intra-op threads (run.threads, resolved)
+    eval_loss_before: float | None = None  # loss on the held-out batches before the first update
+    eval_loss_after: float | None = None  # and after the last
+    eval_batches: int = 0
+    banks: SavedBanks | None = None  # the adapted banks, the run's artifact
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, default=str)
@@ -102,7 +107,7 @@ def run_experiment(
             threads = configure_threads(config.run.threads)  # after the lease pinned this process's CPUs
             tracker.log_params({names.RUN_THREADS_PARAM: threads.count})
             tracker.set_tags({**lease.tags(), **threads.tags()})  # held alone from build through verify
-            result = _execute(plan, tracker, tracking_uri, [tracker, *observers])
+            result = _execute(plan, tracker, tracking_uri, [tracker, *observers], output_dir)
             result.threads = threads.count
         tracker.set_tags(lease.tags())
         if output_dir is not None:
@@ -116,54 +121,72 @@ def run_experiment(
         return result
 
 
-def _execute(plan: Plan, tracker: RunLog, tracking_uri: str, observers: Sequence[Observer]) -> ExperimentResult:
-    """Build, prepare, time, verify; log each as it completes."""
+def _execute(
+    plan: Plan, tracker: RunLog, tracking_uri: str, observers: Sequence[Observer], output_dir: Path | None
+) -> ExperimentResult:
+    """Build, evaluate, prepare, time, verify, evaluate and keep the adapted banks; log each as it
+    completes. A run interrupted after an update keeps its banks too (not evaluated: it is stopping)."""
     config = plan.config
     setup = plan.build_population()
     tracker.set_tags(describe.workload_tags(setup, plan))
+    if plan.initial_banks is not None:
+        tracker.set_tags(plan.initial_banks.tags())
     tracker.log_dataset(describe.workload_dataset(setup, plan), names.WORKLOAD_CONTEXT)
+    loss_fn, population = plan.build_loss(), plan.components["population"].name
+    eval_before = eval_loss(setup.module, loss_fn, setup.eval_batches)  # not timed: no window is open
+    if eval_before is not None:
+        tracker.log_metrics({names.EVAL_LOSS_BEFORE: eval_before})
     pristine = copy.deepcopy(setup.module) if config.verify.enabled else None
     executor = plan.build_executor(setup.module)
     tracker.set_tags(describe.timing_tags(executor, plan.device))
-    guard = ContentionGuard(plan.device)
-    observers = (*observers, FiniteGuard(setup.module, tracker), guard)  # the guard last: its samples
-    # lie closest to the timed updates
+    guard, adapted = ContentionGuard(plan.device), UpdateCount()
+    observers = (*observers, adapted, FiniteGuard(setup.module, tracker), guard)  # the guard last: its
+    # samples lie closest to the timed updates
     try:
-        with window(observers, PREPARE):
-            prepare_ms = executor.prepare(*setup.batches[0])
-        tracker.log_metrics({names.phase_metric(phase): value for phase, value in prepare_ms.items()})
-        tracker.set_tags(executor.prepared_tags)
-        if prepare_ms:
-            log.info("prepare: %s", ", ".join(f"{phase} {ms:.1f} ms" for phase, ms in prepare_ms.items()))
-        warmup, measured = measure_updates(
-            executor,
-            setup.batches,
-            config.run.warmup_updates,
-            config.run.measured_updates,
-            tracker,
-            observers,
-            config.run.min_time_s,
-            config.run.max_time_s,
-        )
-    finally:
-        guard.log_to(tracker)
-    if config.run.require_quiet:
-        guard.raise_if_contended()
-
-    verification = None
-    if pristine is not None:
-        with window(observers, VERIFY):
-            verification = verify_parity(
-                plan.build_executor,
-                plan.components["executor"].name,
-                pristine,
+        try:
+            with window(observers, PREPARE):
+                prepare_ms = executor.prepare(*setup.batches[0])
+            tracker.log_metrics({names.phase_metric(phase): value for phase, value in prepare_ms.items()})
+            tracker.set_tags(executor.prepared_tags)
+            if prepare_ms:
+                log.info("prepare: %s", ", ".join(f"{phase} {ms:.1f} ms" for phase, ms in prepare_ms.items()))
+            warmup, measured = measure_updates(
+                executor,
                 setup.batches,
-                config.verify.updates,
-                config.verify.loss_atol,
-                config.verify.param_atol,
+                config.run.warmup_updates,
+                config.run.measured_updates,
+                tracker,
+                observers,
+                config.run.min_time_s,
+                config.run.max_time_s,
             )
-        tracker.log_metrics(verification.metrics())
-        verification.raise_if_failed()
+        finally:
+            guard.log_to(tracker)
+        if config.run.require_quiet:
+            guard.raise_if_contended()
+
+        verification = None
+        if pristine is not None:
+            with window(observers, VERIFY):
+                verification = verify_parity(
+                    plan.build_executor,
+                    plan.components["executor"].name,
+                    pristine,
+                    setup.batches,
+                    config.verify.updates,
+                    config.verify.loss_atol,
+                    config.verify.param_atol,
+                )
+            tracker.log_metrics(verification.metrics())
+            verification.raise_if_failed()
+    except KeyboardInterrupt:  # ends KILLED: what the updates made is kept, as everything measured is
+        if adapted.updates:
+            keep_banks(setup.module, population, adapted.updates, tracker, output_dir)
+        raise
+    eval_after = eval_loss(setup.module, loss_fn, setup.eval_batches)
+    if eval_after is not None:
+        tracker.log_metrics({names.EVAL_LOSS_AFTER: eval_after})
+    banks = keep_banks(setup.module, population, adapted.updates, tracker, output_dir)
     return ExperimentResult(
         run_id=tracker.run_id,
         tracking_uri=tracking_uri,
@@ -179,4 +202,8 @@ def _execute(plan: Plan, tracker: RunLog, tracking_uri: str, observers: Sequence
         if measured.device_ms
         else None,
         contention=guard.verdict(),
+        eval_loss_before=eval_before,
+        eval_loss_after=eval_after,
+        eval_batches=len(setup.eval_batches),
+        banks=banks,
     )

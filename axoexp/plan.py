@@ -2,8 +2,9 @@
 
 Every problem that can be found without building anything (unknown names, parameters a
 factory does not take, out-of-range values, a CUDA-only executor on the CPU, a
-non-capturable optimizer under capture) is collected into one :class:`ConfigError`,
-raised before any MLflow run exists.
+non-capturable optimizer under capture, an update too short for the loss, banks to start
+from that do not fit) is collected into one :class:`ConfigError`, raised before any MLflow
+run exists.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from axoexp import names
+from axoexp.banks import InitialBanks, read_initial_banks
 from axoexp.config import bounded_keys
-from axoexp.errors import ConfigError, RegistryError
-from axoexp.interfaces import Executor, PopulationSetup
+from axoexp.errors import BanksError, ConfigError, RegistryError
+from axoexp.interfaces import Executor, LossFn, PopulationSetup
 from axoexp.nvml import gpu_probe
-from axoexp.registry import GROUPS, REGISTRY, Component, Registry
+from axoexp.registry import GROUPS, INIT_FROM, INIT_FROM_SHA256, REGISTRY, Component, Registry
 from axoexp.runtime import allowed_cpus
 from axoexp.tracking import resolve_tracking_uri, store_problem
 
@@ -49,11 +51,22 @@ class Plan:
     params: dict[str, dict[str, Any]]
     capturable: bool
     registry: Registry
+    initial_banks: InitialBanks | None = None
+    """The adapted banks ``population.init_from`` names, read and checked; loaded once built."""
 
     def build_population(self) -> PopulationSetup:
-        return self.components["population"].build(
+        """The population as its factory builds it, then (``population.init_from``) given the
+        initial banks, after its teacher and batches were made from the freshly built one."""
+        population = self.components["population"]
+        setup = population.build(
             self.params["population"], device=self.device, dtype=self.dtype, seed=int(self.config.seed)
         )
+        if self.initial_banks is not None:
+            self.initial_banks.load_into(population.name, setup.module, self.dtype)
+        return setup
+
+    def build_loss(self) -> LossFn:
+        return self.components["loss"].build(self.params["loss"])
 
     def begin_executor_setup(self) -> None:
         """Let the planned executor start its population-independent one-off work now."""
@@ -78,7 +91,7 @@ class Plan:
             self.params["executor"] if entry is chosen else {},
             module=module,
             optimizer=optimizer,
-            loss_fn=self.components["loss"].build(self.params["loss"]),
+            loss_fn=self.build_loss(),
             gradient_transform=transform,
         )
 
@@ -135,6 +148,8 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
         problems.append(f"dtype={config.dtype!r} is not supported; choose one of: {choices}")
     if "population" in components and device is not None and dtype is not None and not problems:
         problems += memory_problems(components["population"], params["population"], device, dtype)
+    if "population" in components and "loss" in components and not problems:
+        problems += length_problems(components["population"], params["population"], components["loss"], params["loss"])
     store = store_problem(resolve_tracking_uri(config.tracking.uri))
     if store:
         problems.append(store)
@@ -161,13 +176,58 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
                 f"executor={executor.name} cannot run this experiment: {refusal}; "
                 f"executors that can: {', '.join(sorted(able))}"
             )
+    initial_banks = None
+    if settings["population"][INIT_FROM] is not None and not problems:
+        assert dtype is not None
+        try:
+            initial_banks = read_initial_banks(
+                str(settings["population"][INIT_FROM]),
+                settings["population"][INIT_FROM_SHA256],
+                resolve_tracking_uri(config.tracking.uri),
+            )
+        except BanksError as error:
+            problems.append(str(error))
+        else:
+            problems += banks_problems(initial_banks, components["population"], params["population"], dtype, config)
     if problems:
         raise ConfigError(
             "invalid experiment config: "
             + (problems[0] if len(problems) == 1 else "".join(f"\n  - {problem}" for problem in problems))
         )
     assert device is not None and dtype is not None
-    return Plan(config, device, dtype, components, params, capturable, registry)
+    return Plan(config, device, dtype, components, params, capturable, registry, initial_banks)
+
+
+def banks_problems(
+    banks: InitialBanks, population: Component, params: dict[str, Any], dtype: torch.dtype, config: DictConfig
+) -> list[str]:
+    """Why ``banks`` cannot start this population, judged on the population built on the meta
+    device (its factory runs, no tensor holds memory). A factory that cannot build there is
+    judged on the real module once built, inside the run."""
+    try:
+        probe = population.build(params, device=torch.device("meta"), dtype=dtype, seed=int(config.seed))
+    except Exception:  # e.g. a data-dependent check in a plugin's factory: judged when really built
+        return []
+    return banks.problems(population.name, probe.module, dtype)
+
+
+def length_problems(
+    population: Component, params: dict[str, Any], loss: Component, loss_params: dict[str, Any]
+) -> list[str]:
+    """An update too short for the loss: a loss with a ``warmup_steps`` parameter leaves out that
+    many leading steps, so a population whose factory declares ``sequence_length(params) ->
+    (key, steps)`` must have more steps than that."""
+    sequence_length = getattr(population.factory, "sequence_length", None)
+    warmup = {**loss.defaults(), **loss_params}.get("warmup_steps")
+    if sequence_length is None or not isinstance(warmup, int) or warmup <= 0:
+        return []
+    key, steps = sequence_length({**population.defaults(), **params})
+    if steps > warmup:
+        return []
+    return [
+        f"population.{key}={steps} is too short for loss={loss.name}, which leaves out the first {warmup} "
+        f"warm-up steps: raise population.{key} above {warmup} or lower loss.warmup_steps"
+    ]
 
 
 def available_bytes(device: torch.device) -> int:

@@ -128,6 +128,8 @@ def _ui_column(kind: str, key: str) -> str:
 RUNS_VIEW_COLUMNS = (
     *(_ui_column("metrics", names.update_metric(stat)) for stat in ("median", "p10", "p90")),
     _ui_column("metrics", names.CAPTURE),
+    _ui_column("metrics", names.EVAL_LOSS_BEFORE),
+    _ui_column("metrics", names.EVAL_LOSS_AFTER),
     _ui_column("tags", names.component_tag("executor")),
     _ui_column("tags", names.SHAPE),
     *(_ui_column("attributes", key) for key in ("Dataset", "Source", "Version")),

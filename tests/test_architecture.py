@@ -74,6 +74,7 @@ LAYERS = (
         "axoexp.progress",
         "axoexp.verification",
         "axoexp.plan",
+        "axoexp.banks",
         "axoexp.sync",
     ),
     # whole flows

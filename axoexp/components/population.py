@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import pickle
 from pathlib import Path
@@ -99,20 +100,38 @@ def _lite_from_payload(path: str, payload: Any) -> torch.nn.Module | None:
     return model
 
 
+OUTPUTS = next(item.default for item in dataclasses.fields(SupportP4Config) if item.name == "output_dim")
+"""Outputs per neuron and step of a fresh AxoSim-Lite model (a checkpoint's may differ)."""
+EVAL_SEED_OFFSET = 2**32
+"""The held-out batches are drawn from a generator seeded ``seed + EVAL_SEED_OFFSET``: none of
+them is an adapted batch, and they stay the same whatever ``batches`` is."""
+BYTES_PER_BATCH = 1536
+"""Bookkeeping of one held (inputs, targets) pair beyond its data: two tensors, their storages and
+allocations (measured: 1-1.5 KiB at 3x12x4, CPU, float32)."""
+BATCH_SLACK = 1.15
+"""What the allocator keeps beyond the batches' data while they are generated between the
+teacher's temporaries (measured: up to 10 % at 200x12x4)."""
+
+
 def memory_estimate(params: dict[str, Any], dtype: torch.dtype) -> int:
-    """Bytes the lite workload needs on its device: batches, model activations and gradients,
-    linear in neurons x time_steps. Fitted to the peak memory of CPU float32 runs (within
-    ~20 % from 2,000 to 100,000 neurons, across the model dimensions); the checkpoint's own
-    dimensions are not known before loading, so the configured ones are used."""
-    per_step = (
-        64
-        + (params["batches"] + 3) * params["contacts"]
-        + 3 * params["token_dim"]
-        + 6 * params["state_dim"]
-        + params["route_features"]
-    )
+    """Bytes the lite workload needs on its device: every batch it holds (the inputs and the
+    teacher's targets of the adapted and the held-out batches), and the model's activations and
+    gradients during an update, linear in neurons x time_steps. The update's part was fitted to
+    the peak memory of CPU float32 runs (within ~20 % from 2,000 to 100,000 neurons, across the
+    model dimensions); tests/test_banks.py checks the whole against measured peak memory over
+    batch counts. A checkpoint's own dimensions are not known before loading, so the configured
+    ones are used."""
     itemsize = torch.empty((), dtype=dtype).element_size()
-    return int(params["neurons"]) * int(params["time_steps"]) * per_step * itemsize
+    steps = int(params["neurons"]) * int(params["time_steps"])
+    batch = steps * (params["contacts"] + OUTPUTS) * itemsize * BATCH_SLACK + BYTES_PER_BATCH
+    held = (params["batches"] + params["eval_batches"]) * batch
+    update = 64 + 3 * params["contacts"] + 3 * params["token_dim"] + 6 * params["state_dim"] + params["route_features"]
+    return int(held + steps * update * itemsize)
+
+
+def sequence_length(params: dict[str, Any]) -> tuple[str, int]:
+    """The key and value of the time steps per update, which a causal loss's warm-up must leave some of."""
+    return "time_steps", int(params["time_steps"])
 
 
 def make_lite_model(
@@ -143,7 +162,9 @@ def lite(
     dtype: torch.dtype,
     seed: int,
     neurons: Annotated[int, "population size", AT_LEAST_ONE] = 3,
-    time_steps: Annotated[int, "native 1 ms steps per update; the first 4 outputs are warm-up", AT_LEAST_ONE] = 12,
+    time_steps: Annotated[
+        int, "native 1 ms steps per update; the first 4 outputs are warm-up, so at least 5", Bounds(WARMUP_STEPS + 1)
+    ] = 12,
     contacts: Annotated[int, "retained incoming contacts per neuron", AT_LEAST_ONE] = 4,
     branches: Annotated[int, "model dimension: dendritic branches (ignored with a checkpoint)", AT_LEAST_ONE] = 16,
     route_features: Annotated[int, "model dimension: routing features (ignored with a checkpoint)", AT_LEAST_ONE] = 8,
@@ -156,6 +177,9 @@ def lite(
     checkpoint: Annotated[str | None, "axosim.checkpoint file to load instead of a fresh model"] = None,
     checkpoint_sha256: Annotated[str | None, "pin: the checkpoint is refused unless its SHA-256 matches"] = None,
     batches: Annotated[int, "distinct (inputs, targets) batches, cycled", AT_LEAST_ONE] = 4,
+    eval_batches: Annotated[
+        int, "held-out batches, never adapted on: eval_loss_before and eval_loss_after", AT_LEAST_ONE
+    ] = 2,
     input_rate: Annotated[float, "Bernoulli spike probability per step and contact", Bounds(0, 1)] = 0.2,
     target_perturbation: Annotated[
         float, "std of the teacher's perturbation of every adaptation bank", Bounds(0)
@@ -166,7 +190,8 @@ def lite(
     Contact inputs are Bernoulli(``input_rate``) spikes of shape (neurons, time_steps,
     contacts). Targets are the outputs of a *teacher*: the same population with every
     adaptation bank perturbed by Gaussian noise of std ``target_perturbation``, so the
-    targets are reachable by adapting the banks. With ``checkpoint`` the model dimensions
+    targets are reachable by adapting the banks. ``eval_batches`` more batches of the same
+    teacher, drawn from a generator of their own, are held out for evaluation. With ``checkpoint`` the model dimensions
     come from the checkpoint and ``branches``..``morphologies`` are ignored.
     """
     if not (train_behavior or train_morphology or train_synaptic):
@@ -202,12 +227,18 @@ def lite(
             parameter.add_(target_perturbation * torch.randn(parameter.shape, generator=generator))
     module.to(device=device, dtype=dtype)
     teacher.to(device=device, dtype=dtype)
-    stream = []
-    with torch.no_grad():
-        for _ in range(batches):
-            spikes = torch.rand(neurons, time_steps, contacts, generator=generator) < input_rate
-            inputs = spikes.to(device=device, dtype=dtype)
-            stream.append((inputs, teacher(inputs).detach()))
+
+    def draw(count: int, generator: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        drawn = []
+        with torch.no_grad():
+            for _ in range(count):
+                spikes = torch.rand(neurons, time_steps, contacts, generator=generator) < input_rate
+                inputs = spikes.to(device=device, dtype=dtype)
+                drawn.append((inputs, teacher(inputs).detach()))
+        return drawn
+
+    stream = draw(batches, generator)
+    held_out = draw(eval_batches, torch.Generator().manual_seed(seed + EVAL_SEED_OFFSET))
     description.update(
         branches=config.input_dim,
         route_features=config.route_feature_dim,
@@ -217,7 +248,8 @@ def lite(
         outputs=config.output_dim,
         trainable_parameters=sum(p.numel() for p in module.trainable_adaptation_parameters()),
     )
-    return PopulationSetup(module=module, batches=stream, description=description)
+    return PopulationSetup(module=module, batches=stream, description=description, eval_batches=held_out)
 
 
 lite.memory_estimate = memory_estimate  # type: ignore[attr-defined]
+lite.sequence_length = sequence_length  # type: ignore[attr-defined]
