@@ -1,0 +1,88 @@
+"""Refused while planning, for real: a memory estimate that counts everything a population holds,
+checked against the peak memory a real build and update reach; updates too short for the loss."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from axoexp.errors import ConfigError
+from axoexp.plan import plan_experiment
+
+# A fresh process builds the lite population with PARAMS, holds it and runs two eager updates
+# (what a run holds at its peak: every batch and held-out batch, the teacher's targets, the
+# activations and gradients of an update); it prints the growth of its peak RSS over the RSS
+# before, after a small build and update first, so torch's one-off allocations are not counted.
+PEAK_PROBE = """
+import json, resource, sys
+import psutil, torch
+from axoexp.components.losses import causal_mse
+from axoexp.components.population import lite
+from axoexp.executors.base import eager_update
+
+torch.set_num_threads(1)
+
+def build_and_update(params):
+    setup = lite(device=torch.device("cpu"), dtype=torch.float32, seed=0, **params)
+    optimizer = torch.optim.Adam(list(setup.module.trainable_adaptation_parameters()), lr=1e-3)
+    for index in range(2):
+        eager_update(setup.module, optimizer, causal_mse(), None, *setup.batches[index % len(setup.batches)])
+    return setup
+
+build_and_update({})
+before = psutil.Process().memory_info().rss
+held = build_and_update(json.loads(sys.argv[1]))
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"neurons": 1000, "time_steps": 32, "contacts": 32, "batches": 1},
+        {"neurons": 1000, "time_steps": 32, "contacts": 32, "batches": 16},
+        {"neurons": 1000, "time_steps": 32, "contacts": 32, "batches": 64},
+        {"neurons": 200, "time_steps": 12, "contacts": 4, "batches": 2000},  # many small batches (issue 24)
+    ],
+    ids=lambda params: f"{params['neurons']}x{params['time_steps']}x{params['contacts']}-batches{params['batches']}",
+)
+def test_the_memory_estimate_covers_the_measured_peak_within_one_and_a_half_times(params, loaded_registry) -> None:
+    grown = int(
+        subprocess.run(
+            [sys.executable, "-c", PEAK_PROBE, json.dumps(params)], capture_output=True, text=True, check=True
+        ).stdout
+    )
+    population = loaded_registry.get("population", "lite")
+    estimate = population.factory.memory_estimate({**population.defaults(), **params}, torch.float32)
+    assert grown <= estimate <= 1.5 * grown, f"estimate {estimate / 2**20:.1f} MiB, measured {grown / 2**20:.1f} MiB"
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["population.time_steps=3"], "population.time_steps=3: must be at least 5"),
+        (["population.time_steps=1", "loss=mse"], "population.time_steps=1: must be at least 5"),
+        (
+            ["population.time_steps=8", "loss=causal_mse", "loss.warmup_steps=8"],
+            "population.time_steps=8 is too short for loss=causal_mse, which leaves out the first 8 warm-up "
+            "steps: raise population.time_steps above 8 or lower loss.warmup_steps",
+        ),
+        (["population.time_steps=6", "loss=huber", "loss.warmup_steps=6"], "is too short for loss=huber"),
+    ],
+)
+def test_updates_too_short_for_the_loss_are_refused_while_planning_in_one_line(make_config, overrides, message) -> None:
+    with pytest.raises(ConfigError) as refused:
+        plan_experiment(make_config(*overrides))
+    text = str(refused.value)
+    assert text.startswith("invalid experiment config: population.time_steps=") and message in text
+    assert "\n" not in text, "one line"
+
+
+def test_a_loss_whose_warm_up_leaves_steps_is_planned(make_config) -> None:
+    plan_experiment(make_config("population.time_steps=9", "loss=causal_mse", "loss.warmup_steps=8"))
+    plan_experiment(make_config("population.time_steps=5", "loss=mse"))
