@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
 from mlflow.tracking import MlflowClient
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
@@ -29,7 +30,7 @@ from axoexp.components.population import sha256_of
 from axoexp.errors import BanksError
 from axoexp.interfaces import Batch, LossFn, RunLog
 from axoexp.registry import INIT_FROM, INIT_FROM_SHA256
-from axoexp.tracking import sqlite_path
+from axoexp.tracking import UNREACHABLE, sqlite_path
 from axoexp.windows import Observer
 
 BANKS_FILE = "banks.safetensors"
@@ -168,8 +169,14 @@ def read_initial_banks(origin: str, pinned_sha256: str | None, tracking_uri: str
     client = MlflowClient(tracking_uri=tracking_uri)
     try:
         run = client.get_run(origin)
-    except MlflowException as error:
-        raise BanksError(f"population.{INIT_FROM}={origin}: no such run in {tracking_uri}") from error
+    except UNREACHABLE as error:
+        missing = isinstance(error, MlflowException) and error.error_code == ErrorCode.Name(RESOURCE_DOES_NOT_EXIST)
+        raise BanksError(
+            f"population.{INIT_FROM}={origin}: no such run in {tracking_uri}"
+            if missing
+            else f"population.{INIT_FROM}={origin}: the run cannot be read from {tracking_uri}: "
+            + str(error).splitlines()[0][:300]
+        ) from error
     recorded = run.data.tags.get(names.BANKS_SHA256)
     if recorded is None:
         raise BanksError(
@@ -181,7 +188,7 @@ def read_initial_banks(origin: str, pinned_sha256: str | None, tracking_uri: str
         try:
             with _no_progress_bar():
                 path = Path(client.download_artifacts(origin, artifact, scratch))
-        except (MlflowException, OSError) as error:
+        except UNREACHABLE as error:
             raise BanksError(
                 f"population.{INIT_FROM}={origin}: its banks artifact {artifact} cannot be read: {error}"
             ) from error

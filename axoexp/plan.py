@@ -24,7 +24,7 @@ from axoexp.interfaces import Executor, LossFn, PopulationSetup
 from axoexp.nvml import gpu_probe
 from axoexp.registry import GROUPS, INIT_FROM, INIT_FROM_SHA256, REGISTRY, Component, Registry
 from axoexp.runtime import allowed_cpus
-from axoexp.tracking import resolve_tracking_uri, store_problem
+from axoexp.tracking import configure_tracking, resolve_tracking_uri, store_problem
 
 DTYPES = {
     "float32": torch.float32,
@@ -183,7 +183,7 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
             initial_banks = read_initial_banks(
                 str(settings["population"][INIT_FROM]),
                 settings["population"][INIT_FROM_SHA256],
-                resolve_tracking_uri(config.tracking.uri),
+                configure_tracking(config.tracking),  # bounded retries: a dead server fails in seconds
             )
         except BanksError as error:
             problems.append(str(error))

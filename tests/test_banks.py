@@ -23,7 +23,7 @@ from axoexp.experiment import run_experiment
 from axoexp.plan import plan_experiment
 from axoexp.registry import Registry
 from axoexp.tracking import runs_view
-from tests.conftest import run_cli
+from tests.conftest import free_port, run_cli
 
 SHORT = ("run.warmup_updates=2", "run.measured_updates=6", "loss=causal_mse")
 
@@ -162,6 +162,10 @@ def _refusal_cases(tmp_path: Path, first_run: str, client: MlflowClient) -> list
         (["population.init_from=" + "0" * 32], f"population.init_from={'0' * 32}: no such run in sqlite:///"),
         ([f"population.init_from={bare}"], f"population.init_from={bare}: the run kept no adapted banks"),
         (["population.init_from=nowhere.safetensors"], "is neither a file nor an MLflow run id (32 hex digits)"),
+        (
+            [init, f"tracking.uri=http://127.0.0.1:{free_port()}", "tracking.http_max_retries=0"],
+            f"{init}: the run cannot be read from http://127.0.0.1:",
+        ),
     ]
 
 
