@@ -14,7 +14,7 @@ import os
 import re
 import tempfile
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,16 +88,14 @@ def keep_banks(
     tensors = {name: bank.detach().cpu().contiguous() for name, bank in adapted_banks(module).items()}
     metadata = {FORMAT_KEY: FORMAT, POPULATION_KEY: population}
     with tempfile.TemporaryDirectory(prefix="axoexp-banks-") as scratch:
-        for folder in (directory, Path(scratch)):
-            if folder is None:
-                continue
-            path = folder / BANKS_FILE
-            try:
-                save_file(tensors, str(path), metadata=metadata)
-                break
-            except (SafetensorError, OSError):
-                if folder == Path(scratch):
-                    raise
+        path = None
+        if directory is not None:
+            with suppress(SafetensorError, OSError):  # e.g. a full disk: MLflow still gets a temporary copy
+                save_file(tensors, str(directory / BANKS_FILE), metadata=metadata)
+                path = directory / BANKS_FILE
+        if path is None:
+            path = Path(scratch) / BANKS_FILE
+            save_file(tensors, str(path), metadata=metadata)
         saved = SavedBanks(BANKS_FILE, sha256_of(path), {name: tuple(t.shape) for name, t in tensors.items()}, updates)
         tracker.log_artifact(str(path))
     tracker.set_tags(saved.tags())

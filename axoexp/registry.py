@@ -117,7 +117,7 @@ GROUPS: dict[str, GroupSpec] = {
             "a callable returning axoexp.interfaces.PopulationSetup",
             settings={
                 INIT_FROM: Setting(
-                    None, "start from the adapted banks of this MLflow run id or banks file (axoexp.banks)"
+                    None, "start from the adapted banks of this MLflow run id or banks file (docs/banks.md)"
                 ),
                 INIT_FROM_SHA256: Setting(None, "pin: init_from is refused unless its banks file has this SHA-256"),
             },
