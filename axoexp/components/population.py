@@ -118,7 +118,7 @@ def memory_estimate(params: dict[str, Any], dtype: torch.dtype) -> int:
     teacher's targets of the adapted and the held-out batches), and the model's activations and
     gradients during an update, linear in neurons x time_steps. The update's part was fitted to
     the peak memory of CPU float32 runs (within ~20 % from 2,000 to 100,000 neurons, across the
-    model dimensions); tests/test_banks.py checks the whole against measured peak memory over
+    model dimensions); tests/test_refuse_early.py checks the whole against measured peak memory over
     batch counts. A checkpoint's own dimensions are not known before loading, so the configured
     ones are used."""
     itemsize = torch.empty((), dtype=dtype).element_size()
@@ -191,8 +191,9 @@ def lite(
     contacts). Targets are the outputs of a *teacher*: the same population with every
     adaptation bank perturbed by Gaussian noise of std ``target_perturbation``, so the
     targets are reachable by adapting the banks. ``eval_batches`` more batches of the same
-    teacher, drawn from a generator of their own, are held out for evaluation. With ``checkpoint`` the model dimensions
-    come from the checkpoint and ``branches``..``morphologies`` are ignored.
+    teacher, drawn from a generator of their own, are held out for evaluation. With
+    ``checkpoint`` the model dimensions come from the checkpoint and
+    ``branches``..``morphologies`` are ignored.
     """
     if not (train_behavior or train_morphology or train_synaptic):
         raise ValueError(
