@@ -114,12 +114,20 @@ class InitialBanks:
     def tags(self) -> dict[str, str]:
         return {names.BANKS_INIT_FROM: self.origin, names.BANKS_INIT_SHA256: self.sha256}
 
+    def kind_problem(self, population: str) -> str | None:
+        """Why these banks cannot start a population of option ``population`` whatever it builds."""
+        if self.population == population:
+            return None
+        given = f"population.{INIT_FROM}={self.origin}"
+        return f"{given} holds banks of population {self.population}, not of population={population}"
+
     def problems(self, population: str, module: torch.nn.Module, dtype: torch.dtype) -> list[str]:
         """Why these banks cannot start ``population``'s ``module`` at ``dtype`` (empty when they can).
         ``module`` may live on the meta device: only names, shapes and dtypes are compared."""
         given = f"population.{INIT_FROM}={self.origin}"
-        if self.population != population:
-            return [f"{given} holds banks of population {self.population}, not of population={population}"]
+        kind = self.kind_problem(population)
+        if kind:
+            return [kind]
         banks = {name: bank for name, bank in module.named_parameters() if name in self.tensors}
         missing = sorted(set(self.tensors) - set(banks))
         if missing:

@@ -204,6 +204,9 @@ def banks_problems(
     """Why ``banks`` cannot start this population, judged on the population built on the meta
     device (its factory runs, no tensor holds memory). A factory that cannot build there is
     judged on the real module once built, inside the run."""
+    kind = banks.kind_problem(population.name)
+    if kind:
+        return [kind]
     try:
         probe = population.build(params, device=torch.device("meta"), dtype=dtype, seed=int(config.seed))
     except Exception:  # e.g. a data-dependent check in a plugin's factory: judged when really built

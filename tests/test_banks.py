@@ -4,9 +4,11 @@ before any run exists."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -17,9 +19,10 @@ from axoexp import names
 from axoexp.banks import BANKS_FILE, adapted_banks
 from axoexp.components.population import lite, sha256_of
 from axoexp.console import format_result
-from axoexp.errors import ConfigError
+from axoexp.errors import BanksError, ConfigError
 from axoexp.executors.eager import EagerExecutor
 from axoexp.experiment import run_experiment
+from axoexp.interfaces import PopulationSetup
 from axoexp.plan import plan_experiment
 from axoexp.registry import Registry
 from axoexp.tracking import runs_view
@@ -41,10 +44,20 @@ class InterruptedOnUpdate(EagerExecutor):
         return super().step(inputs, targets)
 
 
+@functools.wraps(lite)  # lite's signature, so lite's config node fits it
+def not_on_meta(**params: Any) -> PopulationSetup:
+    """lite, by a factory that cannot build on the meta device, and holds out no batches."""
+    if params["device"].type == "meta":
+        raise NotImplementedError("needs real tensors")
+    setup = lite(**params)
+    return PopulationSetup(setup.module, setup.batches, setup.description)
+
+
 @pytest.fixture
 def banks_registry(registry: Registry) -> Registry:
     registry.register("executor", "test_interrupted", InterruptedOnUpdate, source="tests/test_banks.py")
     registry.register("population", "lite_twin", lite, source="tests/test_banks.py")  # same module, other kind
+    registry.register("population", "not_on_meta", not_on_meta, source="tests/test_banks.py")
     return registry
 
 
@@ -192,3 +205,23 @@ def test_the_command_refuses_banks_of_other_shapes_in_one_line_with_exit_2(tmp_p
     assert refused.stderr.startswith(f"axoexp: invalid experiment config: population.init_from={run_id} holds banks")
     assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
     assert len(_runs(MlflowClient(tracking_uri=tracking_uri))) == 1
+
+
+def test_a_population_judged_only_once_built_ends_its_run_failed_on_banks_that_do_not_fit(
+    make_config, client, banks_registry, tmp_path
+) -> None:
+    first = run_experiment(make_config(*SHORT, "population.name=not_on_meta"), registry=banks_registry)
+    assert first.eval_loss_before is None and first.banks is not None, "no held-out batches: no evaluation"
+    assert names.EVAL_LOSS_AFTER not in client.get_run(first.run_id).data.metrics
+
+    refused = make_config(*SHORT, f"population.init_from={first.run_id}")  # the kind, known without building
+    with pytest.raises(ConfigError, match="holds banks of population not_on_meta, not of population=lite"):
+        run_experiment(refused, registry=banks_registry)
+
+    config = make_config(
+        *SHORT, "population.name=not_on_meta", "population.neurons=4", f"population.init_from={first.run_id}"
+    )
+    with pytest.raises(BanksError, match=re.escape("holds banks of shapes behavior_adapter=(3, 44)")):
+        run_experiment(config, registry=banks_registry)
+    failed = next(run for run in _runs(client) if run.info.run_id != first.run_id)
+    assert failed.info.status == "FAILED" and "holds banks of shapes" in failed.data.tags[names.FAILURE]
