@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 from axoexp import names
 from axoexp.components.population import sha256_of
 from axoexp.errors import BanksError
-from axoexp.interfaces import Batch, LossFn, RunLog
+from axoexp.interfaces import Batch, LossFn, RunLog, adaptation_parameters
 from axoexp.registry import INIT_FROM, INIT_FROM_SHA256
 from axoexp.tracking import UNREACHABLE, sqlite_path
 from axoexp.windows import Observer
@@ -42,7 +42,7 @@ RUN_ID = re.compile(r"[0-9a-f]{32}")
 
 def adapted_banks(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The module's trainable adaptation banks by parameter name, in the module's order."""
-    trainable = {id(parameter) for parameter in module.trainable_adaptation_parameters()}
+    trainable = {id(parameter) for parameter in adaptation_parameters(module)}
     return {name: parameter for name, parameter in module.named_parameters() if id(parameter) in trainable}
 
 

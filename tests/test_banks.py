@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import free_port, run_cli
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file, save_file
 
@@ -26,7 +27,6 @@ from axoexp.interfaces import PopulationSetup
 from axoexp.plan import plan_experiment
 from axoexp.registry import Registry
 from axoexp.tracking import runs_view
-from tests.conftest import free_port, run_cli
 
 SHORT = ("run.warmup_updates=2", "run.measured_updates=6", "loss=causal_mse")
 

@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import hashlib
 import pickle
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,7 +15,7 @@ from axosim import AxoSimLite, AxoSimPopulation
 from axosim.checkpoint import load_checkpoint
 from axosim.support_surrogate import SupportP4Config
 
-from axoexp.errors import AxoexpError
+from axoexp.errors import CheckpointError, ConfigError
 from axoexp.interfaces import PopulationSetup
 from axoexp.registry import AT_LEAST_ONE, Bounds, component
 
@@ -24,13 +25,6 @@ WARMUP_STEPS = 4
 
 LITE_KIND = "adaptive-support-p4-surrogate"
 """axosim.checkpoint's ``model_kind`` of an AxoSim-Lite model."""
-
-
-class CheckpointError(AxoexpError, ValueError):
-    """A checkpoint that is missing, of the wrong kind, fails its pinned SHA-256, or needs
-    arbitrary unpickling without a pin."""
-
-    exit_code = 2
 
 
 def sha256_of(path: Path) -> str:
@@ -113,6 +107,25 @@ BATCH_SLACK = 1.2
 teacher's temporaries (measured: up to 10 % at 200x12x4; 20 % leaves a margin)."""
 
 
+def config_problems(params: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
+    """What planning refuses in ``lite``'s settings (``params``, defaults included): no bank to
+    train, or an update shorter than AxoSim-Lite's 4-step warm-up (its outputs then have no
+    gradient) under a loss that does not already refuse it for its own warm-up."""
+    problems = []
+    if not any(params.get(bank, True) for bank in ("train_behavior", "train_morphology", "train_synaptic")):
+        problems.append(
+            "population trains no adaptation bank: set at least one of "
+            "population.train_behavior, train_morphology, train_synaptic to true"
+        )
+    time_steps, loss = params.get("time_steps"), config.get("loss") or {}
+    if isinstance(time_steps, int) and time_steps < WARMUP_STEPS and not loss.get("warmup_steps"):
+        problems.append(
+            f"population.time_steps={time_steps}: AxoSim-Lite's first {WARMUP_STEPS} outputs are warm-up, "
+            f"with no gradient to adapt on; use at least {WARMUP_STEPS} (more than that for a causal loss)"
+        )
+    return problems
+
+
 def memory_estimate(params: dict[str, Any], dtype: torch.dtype) -> int:
     """Bytes the lite workload needs on its device: every batch it holds (the inputs and the
     teacher's targets of the adapted and the held-out batches), and the model's activations and
@@ -127,11 +140,6 @@ def memory_estimate(params: dict[str, Any], dtype: torch.dtype) -> int:
     held = (params["batches"] + params["eval_batches"]) * batch
     update = 64 + 3 * params["contacts"] + 3 * params["token_dim"] + 6 * params["state_dim"] + params["route_features"]
     return int(held + steps * update * itemsize)
-
-
-def sequence_length(params: dict[str, Any]) -> tuple[str, int]:
-    """The key and value of the time steps per update, which a causal loss's warm-up must leave some of."""
-    return "time_steps", int(params["time_steps"])
 
 
 def make_lite_model(
@@ -162,9 +170,7 @@ def lite(
     dtype: torch.dtype,
     seed: int,
     neurons: Annotated[int, "population size", AT_LEAST_ONE] = 3,
-    time_steps: Annotated[
-        int, "native 1 ms steps per update; the first 4 outputs are warm-up, so at least 5", Bounds(WARMUP_STEPS + 1)
-    ] = 12,
+    time_steps: Annotated[int, "native 1 ms steps per update; the first 4 outputs are warm-up", AT_LEAST_ONE] = 12,
     contacts: Annotated[int, "retained incoming contacts per neuron", AT_LEAST_ONE] = 4,
     branches: Annotated[int, "model dimension: dendritic branches (ignored with a checkpoint)", AT_LEAST_ONE] = 16,
     route_features: Annotated[int, "model dimension: routing features (ignored with a checkpoint)", AT_LEAST_ONE] = 8,
@@ -195,11 +201,11 @@ def lite(
     ``checkpoint`` the model dimensions come from the checkpoint and
     ``branches``..``morphologies`` are ignored.
     """
-    if not (train_behavior or train_morphology or train_synaptic):
-        raise ValueError(
-            "population trains no adaptation bank: set at least one of "
-            "population.train_behavior, train_morphology, train_synaptic to true"
-        )
+    problems = config_problems(
+        {"train_behavior": train_behavior, "train_morphology": train_morphology, "train_synaptic": train_synaptic}, {}
+    )
+    if problems:
+        raise ConfigError(problems[0])
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)  # AxoSim-Lite initialises its weights from the global generator
     description: dict[str, object] = {}
@@ -253,4 +259,4 @@ def lite(
 
 
 lite.memory_estimate = memory_estimate  # type: ignore[attr-defined]
-lite.sequence_length = sequence_length  # type: ignore[attr-defined]
+lite.config_problems = config_problems  # type: ignore[attr-defined]
