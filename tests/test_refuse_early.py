@@ -15,16 +15,20 @@ from axoexp.plan import plan_experiment
 
 # A fresh process builds the lite population with PARAMS, holds it and runs two eager updates
 # (what a run holds at its peak: every batch and held-out batch, the teacher's targets, the
-# activations and gradients of an update); it prints the growth of its peak RSS over the RSS
-# before, after a small build and update first, so torch's one-off allocations are not counted.
+# activations and gradients of an update); it prints the growth of its peak RSS (VmHWM, reset
+# first through /proc/self/clear_refs) over the RSS before, after a small build and update first,
+# so torch's one-off allocations are not counted.
 PEAK_PROBE = """
-import json, resource, sys
-import psutil, torch
+import json, re, sys
+import torch
 from axoexp.components.losses import causal_mse
 from axoexp.components.population import lite
 from axoexp.executors.base import eager_update
 
 torch.set_num_threads(1)
+
+def kib(field):
+    return int(re.search(field + r":\\s+(\\d+) kB", open("/proc/self/status").read()).group(1))
 
 def build_and_update(params):
     setup = lite(device=torch.device("cpu"), dtype=torch.float32, seed=0, **params)
@@ -34,9 +38,11 @@ def build_and_update(params):
     return setup
 
 build_and_update({})
-before = psutil.Process().memory_info().rss
+with open("/proc/self/clear_refs", "w") as peak:
+    peak.write("5")  # the peak (VmHWM) starts again from the RSS now
+before = kib("VmRSS")
 held = build_and_update(json.loads(sys.argv[1]))
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before)
+print((kib("VmHWM") - before) * 1024)
 """
 
 
