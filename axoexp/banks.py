@@ -28,6 +28,7 @@ from safetensors.torch import save_file
 from axoexp import names
 from axoexp.components.population import sha256_of
 from axoexp.errors import BanksError
+from axoexp.executors.base import batch_loss
 from axoexp.interfaces import Batch, LossFn, RunLog, adaptation_parameters
 from axoexp.registry import INIT_FROM, INIT_FROM_SHA256
 from axoexp.tracking import UNREACHABLE, sqlite_path
@@ -236,9 +237,10 @@ def _read(origin: str, path: Path, pinned_sha256: str | None, recorded_sha256: s
 
 
 def eval_loss(module: torch.nn.Module, loss_fn: LossFn, batches: list[Batch]) -> float | None:
-    """The mean loss over held-out batches, without gradients (``None`` without any)."""
+    """The mean loss over held-out batches, without gradients (``None`` without any); a batch of
+    B streams counts as the update counts it (:func:`axoexp.executors.base.batch_loss`)."""
     if not batches:
         return None
     with torch.no_grad():
-        losses = [loss_fn(module(inputs), targets) for inputs, targets in batches]
+        losses = [batch_loss(module, loss_fn, inputs, targets) for inputs, targets in batches]
         return float(torch.stack(losses).double().mean())

@@ -105,6 +105,7 @@ class SweepConfig:
         1, "in a multirun, run each job this many times as separate child runs (the report pools them)", AT_LEAST_ONE
     )
     repeat: int = setting(0, "set by the sweep itself: which of the sweep.repeats runs this job is", NON_NEGATIVE)
+    trial: int | None = setting(None, "set by hydra/sweeper=optuna: the Optuna trial number of this job")
 
 
 @dataclass
@@ -269,7 +270,7 @@ def help_node(registry: Registry) -> dict[str, str]:
         "Usage: python -m axoexp [group=option ...] [key=value ...]   (-m for a sweep)",
         "footer": "Examples:\n"
         "  python -m axoexp executor=cudagraph device=cuda loss=causal_mse verify.enabled=true\n"
-        "  python -m axoexp -m population.neurons=64,1024 executor=eager,cudagraph device=cuda\n"
+        "  python -m axoexp -m population.batch_size=1,8 executor=eager,cudagraph device=cuda\n"
         "Presets: python -m axoexp +experiment=NAME (group experiment above) sets the keys of a\n"
         f"published run; their files: {presets_dir()}/NAME.yaml.\n"
         "Plugins: *.py files in $$AXOEXP_PLUGINS_DIR (default ./plugins) and the\n"

@@ -71,3 +71,21 @@ class BanksError(AxoexpError, ValueError):
     banks file, another population kind, other shapes or dtypes, or a SHA-256 other than the pin."""
 
     exit_code = 2
+
+
+class JobKilledError(AxoexpError):
+    """A sweep's job process died of a signal; its run was ended KILLED from its journal."""
+
+
+class RefusedTargetError(ConfigError):
+    """The composed config names a ``_target_`` (a class to instantiate) that axoexp does not ship."""
+
+
+class ComparisonError(AxoexpError):
+    """``python -m axoexp.compare`` was given runs it cannot compare, or a bad option."""
+
+    exit_code = 2
+
+
+class SearchError(AxoexpError):
+    """An Optuna search (``hydra/sweeper=optuna``) in which trials failed; the study keeps them as FAIL."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -52,24 +52,35 @@ class ExperimentResult:
     host_overhead_ms: float | None = None  # median of host minus device time per measured update
     contention: str = "none"  # tag timing.contention
     threads: int = 0  # torch intra-op threads (run.threads, resolved)
+    streams: int = 1  # independent streams per update (B)
     eval_loss_before: float | None = None  # loss on the held-out batches before the first update
     eval_loss_after: float | None = None  # and after the last
     eval_batches: int = 0
     banks: SavedBanks | None = None  # the adapted banks, the run's artifact
 
+    @property
+    def streams_per_s(self) -> float:
+        return streams_per_s(self.streams, self.update.median)
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, default=str)
+
+
+def streams_per_s(streams: int, update_ms_median: float) -> float:
+    """Streams x updates per second: B streams adapted per update, at the median update latency."""
+    return streams * 1000.0 / update_ms_median
 
 
 def run_experiment(
     config: DictConfig,
     output_dir: Path | None = None,
     *,
-    run_name: str | None = None,
+    run_name: str | Callable[[Plan], str] | None = None,
     registry: Registry = REGISTRY,
     observers: Sequence[Observer] = (),
 ) -> ExperimentResult:
-    """Run the experiment ``config`` describes and log it as one MLflow run.
+    """Run the experiment ``config`` describes and log it as one MLflow run, named ``run_name``
+    (or by ``run_name(plan)``) unless ``tracking.run_name`` names it.
 
     In a sweep the run is a child of ``sweep.parent_run_id``. If the tracking store is
     unreachable the experiment still runs, logs to ``output_dir`` and then raises
@@ -80,6 +91,8 @@ def run_experiment(
     configure_determinism(config.determinism)
     tracking_uri = configure_tracking(config.tracking)
     container = cast(dict[str, Any], OmegaConf.to_container(config, resolve=True))
+    if callable(run_name):
+        run_name = run_name(plan)
     run_name = config.tracking.run_name or run_name or describe.default_run_name(plan)
     tags = {**describe.run_tags(plan, container), names.RESULT_KEY: metadata.result_key(plan.device, container)}
     with (
@@ -161,6 +174,8 @@ def _execute(
             )
         finally:
             guard.log_to(tracker)
+        update = LatencySummary.of(measured.latencies_ms)
+        tracker.log_metrics({names.STREAMS_PER_S: streams_per_s(setup.streams, update.median)})
         if config.run.require_quiet:
             guard.raise_if_contended()
 
@@ -191,7 +206,8 @@ def _execute(
         tracking_uri=tracking_uri,
         experiment=config.tracking.experiment,
         prepare_ms=prepare_ms,
-        update=LatencySummary.of(measured.latencies_ms),
+        update=update,
+        streams=setup.streams,
         warmup_ms=warmup.latencies_ms,
         losses=warmup.losses + measured.losses,
         description=setup.description,

@@ -8,6 +8,8 @@ milliseconds unless named otherwise.
 
 from __future__ import annotations
 
+import math
+
 # --- MLflow's own (checked against mlflow.utils.mlflow_tags and mlflow.environment_variables)
 PARENT_RUN_ID = "mlflow.parentRunId"
 HTTP_MAX_RETRIES_ENV = "MLFLOW_HTTP_REQUEST_MAX_RETRIES"
@@ -37,6 +39,7 @@ SWEEP_ROLE = "axoexp.sweep"  # "parent" on a sweep's parent run
 SWEEP_DEFINITION = "axoexp.sweep_definition"  # on a parent: SHA-256 of its overrides, bookkeeping left out
 REUSED_PREFIX = "axoexp.reused."  # on a parent: axoexp.reused.jobN = the earlier run job N reused
 REFUSED_PREFIX = "axoexp.refused."  # on a parent: axoexp.refused.jobN = why job N made no run
+DIED_PREFIX = "axoexp.died."  # on a parent: axoexp.died.jobN = how job N's process died, what became of its run
 OUTPUT_DIR = "output_dir"
 PROCESS_PID = "process.pid"
 COMMAND = "command"
@@ -64,8 +67,25 @@ BANKS_UPDATES = "banks.updates"  # adaptation updates (warm-up and measured) the
 BANKS_INIT_FROM = "banks.init_from"  # population.init_from as given: the run or file the run started from
 BANKS_INIT_SHA256 = "banks.init_sha256"  # SHA-256 of the banks file the run started from
 
+# --- tags: an Optuna search (hydra/sweeper=optuna, axoexp.search)
+STUDY = "axoexp.study"  # on the search's parent run: the Optuna study's name
+STUDY_STORAGE = "axoexp.study.storage"  # on the parent: the study's RDB URL (a rerun resumes it)
+STUDY_OBJECTIVES = "axoexp.study.objectives"  # on the parent: metric:direction,... in the study's order
+TRIAL = "axoexp.trial"  # on a trial's run: its Optuna trial number
+TRIAL_STATE = "axoexp.trial.state"  # what Optuna was told: COMPLETE or FAIL
+TRIAL_FAILURE = "axoexp.trial.failure"  # why the trial was told FAIL (a failed run, contention, no metric)
+TRIAL_PARAM_PREFIX = "axoexp.trial.param."  # axoexp.trial.param.<key> = the value the sampler chose
+SWEEP_TRIAL_PARAM = "sweep.trial"  # the config key the sweeper sets on each trial's job
+
+
+def trial_param_tag(key: str) -> str:
+    """The tag holding a trial's sampled value of ``key``, e.g. ``axoexp.trial.param.optimizer.lr``."""
+    return f"{TRIAL_PARAM_PREFIX}{key}"
+
+
 # --- tags: what ran
-SHAPE = "shape"  # neurons x time_steps x contacts, e.g. 64x256x32 (see shape_label)
+SHAPE = "shape"  # one stream's (population x time x channels), e.g. 64x256x32 (see shape_label)
+STREAMS = "workload.streams"  # independent streams per update (B); batches are (B, population, time, channels)
 SHAPE_INPUTS = "shape.inputs"
 SHAPE_TARGETS = "shape.targets"
 DTYPE_INPUTS = "dtype.inputs"
@@ -156,6 +176,7 @@ def update_metric(stat: str) -> str:
 
 
 UPDATE_MEDIAN = update_metric("median")
+STREAMS_PER_S = "streams_per_s"  # streams x updates per second: B * 1000 / update_ms_median
 
 
 def phase_metric(phase: str) -> str:
@@ -171,15 +192,16 @@ EXECUTOR_PARAM_PREFIX = "executor."
 NOT_MEASUREMENT_PARAM_PREFIXES = ("tracking.", "sweep.", "run.progress")
 
 
-def shape_label(neurons: object, time_steps: object, contacts: object) -> str:
-    """The one spelling of a population shape: ``neurons x time_steps x contacts``."""
-    return f"{neurons}x{time_steps}x{contacts}"
+def shape_label(*dims: object) -> str:
+    """The one spelling of a population's shape, one stream's input dimensions joined by ``x``:
+    (population, time, channels), e.g. ``64x256x32``."""
+    return "x".join(map(str, dims))
 
 
 def shape_size(label: str) -> int:
-    """Neurons x time steps x contacts of a :func:`shape_label`, for ordering (0 if unreadable)."""
+    """The product of a :func:`shape_label`'s dimensions, for ordering (0 if unreadable)."""
     parts = label.split("x")
-    return int(parts[0]) * int(parts[1]) * int(parts[2]) if len(parts) == 3 and all(p.isdigit() for p in parts) else 0
+    return math.prod(int(part) for part in parts) if all(part.isdigit() for part in parts) else 0
 
 
 # --- timing you can defend: threads, device clock, contention, noise, repeats

@@ -34,9 +34,10 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from axoexp import metadata, names, processes, signals
 from axoexp.describe import sweep_run_name
-from axoexp.journal import process_tags
+from axoexp.job_process import SWEEP_PROCESS_ENV, sweep_process_marker
+from axoexp.journal import JOURNAL_FILE, START, process_tags, read_journal
 from axoexp.plan import resume_mode
-from axoexp.sync import end_dead_run, process_gone
+from axoexp.sync import end_dead_run, process_gone, sync_journal
 from axoexp.tracking import (
     UNREACHABLE,
     child_runs,
@@ -72,6 +73,7 @@ class MlflowSweepCallback(Callback):
         self.parent_run_id: str | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        os.environ[SWEEP_PROCESS_ENV] = sweep_process_marker()  # job processes elsewhere die with this one
         uri = configure_tracking(config.tracking)
         overrides = list(config.hydra.overrides.task)
         sweep_dir = claim_sweep_dir(config)
@@ -131,9 +133,9 @@ class MlflowSweepCallback(Callback):
             if child.info.status != "RUNNING":
                 continue
             if process_gone(child.data.tags):
-                end_dead_run(
+                _end_dead_child(
                     self.client,
-                    child.info.run_id,
+                    child,
                     f"its worker process ended before the run did (the sweep was stopped by {signals.received()})",
                 )
             else:
@@ -153,24 +155,29 @@ class MlflowSweepCallback(Callback):
         stopped_by = signals.received()
         for child in child_runs(client, parent_run):
             if child.info.status == "RUNNING" and (stopped_by or process_gone(child.data.tags)):
-                end_dead_run(
-                    client,
-                    child.info.run_id,
-                    f"the sweep was stopped ({stopped_by or 'its job failed'}) before this run ended",
+                _end_dead_child(
+                    client, child, f"the sweep was stopped ({stopped_by or 'its job failed'}) before this run ended"
                 )
         children = child_runs(client, parent_run)
         print_reuse(client, parent_run, len(children))
         unfinished = [child for child in children if child.info.status != "FINISHED"]
         refused = [key for key in parent_run.data.tags if key.startswith(names.REFUSED_PREFIX)]
-        if all_jobs_returned and not unfinished and not refused and not stopped_by:
+        died = {
+            key.removeprefix(names.DIED_PREFIX): value
+            for key, value in parent_run.data.tags.items()
+            if key.startswith(names.DIED_PREFIX)
+        }
+        if all_jobs_returned and not unfinished and not refused and not died and not stopped_by:
             client.set_terminated(parent, status="FINISHED")
             return
         reason = f"{len(unfinished)} of {len(children)} child runs did not finish"
         if refused:
             reason += f"; {len(refused)} jobs were refused before creating a run (tags {names.REFUSED_PREFIX}*)"
+        for job, how in sorted(died.items()):
+            reason += f"; {job} died: {how}"
         if stopped_by:
             reason = f"interrupted by {stopped_by}; {reason}"
-        elif not all_jobs_returned and not refused:
+        elif not all_jobs_returned and not refused and not died:
             reason += "; a job failed or the sweep was interrupted"
         client.set_tag(parent, names.FAILURE, reason)
         client.set_terminated(parent, status="KILLED" if stopped_by else "FAILED")
@@ -194,6 +201,48 @@ def claim_sweep_dir(config: DictConfig) -> Path:
             config.hydra.sweep.dir = str(candidate)
             config.hydra.overrides.hydra.append(f"hydra.sweep.dir='{candidate}'")
     return candidate
+
+
+def _end_dead_child(client: MlflowClient, child: Run, reason: str) -> None:
+    """End a child run whose process is gone: completed from its journal where it has one
+    (everything it measured reaches MLflow), else KILLED with ``reason``."""
+    journal = Path(child.data.tags.get(names.JOURNAL, ""))
+    if child.data.tags.get(names.JOURNAL) and journal.is_file() and process_gone(child.data.tags):
+        sync_journal(client, journal)
+    else:
+        end_dead_run(client, child.info.run_id, reason)
+
+
+def end_killed_job(config: DictConfig, job_number: int, job_name: str, output_dir: Path, pid: int, how: str) -> str:
+    """A job whose process died (:mod:`axoexp.job_process`): complete its run from its journal
+    (KILLED, saying how it died, with every update it journaled) and record the death on the
+    sweep's parent run (tag ``axoexp.died.jobN``). Returns what was done, in words."""
+    uri = configure_tracking(config.tracking)
+    journal = output_dir / JOURNAL_FILE
+    try:
+        client = open_client(uri)
+        if journal.is_file():
+            done = sync_journal(client, journal)
+            run_id = next((record.get("run_id") for record in read_journal(journal) if record["kind"] == START), None)
+            if run_id and done.startswith("synced"):
+                client.set_tag(
+                    run_id,
+                    names.FAILURE,
+                    f"killed: the job's process {pid} {how}; what it journaled was completed from {journal} "
+                    "by axoexp.sync",
+                )
+        else:
+            done = "it had not started a run"
+        if config.sweep.parent_run_id:
+            client.set_tag(
+                config.sweep.parent_run_id, f"{names.DIED_PREFIX}job{job_number}", f"{job_name} {how}; {done}"[:5000]
+            )
+    except UNREACHABLE as error:
+        done = (
+            f"MLflow tracking at {uri} is unreachable ({str(error).splitlines()[0][:300]}); complete its run with: "
+            f"python -m axoexp.sync {output_dir} --tracking-uri {uri}"
+        )
+    return done
 
 
 def _workers() -> list[int]:

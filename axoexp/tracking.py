@@ -9,6 +9,7 @@ import fcntl
 import hashlib
 import json
 import os
+import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -132,6 +133,7 @@ RUNS_VIEW_COLUMNS = (
     _ui_column("metrics", names.EVAL_LOSS_AFTER),
     _ui_column("tags", names.component_tag("executor")),
     _ui_column("tags", names.SHAPE),
+    _ui_column("tags", names.TRIAL),  # an Optuna search's trial number (hydra/sweeper=optuna)
     *(_ui_column("attributes", key) for key in ("Dataset", "Source", "Version")),
 )
 
@@ -168,15 +170,19 @@ def store_problem(tracking_uri: str) -> str | None:
         return f"tracking.uri={tracking_uri}: directory {directory} does not exist; create it or choose another path"
     if path.is_dir():
         return f"tracking.uri={tracking_uri}: {path} is a directory, not a database file"
-    target = path if path.exists() else directory
-    if not os.access(target, os.W_OK) or _read_only_filesystem(directory):
-        return f"tracking.uri={tracking_uri}: {target} is not writable; choose a writable path"
+    if path.exists() and not os.access(path, os.W_OK):
+        return f"tracking.uri={tracking_uri}: {path} is not writable; choose a writable path"
+    if not _can_create_files_in(directory):  # sqlite writes its journal beside the database
+        return f"tracking.uri={tracking_uri}: no file can be created in {directory}; choose a writable path"
     return None
 
 
-def _read_only_filesystem(directory: Path) -> bool:
+def _can_create_files_in(directory: Path) -> bool:
+    """Whether a file can be created in ``directory``, found by creating (and removing) one:
+    permissions, a read-only mount and a pseudo file system such as /proc all show."""
     try:
-        return bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".axoexp-probe-"):
+            return True
     except OSError:
         return False
 

@@ -380,7 +380,7 @@ def test_float16_is_refused_while_planning_with_the_reason(make_config) -> None:
 
 
 def test_a_shape_that_cannot_fit_is_refused_before_allocating(make_config) -> None:
-    with pytest.raises(ConfigError, match=r"population lite of shape 1000000000x12x4 .* needs about \d+\.\d GiB"):
+    with pytest.raises(ConfigError, match=r"population lite needs about \d+\.\d GiB"):
         plan_experiment(make_config("population.neurons=1000000000"))
 
 

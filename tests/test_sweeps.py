@@ -57,8 +57,8 @@ def test_sweep_is_a_parent_run_with_named_children(tmp_path: Path) -> None:
     assert re.fullmatch(r"sweep \d\d-\d\d \d\d:\d\d:\d\d neurons=2,3 measured_updates=3", parent.info.run_name)
     assert parent.data.tags[names.SWEEP_OVERRIDES] == "population.neurons=2,3 run.measured_updates=3"
     assert sorted(child.info.run_name for child in children) == [
-        "00 eager 2x12x4 measured_updates=3",
-        "01 eager 3x12x4 measured_updates=3",
+        "00 eager 2x12x4 neurons=2 measured_updates=3",
+        "01 eager 3x12x4 neurons=3 measured_updates=3",
     ], "short, in sweep order"
     assert {run.data.tags[names.SOURCE_NAME] for run in runs} == {"python -m axoexp"}
     assert {child.data.tags[names.PARENT_RUN_ID] for child in children} == {parent.info.run_id}
@@ -86,8 +86,8 @@ def test_failing_job_fails_the_parent_but_keeps_the_others(tmp_path: Path) -> No
     ]
     statuses = {child.info.run_name: child.info.status for child in children}
     assert statuses == {
-        "01 eager 2x12x4 measured_updates=3": "FINISHED",
-        "03 flaky 2x12x4 measured_updates=3": "FAILED",
+        "01 eager 2x12x4 neurons=2 measured_updates=3": "FINISHED",
+        "03 flaky 2x12x4 neurons=2 measured_updates=3": "FAILED",
     }
 
 

@@ -35,6 +35,31 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def checkpoint_problem(path: str | None, pinned_sha256: str | None) -> str | None:
+    """What makes ``population.checkpoint`` unusable that is found without unpickling it (so
+    while planning, before any MLflow run): not a file, unreadable, or failing its pin."""
+    if path is None:
+        return None
+    shown = path if len(path) <= 200 else f"{path[:200]}... ({len(path)} characters)"
+    try:
+        file = Path(path).expanduser()
+        if not file.is_file():
+            return f"population.checkpoint={shown!r} is not a file"
+        if pinned_sha256 is None:
+            with file.open("rb") as stream:
+                stream.read(1)
+            return None
+        actual = sha256_of(file)
+    except OSError as error:
+        return f"population.checkpoint={shown!r} cannot be read: {error.strerror or error}"
+    if actual != pinned_sha256.lower():
+        return (
+            f"population.checkpoint={shown!r} has SHA-256 {actual}, "
+            f"but population.checkpoint_sha256 pins {pinned_sha256}"
+        )
+    return None
+
+
 def load_lite_checkpoint(path: str, pinned_sha256: str | None) -> tuple[AxoSimLite, str]:
     """Load an AxoSim-Lite checkpoint; return the model and the file's SHA-256.
 
@@ -43,15 +68,11 @@ def load_lite_checkpoint(path: str, pinned_sha256: str | None) -> tuple[AxoSimLi
     unpickling is refused unless ``checkpoint_sha256`` pins it; the pin is checked before
     anything is unpickled.
     """
+    problem = checkpoint_problem(path, pinned_sha256)
+    if problem:
+        raise CheckpointError(problem)
     file = Path(path).expanduser()
-    if not file.is_file():
-        raise CheckpointError(f"population.checkpoint={path!r} is not a file")
     actual = sha256_of(file)
-    if pinned_sha256 is not None and actual != pinned_sha256.lower():
-        raise CheckpointError(
-            f"population.checkpoint={path!r} has SHA-256 {actual}, "
-            f"but population.checkpoint_sha256 pins {pinned_sha256}"
-        )
     try:
         payload = torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
@@ -129,13 +150,14 @@ def config_problems(params: Mapping[str, Any], config: Mapping[str, Any]) -> lis
 def memory_estimate(params: dict[str, Any], dtype: torch.dtype) -> int:
     """Bytes the lite workload needs on its device: every batch it holds (the inputs and the
     teacher's targets of the adapted and the held-out batches), and the model's activations and
-    gradients during an update, linear in neurons x time_steps. The update's part was fitted to
+    gradients during an update, linear in (batch_size x) neurons x time_steps. The update's part was fitted to
     the peak memory of CPU float32 runs (within ~20 % from 2,000 to 100,000 neurons, across the
     model dimensions); tests/test_refuse_early.py checks the whole against measured peak memory over
     batch counts. A checkpoint's own dimensions are not known before loading, so the configured
     ones are used."""
     itemsize = torch.empty((), dtype=dtype).element_size()
-    steps = int(params["neurons"]) * int(params["time_steps"])
+    rows = int(params["neurons"]) * int(params.get("batch_size", 1))  # B streams: B x neurons rows
+    steps = rows * int(params["time_steps"])
     batch = steps * (params["contacts"] + OUTPUTS) * itemsize * BATCH_SLACK + BYTES_PER_BATCH
     held = (params["batches"] + params["eval_batches"]) * batch
     update = 64 + 3 * params["contacts"] + 3 * params["token_dim"] + 6 * params["state_dim"] + params["route_features"]
@@ -186,6 +208,9 @@ def lite(
     eval_batches: Annotated[
         int, "held-out batches, never adapted on: eval_loss_before and eval_loss_after", AT_LEAST_ONE
     ] = 2,
+    batch_size: Annotated[
+        int, "independent streams per update (B), run through forward_batch; the loss is their mean", AT_LEAST_ONE
+    ] = 1,
     input_rate: Annotated[float, "Bernoulli spike probability per step and contact", Bounds(0, 1)] = 0.2,
     target_perturbation: Annotated[
         float, "std of the teacher's perturbation of every adaptation bank", Bounds(0)
@@ -194,7 +219,10 @@ def lite(
     """An ``AxoSimPopulation`` of AxoSim-Lite neurons and a teacher-generated target stream.
 
     Contact inputs are Bernoulli(``input_rate``) spikes of shape (neurons, time_steps,
-    contacts). Targets are the outputs of a *teacher*: the same population with every
+    contacts); with ``batch_size`` B > 1, B independent streams of them, (B, neurons,
+    time_steps, contacts), which the population runs through ``forward_batch`` (one set of
+    banks for all streams; the update's loss is the mean over streams of each stream's loss).
+    Targets are the outputs of a *teacher*: the same population with every
     adaptation bank perturbed by Gaussian noise of std ``target_perturbation``, so the
     targets are reachable by adapting the banks. ``eval_batches`` more batches of the same
     teacher, drawn from a generator of their own, are held out for evaluation. With
@@ -234,14 +262,15 @@ def lite(
             parameter.add_(target_perturbation * torch.randn(parameter.shape, generator=generator))
     module.to(device=device, dtype=dtype)
     teacher.to(device=device, dtype=dtype)
+    streams = (batch_size,) if batch_size > 1 else ()  # B = 1: one stream, as forward takes it
 
     def draw(count: int, generator: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor]]:
         drawn = []
         with torch.no_grad():
             for _ in range(count):
-                spikes = torch.rand(neurons, time_steps, contacts, generator=generator) < input_rate
+                spikes = torch.rand(*streams, neurons, time_steps, contacts, generator=generator) < input_rate
                 inputs = spikes.to(device=device, dtype=dtype)
-                drawn.append((inputs, teacher(inputs).detach()))
+                drawn.append((inputs, (teacher.forward_batch(inputs) if streams else teacher(inputs)).detach()))
         return drawn
 
     stream = draw(batches, generator)

@@ -12,6 +12,7 @@ from mlflow.tracking import MlflowClient
 from axoexp import names, report
 from axoexp.errors import AxoexpError, NoSweepError
 from axoexp.report.figure import FIGURE, plot, title
+from axoexp.report.pareto import PARETO_FIGURE, format_front, pareto_front, plot_front, study_objectives, study_runs
 from axoexp.report.rows import build_rows, sweep_runs
 from axoexp.report.table import FORMATS, format_table
 from axoexp.tracking import SQLITE_PREFIX, newest_run, resolve_tracking_uri
@@ -70,6 +71,13 @@ def run_report(argv: list[str] | None = None) -> None:
     figure = args.out or output_dir(parent) / FIGURE
     plot(rows, title(parent, runs), figure)
     written = [figure]
+    objectives = study_objectives(parent)
+    if objectives:  # an Optuna search (hydra/sweeper=optuna)
+        trials = study_runs(client, parent)
+        front = pareto_front(trials, objectives)
+        print(format_front(parent, trials, front, objectives), file=sys.stdout if args.format == "text" else sys.stderr)
+        written.append(figure.with_name(PARETO_FIGURE))
+        plot_front(trials, front, objectives, title(parent, runs), written[-1])
     if args.format != "text":
         written.append(figure.with_name(f"report.{FORMATS[args.format]}"))
         written[-1].write_text(table + "\n")

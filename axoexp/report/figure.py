@@ -29,7 +29,7 @@ def _numeric(values: set[str]) -> bool:
 
 
 def x_dimension(rows: list[ReportRow]) -> str | None:
-    """The swept numeric setting with the most values (shape dimensions first): the latency plot's x axis."""
+    """The swept numeric setting with the most values (the population's settings first): the latency plot's x axis."""
     candidates = [label for label, _ in rows[0].settings] if rows else []
     numeric = [label for label in candidates if _numeric({row.setting(label) for row in rows})]
     return max(numeric, key=lambda label: len({row.setting(label) for row in rows}), default=None)

@@ -18,7 +18,7 @@ from axoexp.tracking import child_runs
 
 EXECUTOR_KEY = f"{names.EXECUTOR_PARAM_PREFIX}name"
 IGNORED_FOR_PAIRING = (names.EXECUTOR_PARAM_PREFIX, *names.NOT_MEASUREMENT_PARAM_PREFIXES)
-SHAPE_KEYS = ("population.neurons", "population.time_steps", "population.contacts")
+POPULATION_PREFIX = "population."
 BASELINE = "eager"
 
 
@@ -50,7 +50,7 @@ class ReportRow:
 
 
 def setting_label(key: str) -> str:
-    """How a param is named in the report: ``neurons``, ``gradient_transform``, ``optimizer.lr``."""
+    """How a param is named in the report: ``batch_size``, ``gradient_transform``, ``optimizer.lr``."""
     group, _, rest = key.partition(".")
     if group == "population":
         return rest
@@ -76,7 +76,7 @@ def swept_keys(runs: Sequence[Run]) -> list[str]:
     keys = [key for key, seen in values.items() if len(seen) > 1]
     # a parameter only some options of a group have (clip_norm's max_norm) follows from the option
     keys = [key for key in keys if None not in values[key] or f"{key.partition('.')[0]}.name" not in keys]
-    return sorted(keys, key=lambda key: (key not in SHAPE_KEYS, SHAPE_KEYS.index(key) if key in SHAPE_KEYS else 0, key))
+    return sorted(keys, key=lambda key: (not key.startswith(POPULATION_PREFIX), key))  # the population's own first
 
 
 def sweep_runs(client: MlflowClient, parent: Run) -> list[Run]:
