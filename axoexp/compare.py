@@ -34,7 +34,6 @@ from axoexp import names
 from axoexp.errors import AxoexpError, ComparisonError, NoSweepError
 from axoexp.report.rows import (
     EXECUTOR_KEY,
-    SHAPE_KEYS,
     ReportRow,
     build_rows,
     measured_series,
@@ -159,7 +158,7 @@ def latest_two(client: MlflowClient, experiment: str) -> tuple[str, str]:
 def compare(client: MlflowClient, base: Side, new: Side, threshold: float) -> list[Comparison]:
     """Every row of ``new`` that ``base`` has too, matched by config and executor."""
     by_id = {run.info.run_id: run for run in [*base.runs, *new.runs]}
-    swept = [key for key in swept_keys([*base.runs, *new.runs]) if key != EXECUTOR_KEY and key not in SHAPE_KEYS]
+    swept = [key for key in swept_keys([*base.runs, *new.runs]) if key != EXECUTOR_KEY]
     before_rows = _by_config(base.rows, by_id)
     comparisons = []
     for config, row in _by_config(new.rows, by_id).items():

@@ -46,8 +46,14 @@ class TrackingUnavailableError(AxoexpError):
     """The tracking store could not be reached; what was measured is in the output dir."""
 
 
+class SweepRefusedError(ConfigError):
+    """A sweep that cannot start: its launcher cannot run here, or no job passed planning; no run exists."""
+
+
 class NoSweepError(AxoexpError):
-    """The report found no sweep to report on."""
+    """The report found no sweep to report on (none yet, or ``--parent`` names no run)."""
+
+    exit_code = 2
 
 
 class ContentionError(AxoexpError):

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
+import torch
 from omegaconf import DictConfig, OmegaConf
 
-from axoexp import describe, metadata, names, signals
+from axoexp import describe, metadata, names, signals, wallclock
 from axoexp.banks import SavedBanks, UpdateCount, eval_loss, keep_banks
 from axoexp.contention import ContentionGuard
 from axoexp.guard import FiniteGuard
@@ -25,7 +26,7 @@ from axoexp.plan import Plan, plan_experiment
 from axoexp.registry import REGISTRY, Registry
 from axoexp.runtime import configure_determinism, configure_threads
 from axoexp.statistics import LatencySummary
-from axoexp.tracking import configure_tracking, flatten
+from axoexp.tracking import StoreOpening, configure_tracking, flatten
 from axoexp.verification import Verification, verify_parity
 from axoexp.windows import PREPARE, VERIFY, Observer, window
 
@@ -53,6 +54,7 @@ class ExperimentResult:
     contention: str = "none"  # tag timing.contention
     threads: int = 0  # torch intra-op threads (run.threads, resolved)
     streams: int = 1  # independent streams per update (B)
+    process_ms: dict[str, float] | None = None  # process_<phase>_ms of a run started from the command line
     eval_loss_before: float | None = None  # loss on the held-out batches before the first update
     eval_loss_after: float | None = None  # and after the last
     eval_batches: int = 0
@@ -88,16 +90,24 @@ def run_experiment(
     """
     plan = plan_experiment(config, registry)
     plan.begin_executor_setup()  # e.g. the compiler's start-up, overlapping the run's set-up below
-    configure_determinism(config.determinism)
+    wallclock.mark("planning")
     tracking_uri = configure_tracking(config.tracking)
+    store = StoreOpening(tracking_uri, config.tracking.experiment)  # overlaps the set-up up to the run's start
+    if plan.device.type == "cuda":
+        torch.cuda.init()
+    wallclock.mark("cuda_init")
+    configure_determinism(config.determinism)
     container = cast(dict[str, Any], OmegaConf.to_container(config, resolve=True))
     if callable(run_name):
         run_name = run_name(plan)
     run_name = config.tracking.run_name or run_name or describe.default_run_name(plan)
     tags = {**describe.run_tags(plan, container), names.RESULT_KEY: metadata.result_key(plan.device, container)}
+    machine_tags = metadata.collect(plan.device)
     with (
         signals.interruptible(),
-        journaled_run(tracking_uri, config.tracking.experiment, run_name, tags, output_dir=output_dir) as tracker,
+        journaled_run(
+            tracking_uri, config.tracking.experiment, run_name, tags, output_dir=output_dir, store=store
+        ) as tracker,
     ):
         log.info(
             "MLflow run %s (%s) in experiment %r at %s",
@@ -110,17 +120,20 @@ def run_experiment(
         del params[names.RUN_THREADS_PARAM]  # logged once resolved, inside the lease
         tracker.log_params(params)
         tracker.log_text(OmegaConf.to_yaml(config, resolve=True), "config.yaml")
-        tracker.set_tags(metadata.collect(plan.device))
+        tracker.set_tags(machine_tags)
         if output_dir is not None:
             tracker.set_tags({names.OUTPUT_DIR: str(output_dir)})
             if (output_dir / HYDRA_DIR).is_dir():
                 tracker.log_artifact(str(output_dir / HYDRA_DIR))
+        wallclock.mark("store")
         with device_lease(plan.device, cpus=config.run.lease_cpus, timeout_s=config.run.lease_timeout_s) as lease:
-            threads = configure_threads(config.run.threads)  # after the lease pinned this process's CPUs
-            tracker.log_params({names.RUN_THREADS_PARAM: threads.count})
+            # after the lease pinned this process's CPUs
+            threads = configure_threads(config.run.threads, plan.device.type)
+            if not threads.candidates:  # else logged once calibrated
+                tracker.log_params({names.RUN_THREADS_PARAM: threads.count})
             tracker.set_tags({**lease.tags(), **threads.tags()})  # held alone from build through verify
-            result = _execute(plan, tracker, tracking_uri, [tracker, *observers], output_dir)
-            result.threads = threads.count
+            result = _execute(plan, tracker, tracking_uri, [tracker, *observers], output_dir, threads.candidates)
+            result.threads = torch.get_num_threads()
         tracker.set_tags(lease.tags())
         if output_dir is not None:
             path = output_dir / RESULT_FILE
@@ -130,11 +143,20 @@ def run_experiment(
                 tracker.set_tags({names.JOURNAL_LOST: f"writing {path} failed: {error}"})
             else:
                 tracker.log_artifact(str(path))
+        wallclock.mark("logging")
+        process_metrics = wallclock.take_phases()
+        tracker.log_metrics(process_metrics)
+        result.process_ms = process_metrics or None
         return result
 
 
 def _execute(
-    plan: Plan, tracker: RunLog, tracking_uri: str, observers: Sequence[Observer], output_dir: Path | None
+    plan: Plan,
+    tracker: RunLog,
+    tracking_uri: str,
+    observers: Sequence[Observer],
+    output_dir: Path | None,
+    thread_candidates: Sequence[int] = (),
 ) -> ExperimentResult:
     """Build, evaluate, prepare, time, verify, evaluate and keep the adapted banks; log each as it
     completes. A run interrupted after an update keeps its banks too (not evaluated: it is stopping)."""
@@ -151,6 +173,7 @@ def _execute(
     pristine = copy.deepcopy(setup.module) if config.verify.enabled else None
     executor = plan.build_executor(setup.module)
     tracker.set_tags(describe.timing_tags(executor, plan.device))
+    wallclock.mark("build")
     guard, adapted = ContentionGuard(plan.device), UpdateCount()
     observers = (*observers, adapted, FiniteGuard(setup.module, tracker), guard)  # the guard last: its
     # samples lie closest to the timed updates
@@ -162,6 +185,7 @@ def _execute(
             tracker.set_tags(executor.prepared_tags)
             if prepare_ms:
                 log.info("prepare: %s", ", ".join(f"{phase} {ms:.1f} ms" for phase, ms in prepare_ms.items()))
+            wallclock.mark("prepare")
             warmup, measured = measure_updates(
                 executor,
                 setup.batches,
@@ -171,11 +195,13 @@ def _execute(
                 observers,
                 config.run.min_time_s,
                 config.run.max_time_s,
+                thread_candidates,
             )
         finally:
             guard.log_to(tracker)
         update = LatencySummary.of(measured.latencies_ms)
         tracker.log_metrics({names.STREAMS_PER_S: streams_per_s(setup.streams, update.median)})
+        wallclock.mark("measure")
         if config.run.require_quiet:
             guard.raise_if_contended()
 
@@ -193,6 +219,7 @@ def _execute(
                 )
             tracker.log_metrics(verification.metrics())
             verification.raise_if_failed()
+            wallclock.mark("verify")
     except KeyboardInterrupt:  # ends KILLED: what the updates made is kept, as everything measured is
         if adapted.updates:
             keep_banks(setup.module, population, adapted.updates, tracker, output_dir)

@@ -39,6 +39,7 @@ SWEEP_ROLE = "axoexp.sweep"  # "parent" on a sweep's parent run
 SWEEP_DEFINITION = "axoexp.sweep_definition"  # on a parent: SHA-256 of its overrides, bookkeeping left out
 REUSED_PREFIX = "axoexp.reused."  # on a parent: axoexp.reused.jobN = the earlier run job N reused
 REFUSED_PREFIX = "axoexp.refused."  # on a parent: axoexp.refused.jobN = why job N made no run
+REMEASURED_PREFIX = "axoexp.remeasured."  # on a parent: axoexp.remeasured.jobN = why job N reused no run
 DIED_PREFIX = "axoexp.died."  # on a parent: axoexp.died.jobN = how job N's process died, what became of its run
 OUTPUT_DIR = "output_dir"
 PROCESS_PID = "process.pid"
@@ -52,6 +53,7 @@ PROCESS_START = "process.start"  # the process's start time (psutil create_time)
 RESULT_KEY = "axoexp.result_key"  # what determines a result: config, code, plugins, versions, device
 CODE_HASH = "code.sha256"  # SHA-256 of axoexp's own source files as they ran
 PLUGINS_HASH = "code.plugins_sha256"  # SHA-256 of every loaded plugin file
+CODE_FILES = "code.files"  # path=sha256[:12] of each of those files: which one changed between runs
 JOURNAL = "axoexp.journal"  # path of the run's local journal
 JOURNAL_ID = "axoexp.journal_id"  # the journal's id: how a sync finds the run again
 JOURNAL_LOST = "axoexp.journal_lost"  # why the local journal stopped (e.g. disk full); MLflow has the run
@@ -186,6 +188,32 @@ def phase_metric(phase: str) -> str:
 
 CAPTURE = phase_metric("capture")
 
+
+# A single run's wall time from its process's start (axoexp.wallclock), in the order the phases happen:
+# interpreter and imports; Hydra composing the config; planning; CUDA initialisation; the run's start
+# (store opened in the background meanwhile, run created, its params and tags); lease, population and
+# executor build; prepare; warm-up and measured updates; verify; the final logging.
+PROCESS_PHASES = (
+    "imports",
+    "config",
+    "planning",
+    "cuda_init",
+    "store",
+    "build",
+    "prepare",
+    "measure",
+    "verify",
+    "logging",
+)
+
+
+def process_metric(phase: str) -> str:
+    """The wall time of one phase of the run's process, e.g. ``process_imports_ms``."""
+    return f"process_{phase}_ms"
+
+
+PROCESS_TOTAL = process_metric("total")  # process start to the end of the final logging (exit not included)
+
 # --- params
 EXECUTOR_PARAM_PREFIX = "executor."
 # where results go and how a run is watched, not what was measured
@@ -208,10 +236,17 @@ def shape_size(label: str) -> int:
 RUN_THREADS_PARAM = "run.threads"  # logged resolved (the config's null means "auto")
 RUNTIME_THREADS = "runtime.threads"  # how run.threads was chosen
 RUNTIME_CPU_AFFINITY = "runtime.cpu_affinity"  # the CPUs this process may run on, e.g. 0-15
+
+
+def threads_calibration_metric(threads: int) -> str:
+    """The mean update time calibration measured with ``threads`` threads (``run.threads=null`` on the CPU)."""
+    return f"threads_calibration/{threads}_threads_mean_ms"
+
+
 TIMING_DEVICE_CLOCK = "timing.device_clock"  # what update_device_ms covers (CUDA runs only)
 TIMING_CONTENTION = "timing.contention"  # "none" or a comma list: cpu, gpu-shared, gpu-throttled
 TIMING_CONTENTION_DETAIL = "timing.contention.detail"  # what was seen, per window
-TIMING_NOISE = "timing.noise"  # "low" or "high" (axoexp.statistics.NOISE_THRESHOLD)
+TIMING_NOISE = "timing.noise"  # "low" or "high" (IQR/median above axoexp.statistics.NOISE_THRESHOLD)
 TIMING_ADAPTIVE = "timing.adaptive"  # why run.min_time_s stopped measuring
 SWEEP_REPEAT_PARAM = "sweep.repeat"
 UPDATE_DEVICE_SERIES = "update_device_ms"  # CUDA-event time of every update (step = update index)

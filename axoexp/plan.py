@@ -145,6 +145,10 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
     settings: dict[str, dict[str, Any]] = {}
     for group, spec in GROUPS.items():
         node = cast(dict[str, Any], OmegaConf.to_container(config[group], resolve=True))
+        unset = [key for key in node if OmegaConf.is_missing(config[group], key)]
+        if unset:  # a factory would get the string '???'
+            problems += [f"{group}.{key} is mandatory and not set: set it, e.g. {group}.{key}=VALUE" for key in unset]
+            continue
         name = node.pop("name", None)
         settings[group] = {key: node.pop(key, setting.default) for key, setting in spec.settings.items()}
         params[group] = node

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import tempfile
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,6 +36,18 @@ MAX_BATCH = 1000  # MLflow's limit on metrics per log_batch call
 MAX_PARAM_LENGTH = 500
 UNREACHABLE = (MlflowException, requests.exceptions.RequestException, OSError)
 """What a client raises when its tracking store cannot be reached."""
+
+
+MILLISECOND_DIGITS = 4
+"""Milliseconds are logged to 0.1 microsecond (1.2776, not 1.277578999999): finer than any
+clock axoexp reads is worth, and what a reader can take in at a glance."""
+
+
+def metric_value(name: str, value: float) -> float:
+    """``value`` as logged under ``name``: a duration in milliseconds (``..._ms``, ``..._ms_...``,
+    ``.../latency_ms``) rounded to :data:`MILLISECOND_DIGITS` decimals, anything else as it is."""
+    milliseconds = name.endswith("_ms") or "_ms_" in name
+    return round(float(value), MILLISECOND_DIGITS) if milliseconds else float(value)
 
 
 def configure_tracking(tracking: DictConfig) -> str:
@@ -117,6 +130,19 @@ class Tracker:
             self.run_id, [DatasetInput(DatasetEntity(**record), [InputTag(names.DATASET_CONTEXT, context)])]
         )
 
+    def log_batch(self, params: Mapping[str, str], tags: Mapping[str, str], metrics: list[Metric]) -> None:
+        """Params, tags and metrics in as few requests as MLflow's limits allow (100 params,
+        100 tags, 1000 entries in all per request)."""
+        param_items = [Param(key, str(value)[:MAX_PARAM_LENGTH]) for key, value in params.items()]
+        tag_items = [RunTag(key, str(value)) for key, value in tags.items()]
+        metric_items = list(metrics)
+        while param_items or tag_items or metric_items:
+            some_params, param_items = param_items[:100], param_items[100:]
+            some_tags, tag_items = tag_items[:100], tag_items[100:]
+            room = MAX_BATCH - len(some_params) - len(some_tags)
+            some_metrics, metric_items = metric_items[:room], metric_items[room:]
+            self.client.log_batch(self.run_id, metrics=some_metrics, params=some_params, tags=some_tags)
+
     def _log(self, metrics: list[Metric]) -> None:
         for start in range(0, len(metrics), MAX_BATCH):
             self.client.log_batch(self.run_id, metrics=metrics[start : start + MAX_BATCH])
@@ -131,6 +157,8 @@ RUNS_VIEW_COLUMNS = (
     _ui_column("metrics", names.CAPTURE),
     _ui_column("metrics", names.EVAL_LOSS_BEFORE),
     _ui_column("metrics", names.EVAL_LOSS_AFTER),
+    _ui_column("tags", names.TIMING_CONTENTION),  # contention and noise travel with the numbers
+    _ui_column("tags", names.TIMING_NOISE),
     _ui_column("tags", names.component_tag("executor")),
     _ui_column("tags", names.SHAPE),
     _ui_column("tags", names.TRIAL),  # an Optuna search's trial number (hydra/sweeper=optuna)
@@ -263,3 +291,32 @@ def child_runs(client: MlflowClient, parent: Run) -> list[Run]:
     return client.search_runs(
         [parent.info.experiment_id], filter_string=f"tags.`{names.PARENT_RUN_ID}` = '{parent.info.run_id}'"
     )
+
+
+class StoreOpening:
+    """The store opened, and the experiment found or created, in a background thread, so that
+    the run's other set-up (CUDA initialisation, git state, tags) overlaps importing the
+    store's backend and creating a fresh store's schema; :meth:`result` waits for it."""
+
+    def __init__(self, tracking_uri: str, experiment: str) -> None:
+        self._outcome: tuple[MlflowClient, str] | BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._open, args=(tracking_uri, experiment), name="axoexp-store-opening", daemon=True
+        )
+        self._thread.start()
+
+    def _open(self, tracking_uri: str, experiment: str) -> None:
+        try:
+            client = open_client(tracking_uri)
+            with store_lock(tracking_uri):
+                self._outcome = (client, experiment_id(client, experiment))
+        except BaseException as error:  # raised again in the waiting thread
+            self._outcome = error
+
+    def result(self) -> tuple[MlflowClient, str]:
+        """The client and the experiment's id, or what opening the store raised."""
+        self._thread.join()
+        if isinstance(self._outcome, BaseException):
+            raise self._outcome
+        assert self._outcome is not None
+        return self._outcome

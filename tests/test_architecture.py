@@ -41,6 +41,7 @@ LAYERS = (
         "axoexp.processes",
         "axoexp.interfaces",
         "axoexp.timing",
+        "axoexp.wallclock",
         "axoexp.nvml",
         "axoexp.signals",
     ),

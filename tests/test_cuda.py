@@ -249,7 +249,7 @@ def test_every_cuda_run_logs_device_clock_and_host_overhead(make_config, executo
     assert run.data.tags[names.TIMING_DEVICE_CLOCK] == DEVICE_CLOCK
     median, p10, p90 = (metrics[names.device_metric(stat)] for stat in ("median", "p10", "p90"))
     assert 0 < p10 <= median <= p90
-    assert result.device_update is not None and result.device_update.median == pytest.approx(median)
+    assert result.device_update is not None and round(result.device_update.median, 4) == median
     # the host clock encloses both events, so host minus device is non-negative up to clock granularity
     assert metrics[names.HOST_OVERHEAD_MEDIAN] >= -0.01
     host = {m.step: m.value for m in client.get_metric_history(run.info.run_id, names.UPDATE_SERIES)}
