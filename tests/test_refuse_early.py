@@ -73,8 +73,8 @@ def test_the_memory_estimate_covers_the_measured_peak_within_one_and_a_half_time
     [
         (
             ["population.time_steps=3", "loss=causal_mse"],
-            "population.time_steps=3: a causal loss skips the first 4 warm-up steps, so it needs more than 4 "
-            "time steps; raise population.time_steps or lower loss.warmup_steps",
+            "loss=causal_mse: a causal loss skips the first 4 warm-up steps, so it needs more than 4 time steps, "
+            "and the population's predictions have 3",
         ),
         (
             ["population.time_steps=1", "loss=mse"],
@@ -84,7 +84,7 @@ def test_the_memory_estimate_covers_the_measured_peak_within_one_and_a_half_time
         (["population.time_steps=3", "loss=huber"], "population.time_steps=3: AxoSim-Lite's first 4 outputs"),
         (
             ["population.time_steps=8", "loss=causal_mse", "loss.warmup_steps=8"],
-            "population.time_steps=8: a causal loss skips the first 8 warm-up steps",
+            "loss=causal_mse: a causal loss skips the first 8 warm-up steps",
         ),
     ],
 )
@@ -92,7 +92,7 @@ def test_updates_too_short_for_the_loss_are_refused_while_planning_in_one_line(m
     with pytest.raises(ConfigError) as refused:
         plan_experiment(make_config(*overrides))
     text = str(refused.value)
-    assert text.startswith(f"invalid experiment config: {message}")
+    assert text.startswith(f"invalid experiment config: {message}"), text
     assert "\n" not in text, "one line"
 
 
