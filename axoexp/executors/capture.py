@@ -12,6 +12,8 @@ autograd reports as "The AccumulateGrad node's stream does not match ..." on eve
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +62,20 @@ def restore_optimizer(optimizer: torch.optim.Optimizer, snapshot: OptimizerSnaps
                 value.copy_(saved[key])
             else:
                 state[key] = copy.deepcopy(saved[key])
+
+
+@contextmanager
+def state_preserved(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[None]:
+    """Updates run inside leave the module and the optimizer as they were (in place: a captured
+    graph keeps pointing at the same tensors), gradients zeroed."""
+    module_state = {key: value.detach().clone() for key, value in module.state_dict().items()}
+    optimizer_state = snapshot_optimizer(optimizer)
+    try:
+        yield
+    finally:
+        module.load_state_dict(module_state, strict=True)
+        restore_optimizer(optimizer, optimizer_state)
+        optimizer.zero_grad(set_to_none=False)
 
 
 @dataclass
@@ -123,8 +139,6 @@ def capture_update(
     With ``bucket``, for batches of up to ``bucket`` steps: the example is padded to it and the
     loss masked to a length read from a static device scalar. ``pool``: the memory pool the
     graph allocates from (``torch.cuda.graph_pool_handle()``, shared by a run's bucket graphs)."""
-    module_state = {key: value.detach().clone() for key, value in module.state_dict().items()}
-    optimizer_state = snapshot_optimizer(optimizer)
     static_length = None
     if bucket is None:
         static_inputs, static_targets = example_inputs.clone(), example_targets.clone()
@@ -132,21 +146,19 @@ def capture_update(
         static_inputs, static_targets = pad_steps(example_inputs, bucket), pad_steps(example_targets, bucket)
         static_length = torch.tensor(example_inputs.shape[-2], device=example_inputs.device)
     batch = (static_inputs, static_targets, static_length)
-    release_autograd_graphs(module)
-    stream = torch.cuda.Stream(example_inputs.device)
-    stream.wait_stream(torch.cuda.current_stream(example_inputs.device))
-    with torch.cuda.stream(stream):
-        for _ in range(warmup_steps):
-            eager_update(module, optimizer, loss_fn, transform, *batch)
-            release_autograd_graphs(module)  # no warm-up graph (nor its accumulators) outlives its update
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool, stream=stream):
-        static_loss = eager_update(module, optimizer, loss_fn, transform, *batch)
-    release_autograd_graphs(module)
-    torch.cuda.current_stream(example_inputs.device).wait_stream(stream)
-    torch.cuda.synchronize(example_inputs.device)
-    module.load_state_dict(module_state, strict=True)
-    restore_optimizer(optimizer, optimizer_state)
-    optimizer.zero_grad(set_to_none=False)
+    with state_preserved(module, optimizer):
+        release_autograd_graphs(module)
+        stream = torch.cuda.Stream(example_inputs.device)
+        stream.wait_stream(torch.cuda.current_stream(example_inputs.device))
+        with torch.cuda.stream(stream):
+            for _ in range(warmup_steps):
+                eager_update(module, optimizer, loss_fn, transform, *batch)
+                release_autograd_graphs(module)  # no warm-up graph (nor its accumulators) outlives its update
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool, stream=stream):
+            static_loss = eager_update(module, optimizer, loss_fn, transform, *batch)
+        release_autograd_graphs(module)
+        torch.cuda.current_stream(example_inputs.device).wait_stream(stream)
+        torch.cuda.synchronize(example_inputs.device)
     torch.cuda.synchronize(example_inputs.device)
     return CapturedUpdate(graph, static_inputs, static_targets, static_loss, static_length)
