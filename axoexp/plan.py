@@ -217,10 +217,11 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
             )
     if probe is not None and "loss" in components and not problems:
         problems += loss_problems(components["loss"], params["loss"], probe)
-    if executor is not None and probe is not None and "loss" in components:
+    lengths = [int(inputs.shape[-2]) for inputs, _ in probe.batches] if probe is not None else []
+    if executor is not None and "loss" in components and len(set(lengths)) > 1:
         refusal = executor_class(executor).length_refusal(
             params={**executor.defaults(), **params["executor"]},
-            lengths=[int(inputs.shape[-2]) for inputs, _ in probe.batches],
+            lengths=lengths,
             loss_fn=None if problems else components["loss"].build(params["loss"]),  # built only when valid
         )
         if refusal:
