@@ -3,6 +3,7 @@ around the same update), with the observers of :mod:`axoexp.windows` told betwee
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Sequence
@@ -192,5 +193,5 @@ def length_metrics(
     metrics = {names.PADDING_OVERHEAD: padding_overhead(lengths, buckets)}
     for bucket, samples in by_bucket(latencies_ms, lengths, buckets).items():
         summary = LatencySummary.of(samples)
-        metrics.update(summary.as_metrics(lambda stat, bucket=bucket: names.bucket_update_metric(bucket, stat)))
+        metrics.update(summary.as_metrics(functools.partial(names.bucket_update_metric, bucket)))
     return metrics

@@ -35,7 +35,7 @@ def batch_loss(
         masked = masked_form(loss_fn)
         if masked is None:
             raise IncompatibleComponentsError("this loss has no masked form, so padded batches cannot be adapted to")
-        loss_fn = functools.partial(masked, length=length)
+        loss_fn = functools.partial(masked, length=length)  # type: ignore[call-arg]
     if inputs.dim() != STREAM_AXIS_RANK:
         return loss_fn(module(inputs), targets)
     forward_batch: Callable[[torch.Tensor], torch.Tensor] = module.forward_batch  # type: ignore[assignment]

@@ -132,7 +132,7 @@ def capture_update(
     *,
     warmup_steps: int,
     bucket: int | None = None,
-    pool: tuple[int, int] | None = None,
+    pool: Any = None,
 ) -> CapturedUpdate:
     """Capture one whole update for these shapes; module and optimizer end as they began.
 

@@ -45,7 +45,7 @@ class CudaGraphExecutor(Executor):
     ) -> None:
         super().__init__(**components)  # type: ignore[arg-type]
         self.warmup_steps = warmup_steps
-        self.buckets = buckets
+        self.bucket_rule = buckets
         self.graph_step: CapturedUpdate | None = None
         self.bucket_examples: dict[int, Batch] = {}
         """Bucket -> an example batch of a length in it; empty when every batch has one length."""
@@ -70,7 +70,7 @@ class CudaGraphExecutor(Executor):
         """One graph per length bucket in use (largest first) when the batches' lengths differ."""
         lengths = [inputs.shape[-2] for inputs, _ in batches]
         if len(set(lengths)) > 1:
-            buckets = buckets_for(self.buckets, lengths)
+            buckets = buckets_for(self.bucket_rule, lengths)
             by_length = sorted(batches, key=lambda batch: -batch[0].shape[-2])
             for batch in by_length:
                 self.bucket_examples.setdefault(bucket_of(batch[0].shape[-2], buckets), batch)
@@ -79,7 +79,7 @@ class CudaGraphExecutor(Executor):
     def prepare_includes(self) -> dict[str, tuple[str, ...]]:
         warmup = f"{self.warmup_steps}x_warmup_update({'+'.join(UPDATE_STAGES)})_on_side_stream"
         stages = ("static_buffer_copy", warmup, *CAPTURE_STAGES)
-        return {"capture": stages, names.bucket_phase("*"): ("pad_to_bucket", *stages)}
+        return {"capture": stages, "capture_bucket_*": ("pad_to_bucket", *stages)}
 
     def captured_forward(self) -> torch.nn.Module:
         """The forward the graph captures: the population itself here."""
@@ -113,7 +113,7 @@ class CudaGraphExecutor(Executor):
         example_targets: torch.Tensor,
         *,
         bucket: int | None = None,
-        pool: tuple[int, int] | None = None,
+        pool: Any = None,
     ) -> CapturedUpdate:
         """Capture the whole update with ``module`` as the forward (e.g. a compiled one); with
         ``bucket``, for padded batches of up to that many steps (:func:`capture_update`)."""
@@ -131,7 +131,7 @@ class CudaGraphExecutor(Executor):
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         if self.bucket_steps:
-            return self.bucket_steps[bucket_of(inputs.shape[-2], self.bucket_steps)](inputs, targets)
+            return self.bucket_steps[bucket_of(inputs.shape[-2], tuple(self.bucket_steps))](inputs, targets)
         if self.graph_step is None:
             raise RuntimeError("CudaGraphExecutor.step called before prepare (nothing captured)")
         return self.graph_step(inputs, targets)
