@@ -35,11 +35,11 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from axoexp import names
-from axoexp.errors import AxoexpError, NoSweepError
+from axoexp.errors import AxoexpError, NoSweepError, StoreError
 from axoexp.registry import GROUPS
 from axoexp.statistics import median_ratio_interval
 from axoexp.sweep import child_runs
-from axoexp.tracking import newest_run, resolve_tracking_uri
+from axoexp.tracking import newest_run, resolve_tracking_uri, store_problem
 
 SQLITE_PREFIX = "sqlite:///"
 EXECUTOR_KEY = f"{names.EXECUTOR_PARAM_PREFIX}name"
@@ -538,6 +538,9 @@ def report(argv: list[str] | None = None) -> None:
     uri = resolve_tracking_uri(args.tracking_uri)
     if uri.startswith(SQLITE_PREFIX) and not Path(uri.removeprefix(SQLITE_PREFIX)).is_file():
         raise NoSweepError(f"no MLflow store at {uri}; run a sweep first: python -m axoexp -m ...")
+    problem = store_problem(uri)
+    if problem:
+        raise StoreError(problem)
     client = MlflowClient(tracking_uri=uri)
     parent = client.get_run(args.parent) if args.parent else latest_parent(client, args.experiment)
     runs = sweep_runs(client, parent)
