@@ -156,7 +156,8 @@ def sync_journal(client: MlflowClient, path: Path) -> str:
             tags=start["tags"],
         )
     missing = _replay(Tracker(client, run.info.run_id), records)
-    status, reason, end_time = _ending(run, records, ends, contents.cut_at_end, tags)
+    cut_line = contents.damaged[-1] if contents.cut_at_end else None
+    status, reason, end_time = _ending(run, records, ends, cut_line, tags)
     synced = {names.SYNCED: f"from {path} at {get_current_time_millis()} ms{said}"}
     if start is None:
         synced[names.SYNCED] += "; its start record was damaged: the run was found by its journal id"
@@ -170,7 +171,7 @@ def sync_journal(client: MlflowClient, path: Path) -> str:
 
 
 def _ending(
-    run: Run, records: list[dict[str, Any]], ends: list[dict[str, Any]], cut: bool, tags: Mapping[str, str]
+    run: Run, records: list[dict[str, Any]], ends: list[dict[str, Any]], cut_line: int | None, tags: Mapping[str, str]
 ) -> tuple[str, str | None, int | None]:
     """The run's end status, reason and time: the journal's end record where it has one; else
     what the store says where something (a sweep) already ended the run; else KILLED, or, where
@@ -181,18 +182,18 @@ def _ending(
     if run.info.status != RUNNING:
         return run.info.status, None, run.info.end_time
     process = f"process {tags.get(names.PROCESS_PID)} on {tags.get(names.HOSTNAME)}"
-    last = records[-1] if records else {"line": 0, "time": None}
-    if cut:
+    last_time = records[-1]["time"] if records else None
+    if cut_line is not None:
         return (
             "FAILED",
-            f"its journal stops at line {last['line'] + 1}, cut off mid-write (a full disk or a crash), and "
+            f"its journal stops at line {cut_line}, cut off mid-write (a full disk or a crash), and "
             f"{process} is gone: how the run ended is not known; completed from its journal by axoexp.sync",
-            last["time"],
+            last_time,
         )
     return (
         "KILLED",
         f"{process} ended without ending its run (killed); completed from its journal by axoexp.sync",
-        last["time"],
+        last_time,
     )
 
 
