@@ -15,8 +15,8 @@ from mlflow.data.meta_dataset import MetaDataset
 from mlflow.types.schema import Schema, TensorSpec
 
 from axoexp import metadata, names
-from axoexp.executors.base import NOT_TIMED, Executor
-from axoexp.interfaces import PopulationSetup
+from axoexp.executors.base import NOT_TIMED
+from axoexp.interfaces import Executor, PopulationSetup
 from axoexp.plan import Plan
 from axoexp.registry import GROUPS
 from axoexp.timing import CLOCK, DEVICE_CLOCK

@@ -19,14 +19,15 @@ from axoexp.guard import FiniteGuard
 from axoexp.interfaces import RunLog
 from axoexp.journal import journaled_run
 from axoexp.lease import device_lease
-from axoexp.measure import PREPARE, VERIFY, Observer, measure_updates, window
+from axoexp.measure import measure_updates
 from axoexp.outputs import write_atomically
 from axoexp.plan import Plan, plan_experiment
 from axoexp.registry import REGISTRY, Registry
 from axoexp.runtime import configure_determinism, configure_threads
-from axoexp.timing import LatencySummary
+from axoexp.statistics import LatencySummary
 from axoexp.tracking import configure_tracking, flatten
 from axoexp.verification import Verification, verify_parity
+from axoexp.windows import PREPARE, VERIFY, Observer, window
 
 RESULT_FILE = "result.json"
 HYDRA_DIR = ".hydra"  # Hydra's record of the job: config, its overrides, Hydra's own config

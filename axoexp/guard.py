@@ -14,7 +14,7 @@ import torch
 from axoexp import names
 from axoexp.errors import NonFiniteResultError
 from axoexp.interfaces import RunLog
-from axoexp.measure import Observer
+from axoexp.windows import Observer
 
 
 class FiniteGuard(Observer):

@@ -1,27 +1,29 @@
-"""What components hand each other: batches, losses, gradient transforms, a ready population.
+"""What components hand each other: batches, losses, gradient transforms, a ready population,
+an executor, a run's log.
 
 Kept apart from the components themselves so that the registry, the executors and the
-components can all name these types without importing one another.
+components can all name these types without importing one another. Torch and MLflow are
+named in annotations only, so that the registry (and every plugin) imports neither.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeAlias
 
-import torch
-
-if TYPE_CHECKING:  # annotations only: importing MLflow costs over a second
+if TYPE_CHECKING:  # annotations only: importing torch or MLflow costs seconds
+    import torch
     from mlflow.data.dataset import Dataset
 
-Batch = tuple[torch.Tensor, torch.Tensor]
+Batch: TypeAlias = "tuple[torch.Tensor, torch.Tensor]"
 """Contact inputs (neurons, time, contacts) and targets (neurons, time, outputs)."""
 
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+LossFn: TypeAlias = "Callable[[torch.Tensor, torch.Tensor], torch.Tensor]"
 """``loss_fn(prediction, target)``: a scalar loss tensor."""
 
-GradientTransform = Callable[[], None] | None
+GradientTransform: TypeAlias = Callable[[], None] | None
 """Called between backward and the optimizer step (graph-safe: no host reads), or ``None``."""
 
 
@@ -47,3 +49,59 @@ class RunLog(Protocol):
     def log_text(self, text: str, artifact_file: str) -> None: ...
     def log_artifact(self, path: str) -> None: ...
     def log_dataset(self, dataset: Dataset, context: str) -> None: ...
+
+
+class Executor(ABC):
+    """Runs one fixed-shape adaptation update at a time.
+
+    ``step`` queues one update and returns its loss as a device tensor without waiting
+    (the caller synchronises); later updates must not overwrite that tensor. ``prepare``
+    does any one-off work (capture, compilation) and returns how long each phase of it took,
+    in milliseconds. Neither may consume an update: after ``prepare`` the module and optimizer
+    are as they were.
+    """
+
+    requires_cuda: ClassVar[bool] = False
+    requires_capturable_optimizer: ClassVar[bool] = False
+    update_includes: ClassVar[tuple[str, ...]]
+
+    def __init__(
+        self,
+        *,
+        module: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: LossFn,
+        gradient_transform: GradientTransform,
+    ) -> None:
+        self.module = module
+        self.optimizer = optimizer
+        self.loss_fn = loss_fn
+        self.gradient_transform = gradient_transform
+        self.prepared_tags: dict[str, str] = {}
+        """Facts ``prepare`` learned, logged as run tags (e.g. whether a compile cache was warm)."""
+
+    @classmethod
+    def refusal(cls, *, population: str, dtype: torch.dtype) -> str | None:
+        """Why this executor cannot run a plan with this population option and dtype (checked
+        while planning, before any work), or ``None``."""
+        del population, dtype
+        return None
+
+    @classmethod
+    def begin_setup(cls, device: torch.device, params: Mapping[str, Any]) -> None:
+        """Start one-off work that needs no population (e.g. a compiler's start-up) in the
+        background as soon as the run is planned (``params``: this executor's options);
+        ``prepare`` waits for it."""
+        del device, params
+
+    def prepare_includes(self) -> dict[str, tuple[str, ...]]:
+        """For each phase ``prepare`` times, the stages that phase contains."""
+        return {}
+
+    def prepare(self, example_inputs: torch.Tensor, example_targets: torch.Tensor) -> dict[str, float]:
+        del example_inputs, example_targets
+        return {}
+
+    @abstractmethod
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Queue one update on (inputs, targets); return the loss tensor (not synchronised)."""

@@ -32,9 +32,9 @@ from mlflow.utils.time import get_current_time_millis
 
 from axoexp import names, processes
 from axoexp.errors import TrackingUnavailableError
-from axoexp.measure import Observer
 from axoexp.outputs import write_atomically
 from axoexp.tracking import UNREACHABLE, Tracker, experiment_id, open_client, store_lock, with_mlflow_context
+from axoexp.windows import Observer
 
 JOURNAL_FILE = "journal.jsonl"
 START, PARAMS, TAGS, METRICS, SERIES, ARTIFACT = "start", "params", "tags", "metrics", "series", "artifact"

@@ -1,68 +1,21 @@
 """The timed loop: updates timed one by one on the host clock (and, on CUDA, by CUDA events
-around the same update), and what they logged.
-
-A run passes through windows (:data:`WINDOWS`): ``prepare`` (compile, capture), ``warmup``,
-``measured`` and ``verify``. :class:`Observer` hooks run at window boundaries and after each
-timed update, outside the clock: that is where anything that watches a run (a journal, a
-contention guard, a progress display) does its work, so its cost never lands in a timing.
-"""
+around the same update), with the observers of :mod:`axoexp.windows` told between updates."""
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from contextlib import suppress
 
 import numpy as np
 import torch
 
 from axoexp import names
-from axoexp.executors.base import Executor
-from axoexp.interfaces import Batch, RunLog
-from axoexp.statistics import NOISE_THRESHOLD, noise_verdict, rel_iqr
-from axoexp.timing import LatencySummary, device_events, elapsed_ms, synchronizer
-
-PREPARE, WARMUP, MEASURED, VERIFY = "prepare", "warmup", "measured", "verify"
-WINDOWS = (PREPARE, WARMUP, MEASURED, VERIFY)
-
-
-class Observer:
-    """Watches a run between timed updates, never inside one. The base class does nothing."""
-
-    def window_started(self, window: str, planned_updates: int) -> None:
-        """``window`` begins; it will time ``planned_updates`` updates (0 for prepare/verify)."""
-
-    def update_finished(self, window: str, index: int, latency_ms: float, loss: float) -> None:
-        """Update ``index`` (counted from the run's first update) took ``latency_ms``."""
-
-    def window_finished(self, window: str, completed_updates: int) -> None:
-        """``window`` ended, normally or not, after ``completed_updates`` updates."""
-
-
-@contextmanager
-def window(
-    observers: Sequence[Observer], name: str, planned_updates: int = 0, trace: UpdateTrace | None = None
-) -> Iterator[None]:
-    """Tell ``observers`` that window ``name`` starts and, however it ends, that it ended."""
-    for observer in observers:
-        observer.window_started(name, planned_updates)
-    try:
-        yield
-    finally:
-        for observer in observers:
-            observer.window_finished(name, len(trace.latencies_ms) if trace is not None else 0)
-
-
-@dataclass
-class UpdateTrace:
-    """Per-update latencies (ms) and losses, filled in as updates complete; on CUDA also each
-    update's device-clock time (ms), read after its window."""
-
-    latencies_ms: list[float] = field(default_factory=list)
-    losses: list[float] = field(default_factory=list)
-    device_ms: list[float] = field(default_factory=list)
+from axoexp.interfaces import Batch, Executor, RunLog
+from axoexp.statistics import NOISE_THRESHOLD, rel_iqr
+from axoexp.timing import device_events, elapsed_ms, synchronizer
+from axoexp.windows import MEASURED, WARMUP, Observer, UpdateTrace, log_traces, window
 
 
 def run_updates(
@@ -140,31 +93,6 @@ def measure_until_stable(
         median_s = float(np.median(trace.latencies_ms)) / 1e3
         count = max(1, min(block, math.ceil(remaining_s / median_s) if median_s > 0 else block))
         run_updates(executor, batches, count, first + len(trace.latencies_ms), trace, observers, MEASURED)
-
-
-def log_traces(tracker: RunLog, warmup: UpdateTrace, measured: UpdateTrace, planned: int) -> None:
-    """Log whatever completed, also when an update failed part-way."""
-    tracker.log_series(names.UPDATE_SERIES, warmup.latencies_ms + measured.latencies_ms)
-    tracker.log_series(names.LOSS_SERIES, warmup.losses + measured.losses)
-    if warmup.device_ms or measured.device_ms:
-        tracker.log_series(names.UPDATE_DEVICE_SERIES, warmup.device_ms + measured.device_ms)
-    metrics = {names.MEASURED_COMPLETED: float(len(measured.latencies_ms))}
-    if warmup.latencies_ms:
-        metrics[names.FIRST_UPDATE] = warmup.latencies_ms[0]
-    if measured.latencies_ms:
-        metrics.update(LatencySummary.of(measured.latencies_ms).as_metrics(names.update_metric))
-        tracker.set_tags({names.TIMING_NOISE: noise_verdict(metrics[names.UPDATE_REL_IQR])})
-    if measured.device_ms:
-        device = LatencySummary.of(measured.device_ms)
-        metrics.update({names.device_metric(stat): getattr(device, stat) for stat in ("median", "p10", "p90")})
-        overhead = np.subtract(measured.latencies_ms[: len(measured.device_ms)], measured.device_ms)
-        metrics[names.HOST_OVERHEAD_MEDIAN] = float(np.median(overhead))
-    losses = warmup.losses + measured.losses
-    if losses:
-        metrics.update({names.LOSS_INITIAL: losses[0], names.LOSS_FINAL: losses[-1]})
-    tracker.log_metrics(metrics)
-    if len(measured.latencies_ms) < planned:
-        tracker.set_tags({names.PARTIAL: f"{len(measured.latencies_ms)} of {planned} measured updates"})
 
 
 def measure_updates(

@@ -33,11 +33,11 @@ def git_state(directory: Path) -> dict[str, str]:
     """Commit, dirty flag and root of the git work tree holding ``directory``."""
     root = _git(["rev-parse", "--show-toplevel"], directory)
     if root is None:
-        return {"git.commit": "unknown", "git.dirty": "unknown", "git.root": "not a git work tree"}
+        return {names.GIT_COMMIT: "unknown", names.GIT_DIRTY: "unknown", names.GIT_ROOT: "not a git work tree"}
     commit = _git(["rev-parse", "HEAD"], directory) or "no commits"
     status = _git(["status", "--porcelain", "--untracked-files=no"], directory)
     dirty = "unknown" if status is None else str(bool(status)).lower()
-    return {"git.commit": commit, "git.dirty": dirty, "git.root": root}
+    return {names.GIT_COMMIT: commit, names.GIT_DIRTY: dirty, names.GIT_ROOT: root}
 
 
 def _sha256_of_files(files: Iterable[Path], root: Path | None = None) -> str:
@@ -63,20 +63,20 @@ def code_state() -> dict[str, str]:
         names.PLUGINS_HASH: _sha256_of_files(loaded_plugin_files()),
     }
     diff = _git(["diff", "HEAD", "--binary"], PACKAGE_DIR)
-    state["git.diff_sha256"] = hashlib.sha256(diff.encode()).hexdigest() if diff is not None else "unknown"
+    state[names.GIT_DIFF_SHA256] = hashlib.sha256(diff.encode()).hexdigest() if diff is not None else "unknown"
     return state
 
 
 def device_identity(device: torch.device) -> dict[str, str]:
     """The hardware a timing belongs to: host, CPU and, on CUDA, the GPU model."""
     identity = {
-        "device": device.type,
-        "hostname": socket.gethostname(),
-        "cpu": platform.processor() or platform.machine(),
+        names.DEVICE: device.type,
+        names.HOSTNAME: socket.gethostname(),
+        names.CPU_MODEL: platform.processor() or platform.machine(),
     }
     if device.type == "cuda" and torch.cuda.is_available():
         index = device.index if device.index is not None else torch.cuda.current_device()
-        identity.update({"device": f"cuda:{index}", "gpu.name": torch.cuda.get_device_name(index)})
+        identity.update({names.DEVICE: f"cuda:{index}", names.GPU_NAME: torch.cuda.get_device_name(index)})
     return identity
 
 
@@ -88,9 +88,9 @@ def result_key(device: torch.device, resolved_config: Mapping[str, Any]) -> str:
     key = {
         "config": config_digest(resolved_config),
         "code": code_state(),
-        "git.commit": git_state(PACKAGE_DIR)["git.commit"],
+        names.GIT_COMMIT: git_state(PACKAGE_DIR)[names.GIT_COMMIT],
         "versions": package_versions(),
-        "device": device_identity(device),
+        names.DEVICE: device_identity(device),
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
@@ -99,11 +99,11 @@ def package_versions() -> dict[str, str]:
     versions = {}
     for name in PACKAGES:
         try:
-            versions[f"version.{name}"] = version(name)
+            versions[names.version_tag(name)] = version(name)
         except PackageNotFoundError:
-            versions[f"version.{name}"] = "not installed"
-    versions["version.torch"] = torch.__version__  # names the build too, e.g. 2.11.0+cu130
-    versions["version.python"] = platform.python_version()
+            versions[names.version_tag(name)] = "not installed"
+    versions[names.version_tag("torch")] = torch.__version__  # names the build too, e.g. 2.11.0+cu130
+    versions[names.version_tag("python")] = platform.python_version()
     return versions
 
 
@@ -123,22 +123,22 @@ def _nvidia_driver() -> str:
 
 def device_info(device: torch.device) -> dict[str, str]:
     info = {
-        "device": str(device),
-        "hostname": socket.gethostname(),
-        "platform": platform.platform(),
-        "cpu": platform.processor() or platform.machine(),
-        "version.cuda_runtime": str(torch.version.cuda),
-        "cuda.available": str(torch.cuda.is_available()).lower(),
+        names.DEVICE: str(device),
+        names.HOSTNAME: socket.gethostname(),
+        names.PLATFORM: platform.platform(),
+        names.CPU_MODEL: platform.processor() or platform.machine(),
+        names.version_tag("cuda_runtime"): str(torch.version.cuda),
+        names.CUDA_AVAILABLE: str(torch.cuda.is_available()).lower(),
     }
     if device.type == "cuda":
         properties = torch.cuda.get_device_properties(device)
         info.update(
             {
-                "gpu.name": properties.name,
-                "gpu.capability": f"{properties.major}.{properties.minor}",
-                "gpu.memory_gib": f"{properties.total_memory / 2**30:.1f}",
-                "gpu.driver": _nvidia_driver(),
-                "version.cudnn": str(torch.backends.cudnn.version()),
+                names.GPU_NAME: properties.name,
+                names.GPU_CAPABILITY: f"{properties.major}.{properties.minor}",
+                names.GPU_MEMORY_GIB: f"{properties.total_memory / 2**30:.1f}",
+                names.GPU_DRIVER: _nvidia_driver(),
+                names.version_tag("cudnn"): str(torch.backends.cudnn.version()),
             }
         )
     return info
@@ -146,11 +146,11 @@ def device_info(device: torch.device) -> dict[str, str]:
 
 def determinism_flags() -> dict[str, str]:
     return {
-        "determinism.deterministic_algorithms": str(torch.are_deterministic_algorithms_enabled()).lower(),
-        "determinism.cudnn_benchmark": str(torch.backends.cudnn.benchmark).lower(),
-        "determinism.cudnn_deterministic": str(torch.backends.cudnn.deterministic).lower(),
-        "determinism.tf32_matmul": str(torch.backends.cuda.matmul.allow_tf32).lower(),
-        "determinism.float32_matmul_precision": torch.get_float32_matmul_precision(),
+        names.determinism_tag("deterministic_algorithms"): str(torch.are_deterministic_algorithms_enabled()).lower(),
+        names.determinism_tag("cudnn_benchmark"): str(torch.backends.cudnn.benchmark).lower(),
+        names.determinism_tag("cudnn_deterministic"): str(torch.backends.cudnn.deterministic).lower(),
+        names.determinism_tag("tf32_matmul"): str(torch.backends.cuda.matmul.allow_tf32).lower(),
+        names.determinism_tag("float32_matmul_precision"): torch.get_float32_matmul_precision(),
     }
 
 

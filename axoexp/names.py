@@ -69,6 +69,31 @@ TIMING_UPDATE_INPUTS = "timing.update.inputs"
 COMPILE_CACHE = "compile.cache"  # cold | warm | in-process: where the compiled graphs came from
 COMPILE_CACHE_DIR = "compile.cache_dir"
 
+# --- tags: the code, the versions and the hardware a result belongs to (axoexp.metadata)
+GIT_COMMIT = "git.commit"
+GIT_DIRTY = "git.dirty"
+GIT_ROOT = "git.root"
+GIT_DIFF_SHA256 = "git.diff_sha256"
+DEVICE = "device"  # cpu, cuda:0
+CPU_MODEL = "cpu"
+PLATFORM = "platform"
+GPU_NAME = "gpu.name"
+GPU_CAPABILITY = "gpu.capability"
+GPU_MEMORY_GIB = "gpu.memory_gib"
+GPU_DRIVER = "gpu.driver"
+CUDA_AVAILABLE = "cuda.available"
+VERSION_PREFIX = "version."
+
+
+def version_tag(package: str) -> str:
+    """The tag holding ``package``'s version, e.g. ``version.torch``."""
+    return f"{VERSION_PREFIX}{package}"
+
+
+def determinism_tag(flag: str) -> str:
+    return f"determinism.{flag}"
+
+
 # --- tags: the device lease a run held while it built, timed and verified (axoexp.lease)
 LEASE_DEVICE = "lease.device"  # "cuda:0 GPU-<uuid>", or "cpu"
 LEASE_CPUS = "lease.cpus"  # the CPUs the run was pinned to, e.g. "0,1" ("" when not pinned)

@@ -17,10 +17,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from axoexp import names
 from axoexp.config import bounded_keys
-from axoexp.contention import gpu_probe
 from axoexp.errors import ConfigError, RegistryError
-from axoexp.executors.base import Executor
-from axoexp.interfaces import PopulationSetup
+from axoexp.interfaces import Executor, PopulationSetup
+from axoexp.nvml import gpu_probe
 from axoexp.registry import GROUPS, REGISTRY, Component, Registry
 from axoexp.runtime import allowed_cpus
 from axoexp.tracking import resolve_tracking_uri, store_problem

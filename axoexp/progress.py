@@ -18,7 +18,7 @@ from typing import TextIO
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from axoexp.measure import MEASURED, PREPARE, VERIFY, WARMUP, Observer
+from axoexp.windows import MEASURED, PREPARE, VERIFY, WARMUP, Observer
 
 REFRESH_S = 0.1
 LABELS = {PREPARE: "prepare (compile, capture)", WARMUP: "warm-up", MEASURED: "measured", VERIFY: "verify"}

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from axoexp.errors import RegistryError
-from axoexp.executors.base import Executor
+from axoexp.interfaces import Executor
 
 BUILTIN = "builtin"
 CONFIG_VALUE_TYPES = (type(None), bool, int, float, str)

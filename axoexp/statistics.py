@@ -7,8 +7,8 @@ IQR / median falls below 0.1, and so do axoexp's (``run.min_time_s``) and its ve
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -96,3 +96,38 @@ def _bootstrap_medians(runs: list[np.ndarray], resamples: int, rng: np.random.Ge
             np.concatenate([flat[offsets[run] + rng.integers(0, sizes[run], size=sizes[run])] for run in chosen])
         )
     return medians
+
+
+@dataclass(frozen=True)
+class LatencySummary:
+    """Order statistics of per-update latencies, in milliseconds."""
+
+    count: int
+    median: float
+    p10: float
+    p90: float
+    mean: float
+    min: float
+    max: float
+    rel_iqr: float  # (p75 - p25) / median
+
+    @classmethod
+    def of(cls, samples_ms: list[float]) -> LatencySummary:
+        if not samples_ms:
+            raise ValueError("no latency samples to summarise")
+        values = np.asarray(samples_ms, dtype=np.float64)
+        p10, median, p90 = np.percentile(values, [10, 50, 90])
+        return cls(
+            count=len(values),
+            median=float(median),
+            p10=float(p10),
+            p90=float(p90),
+            mean=float(values.mean()),
+            min=float(values.min()),
+            max=float(values.max()),
+            rel_iqr=rel_iqr(values),
+        )
+
+    def as_metrics(self, metric_name: Callable[[str], str]) -> dict[str, float]:
+        """Each statistic under ``metric_name(statistic)``, e.g. :func:`axoexp.names.update_metric`."""
+        return {metric_name(key): float(value) for key, value in asdict(self).items()}

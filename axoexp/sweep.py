@@ -41,6 +41,7 @@ from axoexp.plan import resume_mode
 from axoexp.sync import end_dead_run, process_gone
 from axoexp.tracking import (
     UNREACHABLE,
+    child_runs,
     configure_tracking,
     experiment_id,
     open_client,
@@ -64,13 +65,6 @@ def sweep_definition(overrides: list[str]) -> str:
     where results go or how runs are watched (``tracking.*``, ``sweep.*``, ``run.progress``)."""
     measured = sorted(o for o in overrides if not o.lstrip("+~").startswith(names.NOT_MEASUREMENT_PARAM_PREFIXES))
     return hashlib.sha256("\n".join(measured).encode()).hexdigest()
-
-
-def child_runs(client: MlflowClient, parent: Run) -> list[Run]:
-    """The runs whose ``mlflow.parentRunId`` is ``parent``."""
-    return client.search_runs(
-        [parent.info.experiment_id], filter_string=f"tags.`{names.PARENT_RUN_ID}` = '{parent.info.run_id}'"
-    )
 
 
 class MlflowSweepCallback(Callback):

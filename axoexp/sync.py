@@ -42,8 +42,8 @@ from axoexp.journal import (
     WINDOW,
     read_journal_lines,
 )
-from axoexp.measure import MEASURED, WARMUP, UpdateTrace, log_traces
 from axoexp.tracking import UNREACHABLE, Tracker, experiment_id, open_client, resolve_tracking_uri, store_problem
+from axoexp.windows import MEASURED, WARMUP, UpdateTrace, log_traces
 
 RUNNING = "RUNNING"
 MEASURED_PARAM = "run.measured_updates"

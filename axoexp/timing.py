@@ -1,16 +1,12 @@
-"""Host-clock timing around device synchronisation, the CUDA-event device clock, and latency summaries."""
+"""Host-clock timing around device synchronisation and the CUDA-event device clock."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
 
-import numpy as np
 import torch
-
-from axoexp.statistics import rel_iqr
 
 CLOCK = "time.perf_counter_ns on the host; the device is synchronised before the clock starts and before it stops"
 DEVICE_CLOCK = (
@@ -55,38 +51,3 @@ def stopwatch(sync: Callable[[], None], into: dict[str, float], name: str) -> It
     yield
     sync()
     into[name] = (time.perf_counter_ns() - start) / 1e6
-
-
-@dataclass(frozen=True)
-class LatencySummary:
-    """Order statistics of per-update latencies, in milliseconds."""
-
-    count: int
-    median: float
-    p10: float
-    p90: float
-    mean: float
-    min: float
-    max: float
-    rel_iqr: float  # (p75 - p25) / median
-
-    @classmethod
-    def of(cls, samples_ms: list[float]) -> LatencySummary:
-        if not samples_ms:
-            raise ValueError("no latency samples to summarise")
-        values = np.asarray(samples_ms, dtype=np.float64)
-        p10, median, p90 = np.percentile(values, [10, 50, 90])
-        return cls(
-            count=len(values),
-            median=float(median),
-            p10=float(p10),
-            p90=float(p90),
-            mean=float(values.mean()),
-            min=float(values.min()),
-            max=float(values.max()),
-            rel_iqr=rel_iqr(values),
-        )
-
-    def as_metrics(self, metric_name: Callable[[str], str]) -> dict[str, float]:
-        """Each statistic under ``metric_name(statistic)``, e.g. :func:`axoexp.names.update_metric`."""
-        return {metric_name(key): float(value) for key, value in asdict(self).items()}

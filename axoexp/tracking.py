@@ -328,3 +328,10 @@ def newest_run(client: MlflowClient, experiment: str, filter_string: str) -> Run
         [found.experiment_id], filter_string=filter_string, order_by=["attributes.start_time DESC"], max_results=1
     )
     return runs[0] if runs else None
+
+
+def child_runs(client: MlflowClient, parent: Run) -> list[Run]:
+    """The runs whose ``mlflow.parentRunId`` is ``parent``."""
+    return client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.`{names.PARENT_RUN_ID}` = '{parent.info.run_id}'"
+    )

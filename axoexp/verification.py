@@ -9,8 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from axoexp.errors import VerificationError
-from axoexp.executors.base import Executor
-from axoexp.interfaces import Batch
+from axoexp.interfaces import Batch, Executor
 from axoexp.timing import synchronizer
 
 BuildExecutor = Callable[[torch.nn.Module, str | None], Executor]

@@ -22,7 +22,7 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 
 from axoexp import names
-from axoexp.sweep import child_runs
+from axoexp.tracking import child_runs
 
 PASSES = {"sequential": [], "parallel": ["hydra/launcher=parallel"]}
 

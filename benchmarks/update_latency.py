@@ -34,12 +34,14 @@ from torch.profiler import ProfilerActivity, profile
 
 from axoexp import metadata
 from axoexp.config import register_configs
-from axoexp.measure import UpdateTrace, run_updates
+from axoexp.measure import run_updates
 from axoexp.names import shape_label
 from axoexp.plan import Plan, plan_experiment
 from axoexp.plugins import load_plugins
-from axoexp.timing import LatencySummary, stopwatch, synchronizer
+from axoexp.statistics import LatencySummary
+from axoexp.timing import stopwatch, synchronizer
 from axoexp.verification import verify_parity
+from axoexp.windows import UpdateTrace
 
 BARE = "bare_helper"
 CHECKED = (

@@ -15,9 +15,9 @@ from axoexp import names
 from axoexp.errors import ConfigError, VerificationError
 from axoexp.executors.eager import EagerExecutor
 from axoexp.experiment import run_experiment
-from axoexp.measure import Observer
 from axoexp.plan import plan_experiment
 from axoexp.registry import Registry
+from axoexp.windows import Observer
 
 
 class DoubleStepExecutor(EagerExecutor):

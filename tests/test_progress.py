@@ -9,8 +9,8 @@ import threading
 import pytest
 
 from axoexp.experiment import run_experiment
-from axoexp.measure import MEASURED, PREPARE, WARMUP
 from axoexp.progress import RunProgress, run_observers
+from axoexp.windows import MEASURED, PREPARE, WARMUP
 
 
 class TerminalBuffer(io.StringIO):

@@ -12,7 +12,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from axoexp import names
-from axoexp.report import ReportRow, build_rows, format_table, plot, sweep_runs, x_dimension
+from axoexp.report.figure import plot, x_dimension
+from axoexp.report.rows import ReportRow, build_rows, sweep_runs
+from axoexp.report.table import format_table
 
 
 def _logged_run(

@@ -20,16 +20,18 @@ from mlflow.tracking import MlflowClient
 from test_sweeps import SLOW_EXECUTOR
 
 from axoexp import names
-from axoexp.contention import GPU_SHARED, ContentionGuard, CpuSample, GpuSample
+from axoexp.contention import GPU_SHARED, ContentionGuard, CpuSample
 from axoexp.errors import ConfigError
 from axoexp.executors.eager import EagerExecutor
 from axoexp.experiment import run_experiment
-from axoexp.measure import WINDOWS
+from axoexp.nvml import GpuSample
 from axoexp.plan import plan_experiment
 from axoexp.registry import Registry
-from axoexp.report import build_rows, format_table
+from axoexp.report.rows import build_rows
+from axoexp.report.table import format_table
 from axoexp.runtime import MAX_AUTO_THREADS, allowed_cpus, configure_threads, cpu_list
 from axoexp.statistics import NOISE_THRESHOLD, median_ratio_interval, noise_verdict, rel_iqr
+from axoexp.windows import WINDOWS
 
 CONTENTION_VALUE = re.compile(r"^(none|[a-z-]+(,[a-z-]+)*)$")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from axoexp.executors import compiler_startup
-from axoexp.executors.base import Executor
 from axoexp.executors.capture import release_autograd_graphs
 from axoexp.executors.cudagraph import CudaGraphExecutor, WarmupSteps
+from axoexp.interfaces import Executor
 from axoexp.registry import component
 from axoexp.timing import stopwatch, synchronizer
 

@@ -6,8 +6,9 @@ from typing import Annotated
 
 import torch
 
-from axoexp.executors.base import UPDATE_STAGES, Executor
+from axoexp.executors.base import UPDATE_STAGES
 from axoexp.executors.capture import CapturedUpdate, capture_update
+from axoexp.interfaces import Executor
 from axoexp.registry import AT_LEAST_ONE, component
 from axoexp.timing import stopwatch, synchronizer
 

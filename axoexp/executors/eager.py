@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from axoexp.executors.base import UPDATE_STAGES, Executor, eager_update
+from axoexp.executors.base import UPDATE_STAGES, eager_update
+from axoexp.interfaces import Executor
 from axoexp.registry import component
 
 

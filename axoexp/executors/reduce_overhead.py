@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from axoexp.executors import compiler_startup
-from axoexp.executors.base import Executor, eager_update
+from axoexp.executors.base import eager_update
+from axoexp.interfaces import Executor
 from axoexp.registry import component
 from axoexp.timing import stopwatch, synchronizer
 

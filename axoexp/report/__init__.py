@@ -1,0 +1,15 @@
+"""``python -m axoexp.report``: a sweep's runs as a table and a figure, next to the sweep's outputs.
+
+Reads the children of a sweep's parent run (the newest sweep unless ``--parent`` names
+one) plus the earlier runs its jobs reused (marked as such), and prints one row per run:
+shape, executor, status, median update ms with p10/p90, capture ms, speedup over the eager
+run of the same settings, and the run's swept settings. The table prints as text, markdown,
+CSV or JSON (``--format``). The figure shows median latency against the swept dimension
+(p10-p90 bars; the other swept settings as panels, executors as colours) and the speedup
+over eager per executor. Both are written to the sweep's output directory and logged to the
+parent run.
+
+One module per job: :mod:`~axoexp.report.rows` (runs to rows), :mod:`~axoexp.report.table`
+(rows as text, markdown, CSV or JSON), :mod:`~axoexp.report.figure` (the figure) and
+:mod:`~axoexp.report.__main__` (the command). None imports torch or the executors.
+"""

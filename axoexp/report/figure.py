@@ -1,0 +1,230 @@
+"""The report's figure: median latency against the swept dimension, and the speedup over eager."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+from matplotlib.ticker import FuncFormatter
+from mlflow.entities import Run
+
+from axoexp import names
+from axoexp.report.rows import BASELINE, ReportRow
+
+FIGURE = "report.png"
+
+
+def _numeric(values: set[str]) -> bool:
+    try:
+        [float(value) for value in values]
+    except ValueError:
+        return False
+    return True
+
+
+def x_dimension(rows: list[ReportRow]) -> str | None:
+    """The swept numeric setting with the most values (shape dimensions first): the latency plot's x axis."""
+    candidates = [label for label, _ in rows[0].settings] if rows else []
+    numeric = [label for label in candidates if _numeric({row.setting(label) for row in rows})]
+    return max(numeric, key=lambda label: len({row.setting(label) for row in rows}), default=None)
+
+
+def title(parent: Run, runs: list[Run]) -> str:
+    """The sweep's name; the device, torch and date of its runs."""
+    tags = [run.data.tags for run in runs]
+    devices = sorted(
+        {
+            tag.get(names.GPU_NAME) or f"CPU {tag.get(names.CPU_MODEL, '')}".strip()
+            for tag in tags
+            if names.DEVICE in tag
+        }
+    )
+    torches = sorted({tag[names.version_tag("torch")] for tag in tags if names.version_tag("torch") in tag})
+    date = time.strftime("%Y-%m-%d %H:%M", time.localtime(parent.info.start_time / 1000))
+    return (
+        f"{parent.info.run_name or parent.info.run_id}\n"
+        f"{', '.join(devices) or 'device unknown'} · torch {', '.join(torches) or '?'} · {date}"
+    )
+
+
+def plot(rows: list[ReportRow], heading: str, path: Path) -> None:
+    """Latency against the swept dimension (one panel per combination of the other swept
+    settings, one colour per executor, p10-p90 bars) and, where eager runs exist, the speedup
+    over eager per executor."""
+    finished = [row for row in rows if row.status == "FINISHED" and not math.isnan(row.median_ms)]
+    x_label = x_dimension(finished)
+    panel_labels = [label for label, _ in (finished[0].settings if finished else ()) if label != x_label]
+    panels = sorted({tuple(row.setting(label) for label in panel_labels) for row in finished}) or [()]
+    executors = sorted({row.executor for row in rows}, key=lambda name: (name != BASELINE, name))
+    colours = {name: plt.get_cmap("tab10")(index % 10) for index, name in enumerate(executors)}
+    speedups = [row for row in finished if row.executor != BASELINE and not math.isnan(row.speedup_vs_eager)]
+
+    columns = len(panels) if len(panels) <= 3 else math.ceil(math.sqrt(len(panels)))  # 4 panels: 2 x 2
+    panel_rows = math.ceil(len(panels) / columns)
+    figure = plt.figure(figsize=(4.2 * columns + 2.0, 3.4 * panel_rows + (3.2 if speedups else 0) + 0.9))
+    grid = figure.add_gridspec(panel_rows + (1 if speedups else 0), columns)
+    latency_axes: list[Axes] = []
+    for index, panel in enumerate(panels):
+        axes = figure.add_subplot(
+            grid[index // columns, index % columns], sharey=latency_axes[0] if latency_axes else None
+        )
+        latency_axes.append(axes)
+        members = [row for row in finished if tuple(row.setting(label) for label in panel_labels) == panel]
+        _latency_panel(axes, members, x_label, executors, colours)
+        axes.set_title(
+            ", ".join(f"{label}={value}" for label, value in zip(panel_labels, panel, strict=True)), fontsize=9
+        )
+        if index % columns == 0:
+            axes.set_ylabel("median update latency (ms)\nbars: p10-p90")
+    if speedups:
+        _speedup_panel(figure.add_subplot(grid[panel_rows, :]), speedups, x_label, panel_labels, colours)
+    handles = [plt.Line2D([], [], color=colours[name], marker="o", label=name) for name in executors]
+    if any(row.reused for row in finished):
+        handles.append(
+            plt.Line2D(
+                [], [], color="grey", marker="o", markerfacecolor="white", linestyle="", label="reused (earlier sweep)"
+            )
+        )
+    legend_width = 2.0 / figure.get_figwidth()
+    figure.legend(
+        handles=handles,
+        loc="center left",
+        bbox_to_anchor=(1 - legend_width, 0.5),
+        fontsize=8,
+        title="executor",
+        title_fontsize=8,
+        frameon=False,
+    )
+    figure.suptitle(heading, fontsize=10, x=0.02, ha="left")
+    figure.tight_layout(rect=(0, 0, 1 - legend_width, 1))
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def _latency_panel(axes: Axes, rows: list[ReportRow], x_label: str | None, executors: list[str], colours: dict) -> None:
+    """Points joined only along the numeric x axis; without one, a dot per executor."""
+    present = [name for name in executors if any(row.executor == name for row in rows)]
+    for offset, executor in enumerate(present):
+        mine = [row for row in rows if row.executor == executor]
+        if x_label is not None:
+            mine.sort(key=lambda row: float(row.setting(x_label)))
+            xs = [float(row.setting(x_label)) for row in mine]
+        else:
+            xs = [offset] * len(mine)
+        ys = [row.median_ms for row in mine]
+        low = [max(row.median_ms - row.p10_ms, 0) if not math.isnan(row.p10_ms) else 0 for row in mine]
+        high = [max(row.p90_ms - row.median_ms, 0) if not math.isnan(row.p90_ms) else 0 for row in mine]
+        axes.errorbar(
+            xs,
+            ys,
+            yerr=[low, high],
+            color=colours[executor],
+            marker="o",
+            capsize=3,
+            linestyle="-" if x_label is not None else "none",
+            label=executor,
+        )
+        reused = [(x, row.median_ms) for x, row in zip(xs, mine, strict=True) if row.reused]
+        if reused:
+            axes.plot(
+                *zip(*reused, strict=True),
+                linestyle="",
+                marker="o",
+                markerfacecolor="white",
+                markeredgecolor=colours[executor],
+                zorder=3,
+            )
+    axes.set_yscale("log")
+    axes.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    axes.yaxis.set_minor_formatter(FuncFormatter(_minor_label))
+    if x_label is None:
+        axes.set_xticks(range(len(present)), present)
+        axes.set_xlim(-0.7, len(present) - 0.3)
+    else:
+        values = sorted({float(row.setting(x_label)) for row in rows})
+        if values and values[-1] / max(values[0], 1e-12) >= 8:
+            axes.set_xscale("log")
+        axes.set_xticks(values, [f"{value:g}" for value in values])
+        axes.xaxis.set_minor_locator(plt.NullLocator())  # ticks at the swept values only
+        axes.set_xlabel(x_label)
+    axes.grid(True, which="both", alpha=0.3)
+
+
+def _minor_label(value: float, _: object) -> str:
+    """Label 2 and 5 times a power of ten: enough to read a log axis, not a crowd."""
+    mantissa = value / 10 ** math.floor(math.log10(value) + 1e-9)
+    return f"{value:g}" if round(mantissa) in (2, 5) and abs(mantissa - round(mantissa)) < 1e-6 else ""
+
+
+def _speedup_panel(
+    axes: Axes, rows: list[ReportRow], x_label: str | None, panel_labels: list[str], colours: dict
+) -> None:
+    """Bars of speedup over eager per configuration, one colour per executor, intervals where known."""
+    order = [*panel_labels, *([x_label] if x_label else [])]  # left to right as the panels above read
+
+    def configuration(row: ReportRow) -> tuple:
+        return tuple(float(row.setting(label)) if label == x_label else row.setting(label) for label in order)
+
+    configurations = sorted({configuration(row) for row in rows})
+    executors = sorted({row.executor for row in rows})
+    width = 0.8 / len(executors)
+    for index, executor in enumerate(executors):
+        mine = [row for row in rows if row.executor == executor]
+        xs = [configurations.index(configuration(row)) + (index - (len(executors) - 1) / 2) * width for row in mine]
+        ys = [row.speedup_vs_eager for row in mine]
+        # bars start at eager (1x): up is faster, down is slower
+        bars = axes.bar(xs, [y - 1 for y in ys], bottom=1, width=width * 0.9, color=colours[executor], label=executor)
+        for bar, row in zip(bars, mine, strict=True):
+            if row.reused:
+                bar.set_hatch("//")
+            above = row.speedup_vs_eager >= 1
+            end = (row.speedup_high if above else row.speedup_low) or row.speedup_vs_eager  # past the interval
+            axes.annotate(
+                f"{row.speedup_vs_eager:.3g}x",
+                (bar.get_x() + bar.get_width() / 2, end),
+                ha="center",
+                va="bottom" if above else "top",
+                fontsize=7,
+                xytext=(0, 2 if above else -2),
+                textcoords="offset points",
+            )
+        for x, y, row in zip(xs, ys, mine, strict=True):
+            if row.speedup_low is not None and row.speedup_high is not None:
+                axes.errorbar(
+                    [x],
+                    [y],
+                    yerr=[[y - row.speedup_low], [row.speedup_high - y]],
+                    fmt="none",
+                    ecolor="black",
+                    capsize=3,
+                    linewidth=1,
+                )
+    axes.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    axes.set_yscale("log")  # a ratio: 0.5x and 2x equally far from eager
+    values = [
+        value
+        for row in rows
+        for value in (row.speedup_vs_eager, row.speedup_low, row.speedup_high)
+        if value is not None
+    ]
+    low, high = min(*values, 1.0), max(*values, 1.0)
+    axes.set_ylim(low / 1.6, high * 1.6)
+    axes.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}x"))
+    axes.yaxis.set_minor_formatter(FuncFormatter(lambda value, _: f"{_minor_label(value, _)}x".lstrip("x")))
+    labels = [
+        "\n".join(
+            f"{label}={value:g}" if isinstance(value, float) else f"{label}={value}"
+            for label, value in zip(order, config, strict=True)
+        )
+        for config in configurations
+    ]
+    axes.set_xticks(range(len(configurations)), labels, fontsize=8)
+    axes.set_ylabel("speedup over eager\n(above 1x: faster)")
+    axes.set_title("speedup over the eager run of the same settings (dashed: eager)", fontsize=9)
+    axes.grid(True, axis="y", alpha=0.3)

@@ -1,0 +1,175 @@
+"""A sweep's runs as report rows: one per config and executor, repeats pooled, speedups over eager."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
+
+from axoexp import names
+from axoexp.registry import GROUPS
+from axoexp.statistics import LatencySummary, median_ratio_interval
+from axoexp.tracking import child_runs
+
+EXECUTOR_KEY = f"{names.EXECUTOR_PARAM_PREFIX}name"
+IGNORED_FOR_PAIRING = (names.EXECUTOR_PARAM_PREFIX, *names.NOT_MEASUREMENT_PARAM_PREFIXES)
+SHAPE_KEYS = ("population.neurons", "population.time_steps", "population.contacts")
+BASELINE = "eager"
+
+
+@dataclass(frozen=True)
+class ReportRow:
+    shape: str
+    executor: str
+    status: str
+    median_ms: float
+    capture_ms: float
+    speedup_vs_eager: float
+    run_id: str
+    job: str
+    p10_ms: float = math.nan
+    p90_ms: float = math.nan
+    reused: bool = False  # an earlier sweep's run that this sweep's job reused
+    settings: tuple[tuple[str, str], ...] = ()  # the swept settings other than executor: (label, value)
+    speedup_low: float | None = None  # 95% bootstrap interval of speedup_vs_eager, where the series are known
+    speedup_high: float | None = None  # (statistics.median_ratio_interval)
+    repeats: int = 1  # FINISHED runs of the same config pooled into this row (sweep.repeats)
+    run_ids: tuple[str, ...] = ()
+
+    def setting(self, label: str) -> str:
+        return dict(self.settings).get(label, "")
+
+    @property
+    def settings_text(self) -> str:
+        return " ".join(f"{label}={value}" for label, value in self.settings)
+
+
+def setting_label(key: str) -> str:
+    """How a param is named in the report: ``neurons``, ``gradient_transform``, ``optimizer.lr``."""
+    group, _, rest = key.partition(".")
+    if group == "population":
+        return rest
+    return group if rest == "name" and group in GROUPS else key
+
+
+def _measured_params(run: Run) -> dict[str, str]:
+    """Everything that says what was measured, the executor aside."""
+    return {key: value for key, value in run.data.params.items() if not key.startswith(IGNORED_FOR_PAIRING)}
+
+
+def _pairing_key(run: Run) -> tuple[tuple[str, str], ...]:
+    """Everything but the executor: runs with equal keys differ only in how they execute."""
+    return tuple(sorted(_measured_params(run).items()))
+
+
+def swept_keys(runs: Sequence[Run]) -> list[str]:
+    """The measurement params whose values differ between ``runs``: what the sweep varied."""
+    values: dict[str, set[str | None]] = {}
+    for run in runs:
+        for key in set(values) | set(_measured_params(run)):
+            values.setdefault(key, set()).add(_measured_params(run).get(key))
+    keys = [key for key, seen in values.items() if len(seen) > 1]
+    # a parameter only some options of a group have (clip_norm's max_norm) follows from the option
+    keys = [key for key in keys if None not in values[key] or f"{key.partition('.')[0]}.name" not in keys]
+    return sorted(keys, key=lambda key: (key not in SHAPE_KEYS, SHAPE_KEYS.index(key) if key in SHAPE_KEYS else 0, key))
+
+
+def sweep_runs(client: MlflowClient, parent: Run) -> list[Run]:
+    """The parent's children and the earlier runs its jobs reused."""
+    reused = [client.get_run(run_id) for key, run_id in parent.data.tags.items() if key.startswith(names.REUSED_PREFIX)]
+    return child_runs(client, parent) + reused
+
+
+def measured_series(client: MlflowClient, run: Run) -> list[float]:
+    """The run's measured updates' latencies: its per-update series without the warm-up steps."""
+    warmup = int(run.data.params.get("run.warmup_updates", "0"))
+    history = client.get_metric_history(run.info.run_id, names.UPDATE_SERIES)
+    return [metric.value for metric in sorted(history, key=lambda metric: metric.step) if metric.step >= warmup]
+
+
+@dataclass
+class _Group:
+    """FINISHED runs of one config and executor (the repeats of a job), or one other run."""
+
+    runs: list[Run]
+    series: list[list[float]] | None  # per run, when every run has its per-update series
+
+    def statistic(self, stat: str) -> float:
+        """``median``, ``p10`` or ``p90`` of the pooled per-update series, else the median of the
+        runs' logged ``update_ms_<stat>``."""
+        if self.series is not None:
+            return getattr(LatencySummary.of(list(np.concatenate(self.series))), stat)
+        return float(np.median([run.data.metrics.get(names.update_metric(stat), math.nan) for run in self.runs]))
+
+    def capture_ms(self) -> float:
+        return float(np.median([run.data.metrics.get(names.CAPTURE, math.nan) for run in self.runs]))
+
+
+def _group(runs: list[Run], client: MlflowClient | None) -> list[_Group]:
+    executor_tag = names.component_tag("executor")
+    pooled: dict[tuple[object, ...], list[Run]] = defaultdict(list)
+    single = []
+    for run in runs:
+        if run.info.status == "FINISHED":
+            pooled[(_pairing_key(run), run.data.tags.get(executor_tag))].append(run)
+        else:
+            single.append([run])
+    groups = []
+    for members in [*pooled.values(), *single]:
+        series = [measured_series(client, run) for run in members] if client is not None else None
+        groups.append(_Group(members, series if series and all(series) else None))
+    return groups
+
+
+def build_rows(runs: list[Run], client: MlflowClient | None = None, parent_id: str | None = None) -> list[ReportRow]:
+    """One row per config and executor, with its speedup over the FINISHED eager runs of the same
+    parameters. FINISHED repeats of a config (``sweep.repeats``) are pooled into one row; other
+    runs stand alone. With ``client``, each speedup carries a 95% bootstrap interval from the
+    per-update series (:func:`axoexp.statistics.median_ratio_interval`, seeded). With
+    ``parent_id``, a run that is not that parent's child is marked ``reused``."""
+    executor_tag = names.component_tag("executor")
+    groups = _group(runs, client)
+    eager = {
+        _pairing_key(group.runs[0]): group
+        for group in groups
+        if group.runs[0].data.tags.get(executor_tag) == BASELINE and group.runs[0].info.status == "FINISHED"
+    }
+    swept = [key for key in swept_keys(runs) if key != EXECUTOR_KEY]
+    rows = []
+    for group in groups:
+        first = group.runs[0]
+        median = group.statistic("median")
+        baseline = eager.get(_pairing_key(first))
+        speedup = (baseline.statistic("median") if baseline else math.nan) / median
+        low = high = None
+        if baseline is group:
+            speedup, low, high = 1.0, 1.0, 1.0
+        elif baseline is not None and baseline.series is not None and group.series is not None:
+            interval = median_ratio_interval(baseline.series, group.series)
+            speedup, low, high = interval.estimate, interval.low, interval.high
+        rows.append(
+            ReportRow(
+                shape=first.data.tags.get(names.SHAPE, "?"),
+                executor=first.data.tags.get(executor_tag, "?"),
+                status=first.info.status,
+                median_ms=median,
+                capture_ms=group.capture_ms(),
+                speedup_vs_eager=speedup,
+                run_id=first.info.run_id,
+                job=first.info.run_name or "",
+                p10_ms=group.statistic("p10"),
+                p90_ms=group.statistic("p90"),
+                reused=parent_id is not None and first.data.tags.get(names.PARENT_RUN_ID) != parent_id,
+                settings=tuple((setting_label(key), first.data.params.get(key, "")) for key in swept),
+                speedup_low=low,
+                speedup_high=high,
+                repeats=len(group.runs),
+                run_ids=tuple(run.info.run_id for run in group.runs),
+            )
+        )
+    return sorted(rows, key=lambda row: (names.shape_size(row.shape), row.shape, row.settings, row.executor))
