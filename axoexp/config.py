@@ -12,6 +12,8 @@ import dataclasses
 import types
 import typing
 from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from axoexp.registry import AT_LEAST_ONE, GROUPS, NON_NEGATIVE, POSITIVE, Bounds, Component, Registry
@@ -196,7 +198,7 @@ def _rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
     for item in dataclasses.fields(cls):
         key, annotation = f"{prefix}{item.name}", hints[item.name]
         if dataclasses.is_dataclass(annotation):
-            rows += _rows(annotation, f"{key}.")
+            rows += _rows(typing.cast(type, annotation), f"{key}.")
         elif item.name not in GROUPS:
             default = item.default if item.default is not dataclasses.MISSING else "???"
             rows.append((key, _type_name(annotation), _show(default), item.metadata.get("help", "")))
@@ -219,7 +221,12 @@ def describe(registry: Registry) -> str:
             summary = (entry.factory.__doc__ or "").strip().splitlines()
             lines.append(f"  {entry.name}{origin}: {summary[0] if summary else ''}")
             lines += _table(
-                [(f"{group}.{key}", *rest) for key, *rest in _rows(node_class(entry)) if key != "name"], indent="    "
+                [
+                    (f"{group}.{key}", kind, default, text)
+                    for key, kind, default, text in _rows(node_class(entry))
+                    if key != "name"
+                ],
+                indent="    ",
             )
     return "\n".join(lines)
 
@@ -248,6 +255,11 @@ ${hydra.help.footer}
 """
 
 
+def presets_dir() -> Path:
+    """Where the named experiment presets are: ``conf/experiment`` of the checkout or the installed package."""
+    return Path(str(resources.files("axoexp.conf") / "experiment")).resolve()
+
+
 def help_node(registry: Registry) -> dict[str, str]:
     """Hydra's help page, with every key described (``$`` escaped for Hydra's template)."""
     description = describe(registry).replace("$", "$$")
@@ -258,6 +270,8 @@ def help_node(registry: Registry) -> dict[str, str]:
         "footer": "Examples:\n"
         "  python -m axoexp executor=cudagraph device=cuda loss=causal_mse verify.enabled=true\n"
         "  python -m axoexp -m population.neurons=64,1024 executor=eager,cudagraph device=cuda\n"
+        "Presets: python -m axoexp +experiment=NAME (group experiment above) sets the keys of a\n"
+        f"published run; their files: {presets_dir()}/NAME.yaml.\n"
         "Plugins: *.py files in $$AXOEXP_PLUGINS_DIR (default ./plugins) and the\n"
         "'axoexp.plugins' entry-point group add options to these groups.",
         "template": HELP_TEMPLATE.replace("$DESCRIPTION", description),

@@ -112,7 +112,7 @@ class ContentionGuard(Observer):
 
     def __post_init__(self) -> None:
         self.gpu = gpu_probe(self.device)
-        self._start: dict[str, tuple[CpuSample, GpuSample | None]] = {}
+        self._start: dict[str, tuple[CpuSample, GpuSample | None, int]] = {}  # and when it began, in µs
 
     def window_started(self, window: str, planned_updates: int) -> None:
         if window not in GUARDED:

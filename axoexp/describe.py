@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from mlflow.data.code_dataset_source import CodeDatasetSource
 from mlflow.data.meta_dataset import MetaDataset
-from mlflow.types.schema import Schema, TensorSpec
+from mlflow.types.schema import ColSpec, Schema, TensorSpec
 
 from axoexp import metadata, names
 from axoexp.executors.base import NOT_TIMED
@@ -142,12 +142,12 @@ def workload_dataset(setup: PopulationSetup, plan: Plan) -> MetaDataset:
         for tensor in batch:
             digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     inputs, targets = setup.batches[0]
-    specs = [
-        TensorSpec(_numpy_dtype(tensor.dtype), (len(setup.batches), *tensor.shape), name)
-        for name, tensor in (("inputs", inputs), ("targets", targets))
-        if _numpy_dtype(tensor.dtype) is not None
-    ]
-    return MetaDataset(
+    specs: list[ColSpec | TensorSpec] = []
+    for name, tensor in (("inputs", inputs), ("targets", targets)):
+        dtype = _numpy_dtype(tensor.dtype)
+        if dtype is not None:
+            specs.append(TensorSpec(dtype, (len(setup.batches), *tensor.shape), name))
+    return MetaDataset(  # type: ignore[abstract]  # MLflow declares profile abstract; MetaDataset has none
         source,
         name=f"{population}-{shape_of(plan)}",
         digest=digest.hexdigest()[:16],

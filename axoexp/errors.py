@@ -38,6 +38,17 @@ class PluginLoadError(AxoexpError, ImportError):
     exit_code = 2
 
 
+class CheckpointError(AxoexpError, ValueError):
+    """A checkpoint that is missing, of the wrong kind, fails its pinned SHA-256, or needs
+    arbitrary unpickling without a pin."""
+
+    exit_code = 2
+
+
+class IncompatibleComponentsError(AxoexpError, ValueError):
+    """Components that cannot work together, found only once built (planning refuses what it can see)."""
+
+
 class VerificationError(AxoexpError):
     """An executor's updates differ from eager ones by more than the tolerance."""
 

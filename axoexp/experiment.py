@@ -8,7 +8,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
@@ -75,8 +75,7 @@ def run_experiment(
     plan.begin_executor_setup()  # e.g. the compiler's start-up, overlapping the run's set-up below
     configure_determinism(config.determinism)
     tracking_uri = configure_tracking(config.tracking)
-    container = OmegaConf.to_container(config, resolve=True)
-    assert isinstance(container, dict)
+    container = cast(dict[str, Any], OmegaConf.to_container(config, resolve=True))
     run_name = config.tracking.run_name or run_name or describe.default_run_name(plan)
     tags = {**describe.run_tags(plan, container), names.RESULT_KEY: metadata.result_key(plan.device, container)}
     with (

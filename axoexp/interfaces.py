@@ -9,9 +9,9 @@ named in annotations only, so that the registry (and every plugin) imports neith
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeAlias, cast
 
 if TYPE_CHECKING:  # annotations only: importing torch or MLflow costs seconds
     import torch
@@ -27,6 +27,12 @@ GradientTransform: TypeAlias = Callable[[], None] | None
 """Called between backward and the optimizer step (graph-safe: no host reads), or ``None``."""
 
 
+def adaptation_parameters(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters a population module adapts (its ``trainable_adaptation_parameters()``)."""
+    parameters = cast("Callable[[], Iterable[torch.nn.Parameter]]", module.trainable_adaptation_parameters)
+    return list(parameters())
+
+
 @dataclass
 class PopulationSetup:
     """What a ``population`` factory returns: a module to adapt and fixed-shape batches."""
@@ -36,16 +42,21 @@ class PopulationSetup:
     description: dict[str, object] = field(default_factory=dict)
 
 
-class RunLog(Protocol):
+class MetricsLog(Protocol):
+    """Where tags, metrics and metric series go (what ``axoexp.windows.log_traces`` needs)."""
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None: ...
+    def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None: ...
+    def log_series(self, name: str, values: list[float], first_step: int = 0) -> None: ...
+
+
+class RunLog(MetricsLog, Protocol):
     """Where one experiment's params, tags, metrics and artifacts go (``axoexp.journal``'s
     journaled MLflow run)."""
 
     run_id: str
 
     def log_params(self, params: Mapping[str, Any]) -> None: ...
-    def set_tags(self, tags: Mapping[str, Any]) -> None: ...
-    def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None: ...
-    def log_series(self, name: str, values: list[float], first_step: int = 0) -> None: ...
     def log_text(self, text: str, artifact_file: str) -> None: ...
     def log_artifact(self, path: str) -> None: ...
     def log_dataset(self, dataset: Dataset, context: str) -> None: ...

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from mlflow.data.dataset import Dataset
 from mlflow.utils.time import get_current_time_millis
@@ -52,6 +52,7 @@ class Journal:
     lost: str | None = None
 
     def __post_init__(self) -> None:
+        self._stream: TextIO | None
         try:
             self._stream = self.path.open("a", encoding="utf-8")
         except OSError as error:
@@ -90,7 +91,8 @@ class Journal:
     def _fail(self, error: OSError) -> None:
         self.lost = f"writing {self.path} failed: {error}"
         try:
-            self._stream.close()  # type: ignore[union-attr]
+            if self._stream is not None:
+                self._stream.close()
         except OSError:
             pass
         self._stream = None
@@ -249,7 +251,8 @@ class JournaledLog(Observer):
         if self.journal is None or self.journal.lost is None or self._journal_loss_reported:
             return
         self._journal_loss_reported = True
-        self._deliver(lambda remote: remote.set_tags({names.JOURNAL_LOST: self.journal.lost[:5000]}))  # type: ignore[union-attr]
+        lost = self.journal.lost
+        self._deliver(lambda remote: remote.set_tags({names.JOURNAL_LOST: lost[:5000]}))
 
     def _deliver(self, call: Callable[[Tracker], None]) -> None:
         if self.remote is None:

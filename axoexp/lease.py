@@ -22,10 +22,11 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -261,7 +262,7 @@ def cpus_per_job(lease_cpus: int | None) -> int:
     return lease_cpus or 1
 
 
-RESOLVERS = {
+RESOLVERS: dict[str, Callable[..., Any]] = {
     "axoexp_parallel_jobs": parallel_jobs,
     "axoexp_gpus_per_job": gpus_per_job,
     "axoexp_cpus_per_job": cpus_per_job,

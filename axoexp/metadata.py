@@ -5,10 +5,12 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+import shlex
 import socket
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -57,7 +59,8 @@ def code_state() -> dict[str, str]:
     holding them, and every loaded plugin file."""
     from axoexp.plugins import loaded_plugin_files
 
-    sources = [path for pattern in ("*.py", "*.yaml") for path in PACKAGE_DIR.rglob(pattern)]
+    bases = (PACKAGE_DIR, PACKAGE_DIR / "conf")  # a checkout links conf/ in, which rglob does not follow
+    sources = {path for base in bases for pattern in ("*.py", "*.yaml") for path in base.rglob(pattern)}
     state = {
         names.CODE_HASH: _sha256_of_files(sources, PACKAGE_DIR),
         names.PLUGINS_HASH: _sha256_of_files(loaded_plugin_files()),
@@ -184,5 +187,26 @@ def collect(device: torch.device) -> dict[str, str]:
         **package_versions(),
         **device_info(device),
         **determinism_flags(),
-        "command": " ".join(sys.argv),
+        names.COMMAND: " ".join(sys.argv),
     }
+
+
+def provenance(device: str = "cuda") -> dict[str, str]:
+    """What a result written outside MLflow (a benchmark's JSON or markdown) records beside its
+    numbers: axoexp's commit and dirty flag, the command line, the device and the UTC date."""
+    return {
+        names.DATE: datetime.now(UTC).isoformat(timespec="seconds"),
+        names.COMMAND: shlex.join(["python", *sys.argv]),
+        **git_state(PACKAGE_DIR),
+        **device_identity(torch.device(device)),
+        **package_versions(),
+    }
+
+
+def provenance_line(record: Mapping[str, str]) -> str:
+    """:func:`provenance` as one markdown line, for the head of a result table."""
+    device = record.get(names.GPU_NAME, record[names.DEVICE])
+    return (
+        f"axoexp {record[names.GIT_COMMIT][:12]} (dirty: {record[names.GIT_DIRTY]}), {device}, "
+        f"{record[names.DATE]}; command: `{record[names.COMMAND]}`"
+    )

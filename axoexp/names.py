@@ -39,6 +39,7 @@ REFUSED_PREFIX = "axoexp.refused."  # on a parent: axoexp.refused.jobN = why job
 OUTPUT_DIR = "output_dir"
 PROCESS_PID = "process.pid"
 COMMAND = "command"
+DATE = "date"  # UTC, ISO 8601, in a benchmark's provenance
 SEED = "seed"
 SWEEP_DIR = "sweep.dir"
 SWEEP_OVERRIDES = "sweep.overrides"

@@ -2,14 +2,14 @@
 
 Every problem that can be found without building anything (unknown names, parameters a
 factory does not take, out-of-range values, a CUDA-only executor on the CPU, a
-non-capturable optimizer under capture) is collected into one :class:`ConfigError`,
-raised before any MLflow run exists.
+non-capturable optimizer under capture, what a factory's ``config_problems`` refuses) is
+collected into one :class:`ConfigError`, raised before any MLflow run exists.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import psutil
 import torch
@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from axoexp import names
 from axoexp.config import bounded_keys
 from axoexp.errors import ConfigError, RegistryError
-from axoexp.interfaces import Executor, PopulationSetup
+from axoexp.interfaces import Executor, PopulationSetup, adaptation_parameters
 from axoexp.nvml import gpu_probe
 from axoexp.registry import GROUPS, REGISTRY, Component, Registry
 from axoexp.runtime import allowed_cpus
@@ -57,7 +57,7 @@ class Plan:
 
     def begin_executor_setup(self) -> None:
         """Let the planned executor start its population-independent one-off work now."""
-        self.components["executor"].factory.begin_setup(self.device, self.params["executor"])
+        executor_class(self.components["executor"]).begin_setup(self.device, self.params["executor"])
 
     def build_executor(self, module: torch.nn.Module, executor: str | None = None) -> Executor:
         """Optimizer, gradient transform and executor around ``module`` (a fresh set each call).
@@ -65,7 +65,7 @@ class Plan:
         ``executor`` names another executor of the plan's registry (built with its defaults),
         e.g. ``"eager"`` for a reference; by default the planned one with its parameters.
         """
-        parameters = list(module.trainable_adaptation_parameters())
+        parameters = adaptation_parameters(module)
         optimizer = self.components["optimizer"].build(
             self.params["optimizer"], parameters=parameters, capturable=self.capturable
         )
@@ -86,6 +86,11 @@ class Plan:
 RESUME_MODES = ("same_sweep", "any", "false")
 
 
+def executor_class(entry: Component) -> type[Executor]:
+    """An ``executor`` option's factory: a subclass of :class:`Executor` (checked at registration)."""
+    return cast(type[Executor], entry.factory)
+
+
 def resume_mode(value: object) -> str | None:
     """``sweep.resume`` as one of :data:`RESUME_MODES` (``true`` means ``same_sweep``), else ``None``."""
     mode = {"true": "same_sweep"}.get(str(value).lower(), str(value).lower())
@@ -99,8 +104,7 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
     params: dict[str, dict[str, Any]] = {}
     settings: dict[str, dict[str, Any]] = {}
     for group, spec in GROUPS.items():
-        node = OmegaConf.to_container(config[group], resolve=True)
-        assert isinstance(node, dict)
+        node = cast(dict[str, Any], OmegaConf.to_container(config[group], resolve=True))
         name = node.pop("name", None)
         settings[group] = {key: node.pop(key, setting.default) for key, setting in spec.settings.items()}
         params[group] = node
@@ -111,6 +115,7 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
             problems.append(str(error))
             continue
         problems += components[group].value_problems(node)
+        problems += factory_problems(components[group], node, config)
 
     for key, bounds in bounded_keys().items():
         problem = bounds.problem(OmegaConf.select(config, key))
@@ -141,7 +146,7 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
     executor = components.get("executor")
     capturable = False
     if executor is not None and device is not None:
-        if executor.factory.requires_cuda and device.type != "cuda":
+        if executor_class(executor).requires_cuda and device.type != "cuda":
             problems.append(
                 f"executor={executor.name} needs CUDA, but device={config.device} "
                 f"(CUDA available here: {'yes' if torch.cuda.is_available() else 'no'}); "
@@ -149,13 +154,13 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
             )
         capturable = resolve_capturable(settings["optimizer"]["capturable"], executor, device, problems)
     if executor is not None and dtype is not None and "population" in components:
-        refusal = executor.factory.refusal(population=components["population"].name, dtype=dtype)
+        refusal = executor_class(executor).refusal(population=components["population"].name, dtype=dtype)
         if refusal:
             able = [
                 entry.name
                 for entry in registry.components()
                 if entry.group == "executor"
-                and not entry.factory.refusal(population=components["population"].name, dtype=dtype)
+                and not executor_class(entry).refusal(population=components["population"].name, dtype=dtype)
             ]
             problems.append(
                 f"executor={executor.name} cannot run this experiment: {refusal}; "
@@ -183,6 +188,13 @@ def available_bytes(device: torch.device) -> int:
         free = probe.free_bytes() if probe is not None else None
         return free if free is not None else torch.cuda.mem_get_info(device)[0]
     return psutil.virtual_memory().available
+
+
+def factory_problems(component: Component, params: dict[str, Any], config: DictConfig) -> list[str]:
+    """What a factory with ``config_problems(params, config) -> list[str]`` refuses in its
+    settings (defaults included) and the config around them, before anything is built."""
+    check = getattr(component.factory, "config_problems", None)
+    return [] if check is None else list(check({**component.defaults(), **params}, config))
 
 
 def memory_problems(
@@ -226,7 +238,7 @@ def resolve_capturable(setting: object, executor: Component, device: torch.devic
     if setting not in CAPTURABLE_CHOICES:
         problems.append(f"optimizer.capturable={setting!r}; choose auto, true or false")
         return False
-    needs = executor.factory.requires_capturable_optimizer
+    needs = executor_class(executor).requires_capturable_optimizer
     if setting is False and needs:
         problems.append(
             f"optimizer.capturable=false, but executor={executor.name} captures the optimizer "

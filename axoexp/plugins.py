@@ -8,6 +8,7 @@ that runs on import: keep only trusted files there.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import os
@@ -68,7 +69,7 @@ def load_plugins(
     if directory.is_dir():
         for path in sorted(directory.glob("*.py")):
             if not path.name.startswith("_"):
-                _import_as_plugin(str(path), lambda path=path: _import_file(path), on_error)
+                _import_as_plugin(str(path), functools.partial(_import_file, path), on_error)
     _loaded_sources.add(str(directory))
     return REGISTRY
 

@@ -16,7 +16,15 @@ import time
 from typing import TextIO
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from axoexp.windows import MEASURED, PREPARE, VERIFY, WARMUP, Observer
 
@@ -83,7 +91,7 @@ class RunProgress(Observer):
             log.info("%s: %d updates in %.2f s%s", label, completed_updates, seconds, median)
 
     def _start_display(self, label: str, planned_updates: int) -> None:
-        columns = [TextColumn("[bold]{task.description}")]
+        columns: list[ProgressColumn] = [TextColumn("[bold]{task.description}")]
         if planned_updates:
             columns += [BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[last]}")]
         else:

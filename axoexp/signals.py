@@ -69,7 +69,11 @@ def install(before_raising: Callable[[str], None] | None = None) -> dict[int, An
     return {signum: signal.signal(signum, handle) for signum in HANDLED}
 
 
-_DEFAULTS = {signal.SIGTERM: signal.SIG_DFL, signal.SIGHUP: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler}
+_DEFAULTS: dict[int, Callable[[int, FrameType | None], Any] | int] = {
+    signal.SIGTERM: signal.SIG_DFL,
+    signal.SIGHUP: signal.SIG_DFL,
+    signal.SIGINT: signal.default_int_handler,
+}
 
 
 def _default_handlers_in_child() -> None:

@@ -125,7 +125,7 @@ class LatencySummary:
             mean=float(values.mean()),
             min=float(values.min()),
             max=float(values.max()),
-            rel_iqr=rel_iqr(values),
+            rel_iqr=rel_iqr(samples_ms),
         )
 
     def as_metrics(self, metric_name: Callable[[str], str]) -> dict[str, float]:

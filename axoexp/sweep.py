@@ -24,7 +24,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from hydra.experimental.callback import Callback
@@ -237,8 +237,7 @@ def note_refused_job(config: DictConfig, job_number: int, job_name: str, error: 
 def result_key(config: DictConfig) -> str:
     """What determines this job's result (:func:`axoexp.metadata.result_key`): config, code,
     plugins, package versions, device."""
-    container = OmegaConf.to_container(config, resolve=True)
-    assert isinstance(container, dict)
+    container = cast(dict[str, Any], OmegaConf.to_container(config, resolve=True))
     return metadata.result_key(torch.device(str(config.device)), container)
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from axoexp.errors import VerificationError
-from axoexp.interfaces import Batch, Executor
+from axoexp.interfaces import Batch, Executor, adaptation_parameters
 from axoexp.timing import synchronizer
 
 BuildExecutor = Callable[[torch.nn.Module, str | None], Executor]
@@ -60,7 +60,7 @@ def _prepared(build: BuildExecutor, pristine: torch.nn.Module, name: str | None,
 def _adapt(executor: Executor, batches: list[Batch], updates: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     losses = [executor.step(*batches[index % len(batches)]) for index in range(updates)]
     synchronizer(batches[0][0].device)()
-    return losses, [parameter.detach().clone() for parameter in executor.module.trainable_adaptation_parameters()]
+    return losses, [parameter.detach().clone() for parameter in adaptation_parameters(executor.module)]
 
 
 def _max_abs_diff(left: list[torch.Tensor], right: list[torch.Tensor]) -> float:
@@ -85,7 +85,7 @@ def verify_parity(
     reference_losses, reference_params = _adapt(_prepared(build, pristine, REFERENCE, batches[0]), batches, updates)
     executor = prepared if prepared is not None else _prepared(build, pristine, None, batches[0])
     losses, params = _adapt(executor, batches, updates)
-    initial = [parameter.detach() for parameter in pristine.trainable_adaptation_parameters()]
+    initial = [parameter.detach() for parameter in adaptation_parameters(pristine)]
     return Verification(
         executor=executor_name,
         updates=updates,

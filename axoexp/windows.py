@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from axoexp import names
-from axoexp.interfaces import RunLog
+from axoexp.interfaces import MetricsLog
 from axoexp.statistics import LatencySummary, noise_verdict
 
 PREPARE, WARMUP, MEASURED, VERIFY = "prepare", "warmup", "measured", "verify"
@@ -60,7 +60,7 @@ class UpdateTrace:
     device_ms: list[float] = field(default_factory=list)
 
 
-def log_traces(tracker: RunLog, warmup: UpdateTrace, measured: UpdateTrace, planned: int) -> None:
+def log_traces(tracker: MetricsLog, warmup: UpdateTrace, measured: UpdateTrace, planned: int) -> None:
     """Log whatever completed, also when an update failed part-way."""
     tracker.log_series(names.UPDATE_SERIES, warmup.latencies_ms + measured.latencies_ms)
     tracker.log_series(names.LOSS_SERIES, warmup.losses + measured.losses)

@@ -1,6 +1,6 @@
 """One sweep run twice, sequentially and through the parallel preset with more jobs than devices.
 
-    python benchmarks/leased_sweep.py --label h200-DATE --jobs 4 -- device=cuda executor=cudagraph \
+    python benchmarks/leased_sweep.py --label leased-sweep_h200_DATE_a --jobs 4 -- device=cuda executor=cudagraph \
         population.neurons=3,64,256,1024 run.measured_updates=200
 
 The first pass uses Hydra's basic launcher (one job after another, one process); the second
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from axoexp import names
+from axoexp import metadata, names
 from axoexp.tracking import child_runs
 
 PASSES = {"sequential": [], "parallel": ["hydra/launcher=parallel"]}
@@ -83,7 +83,10 @@ def main() -> None:
     passes = {name: jobs_of(client, run_pass(name, args.jobs, args.overrides, uri)) for name in PASSES}
     sequential, parallel = passes["sequential"], passes["parallel"]
     clashes = overlaps(parallel)
+    record = metadata.provenance(next((o.split("=", 1)[1] for o in args.overrides if o.startswith("device=")), "cpu"))
     rows = [
+        metadata.provenance_line(record),
+        "",
         "| job | sequential median ms | parallel median ms | parallel / sequential | parallel device | waited s |",
         "|---|---:|---:|---:|---|---:|",
     ]
@@ -97,7 +100,16 @@ def main() -> None:
     rows.append("")
     rows.append(f"Parallel jobs that held one device at overlapping times: {clashes or 'none'}.")
     (args.out / f"{args.label}.json").write_text(
-        json.dumps({"overrides": args.overrides, "jobs": args.jobs, "passes": passes, "overlaps": clashes}, indent=2)
+        json.dumps(
+            {
+                "provenance": record,
+                "overrides": args.overrides,
+                "jobs": args.jobs,
+                "passes": passes,
+                "overlaps": clashes,
+            },
+            indent=2,
+        )
     )
     (args.out / f"{args.label}.md").write_text("\n".join(rows) + "\n")
     print("\n".join(rows))

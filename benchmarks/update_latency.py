@@ -1,6 +1,7 @@
 """Update latency per shape: eager, bare axosim helper, axoexp executors; JSON + markdown out.
 
-    python benchmarks/update_latency.py --shapes 3x12x4 64x256x32 --out benchmarks/results --label h200
+    python benchmarks/update_latency.py --shapes 3x12x4 64x256x32 --out benchmarks/results \
+        --label update-latency_h200_DATE_all
 
 For each shape (neurons x time_steps x contacts) every variant adapts its own copy of one
 population on the same batches. Steady-state latency is the host clock around each update
@@ -32,7 +33,7 @@ from axosim import CudaGraphAdaptationStep
 from hydra import compose, initialize_config_module
 from torch.profiler import ProfilerActivity, profile
 
-from axoexp import metadata
+from axoexp import metadata, names
 from axoexp.config import register_configs
 from axoexp.measure import run_updates
 from axoexp.names import shape_label
@@ -191,13 +192,15 @@ def _cell(value: float | None, spec: str) -> str:
 
 def markdown(rows: list[Row], environment: dict[str, str], args: argparse.Namespace) -> str:
     lines = [
-        f"# Update latency — {environment.get('gpu.name', environment['device'])}, {date.today()}",
+        f"# Update latency — {environment.get(names.GPU_NAME, environment[names.DEVICE])}, {date.today()}",
         "",
-        f"torch {environment['version.torch']}, CUDA {environment['version.cuda_runtime']}, driver "
-        f"{environment.get('gpu.driver', '?')}, axosim {environment['version.axosim']}, "
-        f"axoexp {environment['git.commit'][:12]} (dirty: {environment['git.dirty']}). "
+        f"torch {environment[names.version_tag('torch')]}, CUDA {environment[names.version_tag('cuda_runtime')]}, "
+        f"driver {environment.get(names.GPU_DRIVER, '?')}, axosim {environment[names.version_tag('axosim')]}, "
+        f"axoexp {environment[names.GIT_COMMIT][:12]} (dirty: {environment[names.GIT_DIRTY]}). "
         f"{args.rounds} rounds (rotating order) x {args.updates} updates per variant after {args.warmup} warm-up; "
         f"overrides: {' '.join(args.override) or 'none'}.",
+        "",
+        metadata.provenance_line(environment),
         "",
         "| shape (n x t x c) | variant | median ms | p10 | p90 | device clock ms | host overhead ms "
         "| GPU busy ms | compiler start-up ms | compile ms | capture ms | vs eager | / bare | parity max abs dparam "
@@ -213,7 +216,7 @@ def markdown(rows: list[Row], environment: dict[str, str], args: argparse.Namesp
             f"| {_cell(row.prepare_ms.get('compile'), '.0f')} "
             f"| {_cell(row.prepare_ms.get('capture'), '.1f')} | {speedup} "
             f"| {_cell(row.ratio_vs_bare, '.3f')} | {_cell(row.parity_max_abs_param_diff, '.1e')} "
-            f"| {row.tags.get('compile.cache', '')} |"
+            f"| {row.tags.get(names.COMPILE_CACHE, '')} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -241,19 +244,18 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--override", nargs="*", default=[], help="extra Hydra overrides, e.g. optimizer=sgd")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    parser.add_argument("--label", default=f"update-latency-{date.today()}")
+    parser.add_argument("--label", default=f"update-latency_gpu_{date.today()}_all")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("this benchmark needs a CUDA GPU")
     register_configs(load_plugins())
-    environment = metadata.collect(torch.device("cuda"))
+    environment = {**metadata.collect(torch.device("cuda")), **metadata.provenance("cuda")}
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[Row] = []
     for text in args.shapes:  # the files are rewritten after each shape: a time-out keeps the rest
         rows += bench_shape(tuple(map(int, text.split("x"))), args)
         report = {
-            "date": str(date.today()),
-            "environment": environment,
+            "environment": environment,  # provenance included: commit, dirty flag, command, device, date
             "settings": {k: v for k, v in vars(args).items() if k != "out"} | {"profiled_updates": PROFILED_UPDATES},
             "rows": [asdict(row) for row in rows],
         }

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_cli
+from helpers import REPO, run_cli
 from mlflow.tracking import MlflowClient
 
 from axoexp import names
@@ -83,6 +83,11 @@ def test_shipped_example_plugin_is_found_in_plugins_of_the_cwd(tmp_path: Path) -
         ),
         ("optimizer.lr=abc", "optimizer.lr=abc: Value 'abc' of type 'str' could not be converted to Float"),
         ("population.neurons=0", "invalid experiment config: population.neurons=0: must be at least 1"),
+        (
+            "population.time_steps=4",
+            "invalid experiment config: population.time_steps=4: a causal loss skips the first 4 warm-up steps, "
+            "so it needs more than 4 time steps; raise population.time_steps or lower loss.warmup_steps",
+        ),
         (
             "executor=graphs",
             "executor=graphs: no such option; valid executor options: compiled_cudagraph, "

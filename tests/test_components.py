@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,9 @@ from axosim.checkpoint import save_checkpoint
 
 from axoexp.components.gradient_transforms import clip_norm, clip_value
 from axoexp.components.losses import causal_mse, huber, mse
-from axoexp.components.population import CheckpointError, lite, make_lite_model, sha256_of
+from axoexp.components.population import lite, make_lite_model, sha256_of
+from axoexp.errors import CheckpointError, ConfigError, IncompatibleComponentsError
+from axoexp.plan import plan_experiment
 
 CPU = torch.device("cpu")
 
@@ -30,7 +33,7 @@ def test_causal_mse_ignores_exactly_the_four_warmup_steps() -> None:
 
 
 def test_causal_loss_on_too_few_steps_says_what_to_change() -> None:
-    with pytest.raises(ValueError, match=r"needs more than 4 time steps; got 4 \(raise population.time_steps\)"):
+    with pytest.raises(IncompatibleComponentsError, match=r"needs more than 4 time steps; raise population.time_steps"):
         causal_mse()(torch.zeros(3, 4, 2), torch.zeros(3, 4, 2))
 
 
@@ -78,8 +81,37 @@ def test_lite_population_trains_only_the_chosen_banks() -> None:
     module = build(train_morphology=False).module
     trainable = {name for name, p in module.named_parameters() if p.requires_grad}
     assert trainable == {"behavior_adapter", "synaptic_log_efficacy"}
-    with pytest.raises(ValueError, match="trains no adaptation bank"):
+    with pytest.raises(ConfigError, match="trains no adaptation bank"):
         build(train_behavior=False, train_morphology=False, train_synaptic=False)
+
+
+NO_BANK = ("population.train_behavior=false", "population.train_morphology=false", "population.train_synaptic=false")
+
+
+@pytest.mark.parametrize(
+    "overrides, problem",
+    [
+        (
+            ("population.time_steps=4",),
+            "population.time_steps=4: a causal loss skips the first 4 warm-up steps, so it needs more than 4 "
+            "time steps; raise population.time_steps or lower loss.warmup_steps",
+        ),
+        (
+            ("loss=huber", "loss.warmup_steps=12"),
+            "population.time_steps=12: a causal loss skips the first 12 warm-up steps",
+        ),
+        (NO_BANK, "population trains no adaptation bank: set at least one of population.train_behavior"),
+    ],
+)
+def test_planning_refuses_what_a_factory_cannot_build(make_config, overrides: tuple[str, ...], problem: str) -> None:
+    with pytest.raises(ConfigError, match=f"^invalid experiment config: {re.escape(problem)}"):
+        plan_experiment(make_config(*overrides))
+
+
+def test_planning_lets_through_what_the_factories_can_build(make_config) -> None:
+    plan_experiment(make_config("population.time_steps=4", "loss=mse"))
+    plan_experiment(make_config("population.time_steps=5"))
+    plan_experiment(make_config(*NO_BANK[1:]))
 
 
 def test_lite_population_declares_its_shape_bounds(registry) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import requires_cuda, run_cli
+from helpers import requires_cuda, run_cli
 from mlflow.tracking import MlflowClient
 
 from axoexp import names

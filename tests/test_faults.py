@@ -16,12 +16,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import free_port, run_cli, sleepy_executor_plugin, start_mlflow
+from helpers import free_port, run_cli, sleepy_executor_plugin, start_mlflow
 from mlflow.tracking import MlflowClient
 
 from axoexp import metadata, names, processes
-from axoexp.components.population import CheckpointError
-from axoexp.errors import ConfigError, NonFiniteResultError
+from axoexp.errors import CheckpointError, ConfigError, NonFiniteResultError
 from axoexp.experiment import run_experiment
 from axoexp.journal import JOURNAL_FILE, read_journal
 from axoexp.plan import plan_experiment

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli
+from helpers import run_cli
 from mlflow.tracking import MlflowClient
 from test_faults import assert_everything_measured_is_in, killed_after, only_run, start_cli, sync, updates_in
 

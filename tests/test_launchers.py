@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from conftest import free_port, run_cli
+from helpers import free_port, run_cli
 from mlflow.tracking import MlflowClient
 
 from axoexp import lease, names

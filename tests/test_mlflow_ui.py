@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import free_port, run_cli, start_mlflow
+from helpers import free_port, run_cli, start_mlflow
 from mlflow.tracking import MlflowClient
 
 from axoexp import names

@@ -1,4 +1,5 @@
-"""The configs ship as package data: a non-editable install finds them from any directory."""
+"""The configs (conf/, linked as axoexp/conf) ship as package data: a non-editable install finds them, and the
+named presets, from any directory."""
 
 from __future__ import annotations
 
@@ -9,16 +10,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from helpers import REPO
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
 
 def test_wheel_install_composes_configs_outside_the_checkout(tmp_path: Path) -> None:
     source = tmp_path / "src"  # a clean copy: setuptools would reuse a stale build/ in the checkout
-    shutil.copytree(
+    shutil.copytree(  # symlinks kept, as in a clone: axoexp/conf links to the top-level conf/
         REPO,
         source,
+        symlinks=True,
         ignore=shutil.ignore_patterns(
             ".git", ".venv", ".whl", "build", "outputs", "mlruns", "*.db", "__pycache__", "*.egg-info"
         ),
@@ -45,6 +47,8 @@ def test_wheel_install_composes_configs_outside_the_checkout(tmp_path: Path) -> 
 
     shipped = set(zipfile.ZipFile(wheel).namelist())
     assert {f"axoexp/conf/hydra/launcher/{preset}.yaml" for preset in ("parallel", "slurm", "ray_devices")} <= shipped
+    presets = {path.name for path in (REPO / "conf" / "experiment").glob("*.yaml")}
+    assert presets and {f"axoexp/conf/experiment/{name}" for name in presets} <= shipped
     site = tmp_path / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
@@ -75,3 +79,17 @@ def test_wheel_install_composes_configs_outside_the_checkout(tmp_path: Path) -> 
     )
     assert result.returncode == 0, result.stderr
     assert "name: cudagraph" in result.stdout and "name: sgd" in result.stdout
+    preset = subprocess.run(
+        [sys.executable, "-m", "axoexp", "+experiment=regional_cudagraph_64x256x32_h200", "--cfg", "job"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert preset.returncode == 0, preset.stderr
+    assert "name: regional_cudagraph" in preset.stdout and "neurons: 64" in preset.stdout
+    help_text = subprocess.run(
+        [sys.executable, "-m", "axoexp", "--help"], cwd=work, env=env, capture_output=True, text=True, timeout=120
+    ).stdout
+    assert f"their files: {site / 'axoexp' / 'conf' / 'experiment'}/NAME.yaml" in help_text

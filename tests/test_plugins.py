@@ -7,7 +7,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from helpers import run_cli
 from mlflow.tracking import MlflowClient
 
 pytestmark = pytest.mark.slow  # every test here starts processes

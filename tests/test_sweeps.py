@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import free_port, run_cli, sleepy_executor_plugin, start_mlflow
+from helpers import free_port, run_cli, sleepy_executor_plugin, start_mlflow
 from mlflow.tracking import MlflowClient
 
 from axoexp import names

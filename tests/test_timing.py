@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli
+from helpers import run_cli
 from mlflow.tracking import MlflowClient
 from test_sweeps import SLOW_EXECUTOR
 

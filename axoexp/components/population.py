@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import pickle
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -13,7 +14,7 @@ from axosim import AxoSimLite, AxoSimPopulation
 from axosim.checkpoint import load_checkpoint
 from axosim.support_surrogate import SupportP4Config
 
-from axoexp.errors import AxoexpError, first_line, shown
+from axoexp.errors import CheckpointError, ConfigError, first_line, shown
 from axoexp.interfaces import PopulationSetup
 from axoexp.registry import AT_LEAST_ONE, Bounds, component
 
@@ -23,13 +24,6 @@ WARMUP_STEPS = 4
 
 LITE_KIND = "adaptive-support-p4-surrogate"
 """axosim.checkpoint's ``model_kind`` of an AxoSim-Lite model."""
-
-
-class CheckpointError(AxoexpError, ValueError):
-    """A checkpoint that is missing, of the wrong kind, fails its pinned SHA-256, or needs
-    arbitrary unpickling without a pin."""
-
-    exit_code = 2
 
 
 def sha256_of(path: Path) -> str:
@@ -111,6 +105,16 @@ def _lite_from_payload(path: str, payload: Any) -> torch.nn.Module | None:
     return model
 
 
+def config_problems(params: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
+    """What planning refuses in ``lite``'s settings (``params``, defaults included)."""
+    if any(params.get(bank, True) for bank in ("train_behavior", "train_morphology", "train_synaptic")):
+        return []
+    return [
+        "population trains no adaptation bank: set at least one of "
+        "population.train_behavior, train_morphology, train_synaptic to true"
+    ]
+
+
 def memory_estimate(params: dict[str, Any], dtype: torch.dtype) -> int:
     """Bytes the lite workload needs on its device: batches, model activations and gradients,
     linear in neurons x time_steps. Fitted to the peak memory of CPU float32 runs (within
@@ -181,11 +185,11 @@ def lite(
     targets are reachable by adapting the banks. With ``checkpoint`` the model dimensions
     come from the checkpoint and ``branches``..``morphologies`` are ignored.
     """
-    if not (train_behavior or train_morphology or train_synaptic):
-        raise ValueError(
-            "population trains no adaptation bank: set at least one of "
-            "population.train_behavior, train_morphology, train_synaptic to true"
-        )
+    problems = config_problems(
+        {"train_behavior": train_behavior, "train_morphology": train_morphology, "train_synaptic": train_synaptic}, {}
+    )
+    if problems:
+        raise ConfigError(problems[0])
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)  # AxoSim-Lite initialises its weights from the global generator
     description: dict[str, object] = {}
@@ -233,3 +237,4 @@ def lite(
 
 
 lite.memory_estimate = memory_estimate  # type: ignore[attr-defined]
+lite.config_problems = config_problems  # type: ignore[attr-defined]

@@ -20,7 +20,7 @@ import torch
 from axoexp.executors.base import eager_update
 from axoexp.interfaces import GradientTransform, LossFn
 
-OptimizerSnapshot = dict[torch.nn.Parameter, dict[str, Any]]
+OptimizerSnapshot = dict[torch.Tensor, dict[str, Any]]
 
 
 class ReplayShapeError(ValueError):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 
 from axoexp.executors import compiler_startup
@@ -11,7 +13,7 @@ from axoexp.interfaces import Executor
 from axoexp.registry import component
 from axoexp.timing import stopwatch, synchronizer
 
-INDUCTOR_OPTIONS = {"triton.cudagraphs": False}  # the whole update is captured in one graph instead
+INDUCTOR_OPTIONS: dict[str, Any] = {"triton.cudagraphs": False}  # the whole update is captured in one graph instead
 COMPILE_STAGES = ("dynamo_trace", "inductor_codegen", "forward", "loss", "backward", "grad_reset", "synchronize")
 
 
@@ -46,7 +48,9 @@ class CompiledCudaGraphExecutor(compiler_startup.StartsCompilerEarly, CudaGraphE
 
     def __init__(self, *, warmup_steps: WarmupSteps = 3, **components: object) -> None:
         super().__init__(warmup_steps=warmup_steps, **components)
-        self.compiled = torch.compile(self.module, backend="inductor", dynamic=False, options=INDUCTOR_OPTIONS)
+        self.compiled = cast(
+            torch.nn.Module, torch.compile(self.module, backend="inductor", dynamic=False, options=INDUCTOR_OPTIONS)
+        )
 
     def prepare_includes(self) -> dict[str, tuple[str, ...]]:
         return {

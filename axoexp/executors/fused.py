@@ -7,6 +7,7 @@ import importlib.util
 import torch
 from axosim import AxoSimPopulation
 
+from axoexp.errors import IncompatibleComponentsError
 from axoexp.executors.base import UPDATE_STAGES
 from axoexp.executors.cudagraph import CudaGraphExecutor, WarmupSteps
 from axoexp.kernels.lite_population import fused_population_forward, unsupported_reason
@@ -37,7 +38,7 @@ class FusedCudaGraphExecutor(CudaGraphExecutor):
 
     def __init__(self, *, warmup_steps: WarmupSteps = 3, **components: object) -> None:
         super().__init__(warmup_steps=warmup_steps, **components)
-        self.fused = FusedLiteForward(self.module)  # type: ignore[arg-type]
+        self.fused = FusedLiteForward(self.module)
 
     @classmethod
     def refusal(cls, *, population: str, dtype: torch.dtype) -> str | None:
@@ -58,5 +59,5 @@ class FusedCudaGraphExecutor(CudaGraphExecutor):
     def prepare(self, example_inputs: torch.Tensor, example_targets: torch.Tensor) -> dict[str, float]:
         reason = unsupported_reason(self.module, example_inputs.dtype)
         if reason is not None:  # what planning cannot see, e.g. a checkpoint's model
-            raise ValueError(f"executor=fused_cudagraph cannot run this population: {reason}")
+            raise IncompatibleComponentsError(f"executor=fused_cudagraph cannot run this population: {reason}")
         return super().prepare(example_inputs, example_targets)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from axoexp.executors import compiler_startup
@@ -62,7 +64,7 @@ class ReduceOverheadExecutor(compiler_startup.StartsCompilerEarly, Executor):
 
     def __init__(self, **components: object) -> None:
         super().__init__(**components)  # type: ignore[arg-type]
-        self.compiled = torch.compile(self.module, mode="reduce-overhead", dynamic=False)
+        self.compiled = cast(torch.nn.Module, torch.compile(self.module, mode="reduce-overhead", dynamic=False))
         self.prepared = False
 
     def prepare_includes(self) -> dict[str, tuple[str, ...]]:

@@ -136,7 +136,7 @@ class RegionalCudaGraphExecutor(compiler_startup.StartsCompilerEarly, CudaGraphE
         self.regional = RegionalLiteForward(
             self.module,
             tokens_per_region,
-            compile_edges,  # type: ignore[arg-type]
+            compile_edges,
             decompose_matmuls,
         )
 

@@ -14,6 +14,7 @@ import functools
 import importlib.util
 import itertools
 from collections.abc import Callable
+from typing import cast
 
 import torch
 from axosim import AxoSimLite, AxoSimPopulation
@@ -27,7 +28,7 @@ def unsupported_reason(population: nn.Module, dtype: torch.dtype) -> str | None:
     # Exact types: a subclass may change the forward or the step this path reproduces.
     if type(population) is not AxoSimPopulation:
         return f"the fused kernel runs an AxoSimPopulation, not a {type(population).__name__}"
-    neuron = population.neuron
+    neuron = cast(nn.Module, population.neuron)
     if type(neuron) is not AxoSimLite:
         return f"the fused kernel runs AxoSim-Lite neurons, not {type(neuron).__name__}"
     if dtype != torch.float32:

@@ -24,6 +24,8 @@ The neuron's own weights are constants here: axoexp adapts only the per-neuron b
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -335,8 +337,8 @@ class LiteRecurrence(torch.autograd.Function):
     """Autograd for the fused recurrence: gradients for ``tokens`` and ``cache`` only."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: torch.autograd.function.FunctionCtx,
+    def forward(
+        ctx: Any,  # torch's FunctionCtx, which declares none of the attributes set and read here
         tokens: torch.Tensor,
         cache: torch.Tensor,
         block_n: int,
@@ -367,8 +369,8 @@ class LiteRecurrence(torch.autograd.Function):
         return outputs
 
     @staticmethod
-    def backward(  # type: ignore[override]
-        ctx: torch.autograd.function.FunctionCtx,
+    def backward(
+        ctx: Any,
         grad_outputs: torch.Tensor,
     ) -> tuple[torch.Tensor | None, ...]:
         tokens, cache, states, *weights = ctx.saved_tensors

@@ -1,6 +1,7 @@
 """Cold and warm compile of a compiled executor, each in a fresh ``python -m axoexp`` process.
 
-    python benchmarks/compile_cache.py --label h200-compile-DATE --shapes 64x256x32 -- executor=regional_cudagraph
+    python benchmarks/explore/compile_cache.py --label compile-cache_h200_DATE_regional --shapes 64x256x32 -- \
+        executor=regional_cudagraph
 
 Per shape, one run with a new, empty inductor cache directory (``cold``), then ``--warm``
 runs with the same directory (``warm``): what a sweep's later jobs of that shape see. Each
@@ -19,12 +20,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import date
 from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from axoexp import names
+from axoexp import metadata, names
 
 
 def one_run(shape: str, cache: str, overrides: list[str], uri: str) -> dict[str, object]:
@@ -59,9 +59,11 @@ def one_run(shape: str, cache: str, overrides: list[str], uri: str) -> dict[str,
     }
 
 
-def markdown(rows: list[dict[str, object]], overrides: list[str], day: str) -> str:
+def markdown(rows: list[dict[str, object]], overrides: list[str], record: dict[str, str]) -> str:
     lines = [
-        f"# Compile, cold and warm cache — {day}",
+        f"# Compile, cold and warm cache — {record[names.DATE][:10]}",
+        "",
+        metadata.provenance_line(record),
         "",
         f"overrides: {' '.join(overrides)}",
         "",
@@ -95,10 +97,11 @@ def main() -> None:
             for _ in range(1 + args.warm):
                 rows.append(one_run(shape, cache, args.overrides, uri))
                 print(json.dumps(rows[-1]), flush=True)
+    record = metadata.provenance()
     (args.out / f"{args.label}.json").write_text(
-        json.dumps({"date": str(date.today()), "overrides": args.overrides, "rows": rows}, indent=2)
+        json.dumps({"provenance": record, "overrides": args.overrides, "rows": rows}, indent=2)
     )
-    table = markdown(rows, args.overrides, str(date.today()))
+    table = markdown(rows, args.overrides, record)
     (args.out / f"{args.label}.md").write_text(table)
     print(table)
 

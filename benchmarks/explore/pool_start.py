@@ -1,11 +1,12 @@
 """How long inductor's compile-worker pool takes to answer, in a fresh process per setting.
 
-    python benchmarks/pool_start.py --out pool.jsonl subprocess:16 subprocess:4 fork:16
+    python benchmarks/explore/pool_start.py --out pool.jsonl subprocess:16 subprocess:4 fork:16
 
 Each SETTING (``METHOD:WORKERS``, METHOD inductor's ``worker_start_method``) runs in a new
 process: import torch, create the pool (``warm_pool``), then wait until it answers a first
 no-op job (``ready_after_warm``, the moment inductor starts compiling kernels in the pool
-rather than in the process), then until every worker has run a 0.2 s job. One JSON line each.
+rather than in the process), then until every worker has run a 0.2 s job. One JSON line each,
+with the provenance (commit, dirty flag, command line, device, date).
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ def main() -> None:
         method, workers = args.settings[0].split(":")
         print("ROW " + json.dumps(worker(method, int(workers))), flush=True)
         return
+    from axoexp import metadata  # in the parent only: a worker's first import of torch is what it times
+
+    record = metadata.provenance()
     for setting in args.settings:
         done = subprocess.run(
             [sys.executable, __file__, "--worker", "--out", str(args.out), setting],
@@ -59,7 +63,8 @@ def main() -> None:
             timeout=300,
         )
         rows = [line[4:] for line in done.stdout.splitlines() if line.startswith("ROW ")]
-        row = rows[0] if rows else json.dumps({"setting": setting, "error": done.stderr[-3000:]})
+        found = json.loads(rows[0]) if rows else {"setting": setting, "error": done.stderr[-3000:]}
+        row = json.dumps({**found, "provenance": record})
         with args.out.open("a") as out:
             out.write(row + "\n")
         print(row, flush=True)

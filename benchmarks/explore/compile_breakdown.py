@@ -1,6 +1,6 @@
 """Where a compiled executor's compile time goes, cold and warm, one fresh process each.
 
-    python benchmarks/compile_breakdown.py --shape 64x256x32 --out breakdown.jsonl \
+    python benchmarks/explore/compile_breakdown.py --shape 64x256x32 --out breakdown.jsonl \
         '{"k": 8}' '{"k": 8, "prewarm": ["device"]}' '{"k": 16, "profile": true}'
 
 Each SPEC (JSON) runs twice in a new process, first with a new, empty inductor cache
@@ -20,7 +20,8 @@ workers' start method, ``kernels_compiled`` (inductor's ``async_compile_cache_mi
 counter: the Triton kernels it set up, from source or from the cache) and
 ``kernels_compiled_in_process`` (how many it compiled in the process itself because the
 workers had not answered yet), dynamo's ``calculate_time_spent`` and ``compile_times``
-breakdowns, and the median of 200 replayed updates.
+breakdowns, the median of 200 replayed updates, and the provenance (commit, dirty flag, command
+line, device, date).
 """
 
 from __future__ import annotations
@@ -150,6 +151,9 @@ def main() -> None:
     if args.worker:
         worker(args.shape, args.specs[0])
         return
+    from axoexp import metadata
+
+    record = metadata.provenance()
     for spec in args.specs:
         workers = {"TORCHINDUCTOR_WORKER_START": spec["workers"]} if "workers" in spec else {}
         with tempfile.TemporaryDirectory(prefix="inductor-") as cache:
@@ -172,7 +176,7 @@ def main() -> None:
                 )
                 rows = [line[4:] for line in done.stdout.splitlines() if line.startswith("ROW ")]
                 row = json.loads(rows[0]) if rows else {"shape": args.shape, "spec": spec, "error": done.stderr[-3000:]}
-                row["phase"] = phase
+                row["phase"], row["provenance"] = phase, record
                 with args.out.open("a") as out:
                     out.write(json.dumps(row) + "\n")
                 print(

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Which compiled region makes a captured AxoSim-Lite update fast *and* quick to compile?
 
-    python benchmarks/compile_regions.py --skip whole                      # H200, about 5-6 min
-    python benchmarks/compile_regions.py --strategies token blocks-4+edges@mmdecomp
-    python benchmarks/compile_regions.py --self-check                      # CPU, no CUDA graph
+    python benchmarks/explore/compile_regions.py --skip whole                      # H200, about 5-6 min
+    python benchmarks/explore/compile_regions.py --strategies token blocks-4+edges@mmdecomp
+    python benchmarks/explore/compile_regions.py --self-check                      # CPU, no CUDA graph
 
 ``compiled_cudagraph`` compiles the whole population module, and dynamo unrolls AxoSim-Lite's
 Python loop over the T/4 P4 tokens (100 s at 64x256x32). This script compiles smaller
@@ -91,7 +91,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).resolve()
 
 DEFAULT_SHAPES = ("64x256x32",)
@@ -716,19 +716,6 @@ def profile_variants(variants: dict[str, Any], batches: list[Any], sync: Any, co
 # --------------------------------------------------------------------------- driver
 
 
-def git_state() -> dict[str, Any]:
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(REPO), "status", "--porcelain"], capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-        return {"commit": commit or None, "dirty": bool(dirty)}
-    except Exception:
-        return {"commit": None, "dirty": None}
-
-
 def run_phase(
     args: argparse.Namespace,
     shape: tuple[int, int, int],
@@ -898,13 +885,15 @@ def meets_goal(row: dict[str, Any]) -> bool:
 
 
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    from axoexp import names
+
     env = meta.get("environment") or {}
     lines = [
-        f"# Compiled regions — {env.get('gpu', meta['args']['device'])}, {meta['date']}",
+        f"# Compiled regions — {env.get('gpu', meta['args']['device'])}, {meta['provenance'][names.DATE][:10]}",
         "",
         f"torch {env.get('torch', '?')}, triton {env.get('triton', '?')}, CUDA {env.get('cuda_runtime', '?')}, "
-        f"axosim {env.get('axosim', '?')}, axoexp {str(meta['git'].get('commit'))[:12]} "
-        f"(dirty: {meta['git'].get('dirty')}). Population lite seed 0 float32, Adam lr 1e-3 capturable, causal MSE. "
+        f"axosim {env.get('axosim', '?')}, axoexp {meta['provenance'][names.GIT_COMMIT][:12]} "
+        f"(dirty: {meta['provenance'][names.GIT_DIRTY]}); command: `{meta['provenance'][names.COMMAND]}`. Population lite seed 0 float32, Adam lr 1e-3 capturable, causal MSE. "
         f"Replay: {meta['args']['rounds']} rounds x {meta['args']['updates']} updates after {meta['args']['warmup']} "
         f"warm-up, interleaved with the bare helper in the same process. Cold = fresh inductor/triton cache dir; "
         f"warm = a second process on that cache. Goal: compile <= {GOAL['compile_s']:g} s cold, ratio <= "
@@ -984,13 +973,9 @@ def run_driver(args: argparse.Namespace) -> int:
     jsonl = out.with_suffix(".jsonl")
     jsonl.write_text("")
     log_dir = out.parent / f"{out.stem}-logs"
-    meta: dict[str, Any] = {
-        "date": str(date.today()),
-        "git": git_state(),
-        "args": vars(args),
-        "environment": None,
-        "command": sys.argv,
-    }
+    from axoexp import metadata
+
+    meta: dict[str, Any] = {"provenance": metadata.provenance(), "args": vars(args), "environment": None}
     rows: list[dict[str, Any]] = []
     begin = time.perf_counter()
     cache_root = Path(args.cache_root) if args.cache_root else None
@@ -1200,7 +1185,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", nargs="+", default=[], help="strategies to leave out of the list, e.g. whole")
     parser.add_argument(
         "--out",
-        help="JSON path (default benchmarks/results/compile-regions-DATE.json); also writes .jsonl, .md and -logs/",
+        help="JSON path (default benchmarks/results/compile-regions_HARDWARE_DATE_ENTITY.json); also writes .jsonl, .md and -logs/",
     )
     parser.add_argument("--device", default="cuda", help="cuda, or cpu to test the pipeline without CUDA graphs")
     parser.add_argument(

@@ -1,0 +1,97 @@
+"""Helpers the tests share (fixtures live in conftest.py): the repository, CUDA skips, the CLI
+in a fresh process, a plugin's text, free ports and a real MLflow server."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def run_cli(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """``python -m axoexp ARGS`` in a fresh process."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "axoexp", *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def sleepy_executor_plugin(milliseconds: int) -> str:
+    """A plugin file's text: executor ``sleepy``, eager plus a known sleep per update."""
+    return f'''
+import time
+from axoexp import component
+from axoexp.executors.eager import EagerExecutor
+
+@component("executor", "sleepy")
+class Sleepy(EagerExecutor):
+    """Eager plus {milliseconds} ms of sleep per update: a known, slower executor."""
+    update_includes = EagerExecutor.update_includes + ("sleep_{milliseconds}ms",)
+
+    def step(self, inputs, targets):
+        time.sleep({milliseconds / 1000})
+        return super().step(inputs, targets)
+'''
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_mlflow(verb: str, root: Path, port: int, *, own_session: bool = False) -> subprocess.Popen[bytes]:
+    """A real ``mlflow server`` or ``mlflow ui`` on 127.0.0.1:``port`` over ``root/mlflow.db``,
+    returned once it answers /health (its log is ``root/VERB.log``). ``own_session`` puts it
+    and its workers in a process group of their own, so a test can kill them all at once."""
+    log = root / f"{verb}.log"
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            verb,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--backend-store-uri",
+            f"sqlite:///{root / 'mlflow.db'}",
+            "--workers",
+            "1",
+        ],
+        cwd=root,
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("w"),
+        start_new_session=own_session,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return server
+        except requests.RequestException:
+            pass
+        if server.poll() is not None:
+            break
+        time.sleep(0.5)
+    server.kill()
+    pytest.fail(f"mlflow {verb} did not come up: " + log.read_text()[-2000:])

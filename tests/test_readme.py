@@ -1,0 +1,132 @@
+"""The commands the README and docs/ show work as written: those a CPU can run are run.
+
+Each ``python -m axoexp...`` line of a bash block is run in a fresh directory with the shipped
+plugins, in the order the page gives them (a report after the sweep it reports), with few
+updates where it times any. A command that needs CUDA is composed instead (Hydra's compose, in the test's process); one
+that needs another launcher or a cluster is named with the reason it is not run. A ``$``
+line with its output in a plain block is run and must print that output.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import REPO
+from hydra import compose, initialize_config_module
+
+from axoexp.registry import Registry
+
+pytestmark = pytest.mark.slow  # every test here starts processes
+
+PAGES = [REPO / "README.md", *(REPO / "docs" / name for name in ("design.md", "sweeps.md", "troubleshooting.md"))]
+FEW_UPDATES = ["run.warmup_updates=1", "run.measured_updates=3", "run.progress=false"]
+NOT_RUN = {  # a pattern in the command: why a CPU test does not run it
+    "hydra/launcher=": "another launcher (tests/test_launchers.py runs each)",
+    "http://": "a tracking server on another host",
+}
+NEEDS_CUDA = ("device=cuda", "_h200")
+
+
+def blocks(page: Path, language: str) -> list[str]:
+    """The fenced blocks of ``language`` ("" for plain ones) on the page, in order."""
+    found: list[str] = []
+    current: list[str] | None = None
+    wanted = False
+    for line in page.read_text().splitlines():
+        line = line.strip()  # a block in a list item is indented
+        if line.startswith("```"):
+            if current is None:
+                current, wanted = [], line[3:] == language
+            else:
+                if wanted:
+                    found.append("\n".join(current) + "\n")
+                current = None
+        elif current is not None:
+            current.append(line)
+    return found
+
+
+def commands(page: Path) -> list[str]:
+    """The ``python -m axoexp`` commands of the page's bash blocks, continuation lines joined."""
+    found = []
+    for block in blocks(page, "bash"):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+#\s.*$", "", line).strip()
+            if line.startswith("python -m axoexp"):
+                found.append(line)
+    return found
+
+
+def plan(command: str) -> tuple[list[str] | None, str]:
+    """The arguments to run for a documented command, or None and why it is not run."""
+    for pattern, reason in NOT_RUN.items():
+        if pattern in command:
+            return None, reason
+    words = shlex.split(command)
+    module, arguments = words[2], words[3:]
+    multirun = "-m" in arguments
+    if module == "axoexp" and any(marker in command for marker in NEEDS_CUDA):
+        if multirun:
+            return None, "a sweep on CUDA"
+        return [module, *arguments], "composed only: needs CUDA"
+    informative = {"--help", "--describe", "--cfg"} & set(arguments)
+    if module == "axoexp" and not informative:
+        arguments = [*arguments, *FEW_UPDATES]
+    return [module, *arguments], "run"
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, empty_store: Path) -> Path:
+    shutil.copyfile(empty_store, tmp_path / "mlflow.db")
+    shutil.copytree(REPO / "plugins", tmp_path / "plugins")
+    return tmp_path
+
+
+def run(arguments: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env.pop("MLFLOW_TRACKING_URI", None)  # as a reader's shell: the default store in the working directory
+    return subprocess.run(
+        [sys.executable, "-m", *arguments], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[page.name for page in PAGES])
+def test_documented_commands_work_as_written(page: Path, workdir: Path, loaded_registry: Registry) -> None:
+    documented = commands(page)
+    if page.name == "README.md":
+        assert len(documented) >= 10, "the README's commands were not found"
+    ran = []
+    for command in documented:
+        arguments, why = plan(command)
+        if arguments is None:
+            continue
+        if why.startswith("composed only"):  # in this process: composing is what a CPU can check
+            with initialize_config_module(config_module="axoexp.conf", version_base="1.3"):
+                compose("config", overrides=arguments[1:])
+            continue
+        result = run(arguments, workdir)
+        assert result.returncode == 0, f"{page.name}: `{command}` ({why}) failed:\n{result.stderr[-3000:]}"
+        ran.append(command)
+    if page.name == "README.md":  # the first run, a preset, the sweep and its report all ran
+        assert any(c.startswith("python -m axoexp executor=eager") for c in ran)
+        assert any("+experiment=eager_cpu" in c for c in ran)
+        assert any(c.startswith("python -m axoexp -m population.neurons") for c in ran)
+        assert "python -m axoexp.report" in ran
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[page.name for page in PAGES])
+def test_documented_errors_are_what_the_command_prints(page: Path, workdir: Path) -> None:
+    for block in blocks(page, ""):
+        lines = block.splitlines()
+        for index, line in enumerate(lines[:-1]):
+            if line.startswith("$ python -m axoexp"):
+                result = run(shlex.split(line[2:])[2:], workdir)
+                assert lines[index + 1] in result.stderr.splitlines(), f"{line}: printed {result.stderr!r}"
+                assert result.returncode == 2
