@@ -62,12 +62,6 @@ class StoreError(AxoexpError):
     not be created (e.g. its disk is full). The message names the file and what to do."""
 
 
-class OutputDirError(AxoexpError):
-    """The run's output folder cannot be created or written (read-only, absent, too long a name)."""
-
-    exit_code = 2
-
-
 class NoSweepError(AxoexpError):
     """The report found no sweep to report on."""
 
