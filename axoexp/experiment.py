@@ -5,15 +5,16 @@ from __future__ import annotations
 import copy
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
+import torch
 from omegaconf import DictConfig, OmegaConf
 
-from axoexp import describe, metadata, names, signals
+from axoexp import describe, metadata, names, signals, wallclock
 from axoexp.contention import ContentionGuard
 from axoexp.guard import FiniteGuard
 from axoexp.interfaces import RunLog
@@ -25,7 +26,7 @@ from axoexp.plan import Plan, plan_experiment
 from axoexp.registry import REGISTRY, Registry
 from axoexp.runtime import configure_determinism, configure_threads
 from axoexp.statistics import LatencySummary
-from axoexp.tracking import configure_tracking, flatten
+from axoexp.tracking import StoreOpening, configure_tracking, flatten
 from axoexp.verification import Verification, verify_parity
 from axoexp.windows import PREPARE, VERIFY, Observer, window
 
@@ -52,20 +53,32 @@ class ExperimentResult:
     host_overhead_ms: float | None = None  # median of host minus device time per measured update
     contention: str = "none"  # tag timing.contention
     threads: int = 0  # torch intra-op threads (run.threads, resolved)
+    streams: int = 1  # independent streams per update (B)
+    process_ms: dict[str, float] | None = None  # process_<phase>_ms of a run started from the command line
+
+    @property
+    def streams_per_s(self) -> float:
+        return streams_per_s(self.streams, self.update.median)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, default=str)
+
+
+def streams_per_s(streams: int, update_ms_median: float) -> float:
+    """Streams x updates per second: B streams adapted per update, at the median update latency."""
+    return streams * 1000.0 / update_ms_median
 
 
 def run_experiment(
     config: DictConfig,
     output_dir: Path | None = None,
     *,
-    run_name: str | None = None,
+    run_name: str | Callable[[Plan], str] | None = None,
     registry: Registry = REGISTRY,
     observers: Sequence[Observer] = (),
 ) -> ExperimentResult:
-    """Run the experiment ``config`` describes and log it as one MLflow run.
+    """Run the experiment ``config`` describes and log it as one MLflow run, named ``run_name``
+    (or by ``run_name(plan)``) unless ``tracking.run_name`` names it.
 
     In a sweep the run is a child of ``sweep.parent_run_id``. If the tracking store is
     unreachable the experiment still runs, logs to ``output_dir`` and then raises
@@ -73,14 +86,24 @@ def run_experiment(
     """
     plan = plan_experiment(config, registry)
     plan.begin_executor_setup()  # e.g. the compiler's start-up, overlapping the run's set-up below
-    configure_determinism(config.determinism)
+    wallclock.mark("planning")
     tracking_uri = configure_tracking(config.tracking)
+    store = StoreOpening(tracking_uri, config.tracking.experiment)  # overlaps the set-up up to the run's start
+    if plan.device.type == "cuda":
+        torch.cuda.init()
+    wallclock.mark("cuda_init")
+    configure_determinism(config.determinism)
     container = cast(dict[str, Any], OmegaConf.to_container(config, resolve=True))
+    if callable(run_name):
+        run_name = run_name(plan)
     run_name = config.tracking.run_name or run_name or describe.default_run_name(plan)
     tags = {**describe.run_tags(plan, container), names.RESULT_KEY: metadata.result_key(plan.device, container)}
+    machine_tags = metadata.collect(plan.device)
     with (
         signals.interruptible(),
-        journaled_run(tracking_uri, config.tracking.experiment, run_name, tags, output_dir=output_dir) as tracker,
+        journaled_run(
+            tracking_uri, config.tracking.experiment, run_name, tags, output_dir=output_dir, store=store
+        ) as tracker,
     ):
         log.info(
             "MLflow run %s (%s) in experiment %r at %s",
@@ -93,17 +116,20 @@ def run_experiment(
         del params[names.RUN_THREADS_PARAM]  # logged once resolved, inside the lease
         tracker.log_params(params)
         tracker.log_text(OmegaConf.to_yaml(config, resolve=True), "config.yaml")
-        tracker.set_tags(metadata.collect(plan.device))
+        tracker.set_tags(machine_tags)
         if output_dir is not None:
             tracker.set_tags({names.OUTPUT_DIR: str(output_dir)})
             if (output_dir / HYDRA_DIR).is_dir():
                 tracker.log_artifact(str(output_dir / HYDRA_DIR))
+        wallclock.mark("store")
         with device_lease(plan.device, cpus=config.run.lease_cpus, timeout_s=config.run.lease_timeout_s) as lease:
-            threads = configure_threads(config.run.threads)  # after the lease pinned this process's CPUs
-            tracker.log_params({names.RUN_THREADS_PARAM: threads.count})
+            # after the lease pinned this process's CPUs
+            threads = configure_threads(config.run.threads, plan.device.type)
+            if not threads.candidates:  # else logged once calibrated
+                tracker.log_params({names.RUN_THREADS_PARAM: threads.count})
             tracker.set_tags({**lease.tags(), **threads.tags()})  # held alone from build through verify
-            result = _execute(plan, tracker, tracking_uri, [tracker, *observers])
-            result.threads = threads.count
+            result = _execute(plan, tracker, tracking_uri, [tracker, *observers], threads.candidates)
+            result.threads = torch.get_num_threads()
         tracker.set_tags(lease.tags())
         if output_dir is not None:
             path = output_dir / RESULT_FILE
@@ -113,10 +139,20 @@ def run_experiment(
                 tracker.output_lost(f"writing {path} failed: {error}")
             else:
                 tracker.log_artifact(str(path))
+        wallclock.mark("logging")
+        process_metrics = wallclock.take_phases()
+        tracker.log_metrics(process_metrics)
+        result.process_ms = process_metrics or None
         return result
 
 
-def _execute(plan: Plan, tracker: RunLog, tracking_uri: str, observers: Sequence[Observer]) -> ExperimentResult:
+def _execute(
+    plan: Plan,
+    tracker: RunLog,
+    tracking_uri: str,
+    observers: Sequence[Observer],
+    thread_candidates: Sequence[int] = (),
+) -> ExperimentResult:
     """Build, prepare, time, verify; log each as it completes."""
     config = plan.config
     setup = plan.build_population()
@@ -125,6 +161,7 @@ def _execute(plan: Plan, tracker: RunLog, tracking_uri: str, observers: Sequence
     pristine = copy.deepcopy(setup.module) if config.verify.enabled else None
     executor = plan.build_executor(setup.module)
     tracker.set_tags(describe.timing_tags(executor, plan.device))
+    wallclock.mark("build")
     guard = ContentionGuard(plan.device)
     observers = (*observers, FiniteGuard(setup.module, tracker), guard)  # the guard last: its samples
     # lie closest to the timed updates
@@ -135,6 +172,7 @@ def _execute(plan: Plan, tracker: RunLog, tracking_uri: str, observers: Sequence
         tracker.set_tags(executor.prepared_tags)
         if prepare_ms:
             log.info("prepare: %s", ", ".join(f"{phase} {ms:.1f} ms" for phase, ms in prepare_ms.items()))
+        wallclock.mark("prepare")
         warmup, measured = measure_updates(
             executor,
             setup.batches,
@@ -144,9 +182,13 @@ def _execute(plan: Plan, tracker: RunLog, tracking_uri: str, observers: Sequence
             observers,
             config.run.min_time_s,
             config.run.max_time_s,
+            thread_candidates,
         )
     finally:
         guard.log_to(tracker)
+    update = LatencySummary.of(measured.latencies_ms)
+    tracker.log_metrics({names.STREAMS_PER_S: streams_per_s(setup.streams, update.median)})
+    wallclock.mark("measure")
     if config.run.require_quiet:
         guard.raise_if_contended()
 
@@ -164,12 +206,14 @@ def _execute(plan: Plan, tracker: RunLog, tracking_uri: str, observers: Sequence
             )
         tracker.log_metrics(verification.metrics())
         verification.raise_if_failed()
+        wallclock.mark("verify")
     return ExperimentResult(
         run_id=tracker.run_id,
         tracking_uri=tracking_uri,
         experiment=config.tracking.experiment,
         prepare_ms=prepare_ms,
-        update=LatencySummary.of(measured.latencies_ms),
+        update=update,
+        streams=setup.streams,
         warmup_ms=warmup.latencies_ms,
         losses=warmup.losses + measured.losses,
         description=setup.description,

@@ -28,12 +28,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from mlflow.data.dataset import Dataset
+from mlflow.entities import Metric
 from mlflow.utils.time import get_current_time_millis
 
 from axoexp import names, processes
 from axoexp.errors import TrackingUnavailableError
 from axoexp.outputs import write_atomically
-from axoexp.tracking import UNREACHABLE, Tracker, experiment_id, open_client, store_lock, with_mlflow_context
+from axoexp.tracking import UNREACHABLE, StoreOpening, Tracker, metric_value, store_lock, with_mlflow_context
 from axoexp.windows import Observer
 
 JOURNAL_FILE = "journal.jsonl"
@@ -160,33 +161,42 @@ def read_journal(path: Path) -> list[dict[str, Any]]:
 @dataclass
 class JournaledLog(Observer):
     """The run's :class:`~axoexp.tracking.RunLog`: every call goes to the journal first, then
-    to MLflow. When MLflow stops answering, the run goes on with the journal alone."""
+    to MLflow. Params, tags and metrics go to MLflow together when the run ends, in as few
+    requests as MLflow allows (the journal has them from the moment they are logged); files
+    and datasets go at once. When MLflow stops answering, the run goes on with the journal alone."""
 
     journal: Journal | None
     remote: Tracker | None
     run_id: str
     remote_lost: str | None = None
     _journal_loss_reported: bool = False
+    _params: dict[str, str] = field(default_factory=dict)  # held for the batch at the end
+    _tags: dict[str, str] = field(default_factory=dict)
+    _metrics: list[Metric] = field(default_factory=list)
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         values = {key: str(value) for key, value in params.items()}
         self._record(PARAMS, params=values)
-        self._deliver(lambda remote: remote.log_params(values))
+        self._params.update(values)
+        self._send_unless_journaled()
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         values = {key: str(value) for key, value in tags.items()}
         self._record(TAGS, tags=values)
-        self._deliver(lambda remote: remote.set_tags(values))
+        self._tags.update(values)
+        self._send_unless_journaled()
 
     def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
-        now, values = get_current_time_millis(), {key: float(value) for key, value in metrics.items()}
+        now, values = get_current_time_millis(), {key: metric_value(key, value) for key, value in metrics.items()}
         self._record(METRICS, metrics=values, step=step, timestamp=now)
-        self._deliver(lambda remote: remote.log_metrics(values, step, now))
+        self._metrics.extend(Metric(key, value, now, step) for key, value in values.items())
+        self._send_unless_journaled()
 
     def log_series(self, name: str, values: list[float], first_step: int = 0) -> None:
-        now, series = get_current_time_millis(), [float(value) for value in values]
+        now, series = get_current_time_millis(), [metric_value(name, value) for value in values]
         self._record(SERIES, name=name, values=series, first_step=first_step, timestamp=now)
-        self._deliver(lambda remote: remote.log_series(name, series, first_step, now))
+        self._metrics.extend(Metric(name, value, now, first_step + index) for index, value in enumerate(series))
+        self._send_unless_journaled()
 
     def log_text(self, text: str, artifact_file: str) -> None:
         """Kept as a file next to the journal, which names it, then uploaded."""
@@ -228,12 +238,13 @@ class JournaledLog(Observer):
             self.journal.sync()
 
     def end(self, status: str, reason: str | None) -> None:
-        """Record the end, then end the MLflow run (if it still answers)."""
+        """Record the end, send what was held for MLflow, then end the MLflow run (if it still answers)."""
         now = get_current_time_millis()
         self._record(END, status=status, reason=reason, end_time=now)
         if self.journal is not None:
             self.journal.close()
         self._report_journal_loss()
+        self._send_held()
 
         def terminate(remote: Tracker) -> None:
             if reason:
@@ -247,12 +258,22 @@ class JournaledLog(Observer):
             self.journal.append(kind, **fields)
             self._report_journal_loss()
 
+    def _send_unless_journaled(self) -> None:
+        """Without a working journal nothing is kept locally, so nothing is held back either."""
+        if self.journal is None or self.journal.lost is not None:
+            self._send_held()
+
+    def _send_held(self) -> None:
+        params, tags, metrics = self._params, self._tags, self._metrics
+        self._params, self._tags, self._metrics = {}, {}, []
+        if params or tags or metrics:
+            self._deliver(lambda remote: remote.log_batch(params, tags, metrics))
+
     def _report_journal_loss(self) -> None:
         if self.journal is None or self.journal.lost is None or self._journal_loss_reported:
             return
         self._journal_loss_reported = True
-        lost = self.journal.lost
-        self._deliver(lambda remote: remote.set_tags({names.JOURNAL_LOST: lost[:5000]}))
+        self._tags[names.JOURNAL_LOST] = self.journal.lost[:5000]
 
     def _deliver(self, call: Callable[[Tracker], None]) -> None:
         if self.remote is None:
@@ -281,6 +302,7 @@ def journaled_run(
     tags: Mapping[str, str],
     *,
     output_dir: Path | None,
+    store: StoreOpening | None = None,
 ) -> Iterator[JournaledLog]:
     """An MLflow run, journaled in ``output_dir``, that ends FINISHED, FAILED (reason in tag
     ``axoexp.failure``) or KILLED (a signal or Ctrl-C).
@@ -288,20 +310,25 @@ def journaled_run(
     If the store cannot be reached at the start, or stops answering during the run, the run
     goes on with the journal alone and :class:`TrackingUnavailableError` is raised at its
     end, naming the journal to sync; without ``output_dir`` an unreachable store is an error
-    at once.
+    at once. ``store`` is the store already being opened (else it is opened here).
     """
+    store = store or StoreOpening(tracking_uri, experiment)
     journal = Journal(output_dir / JOURNAL_FILE) if output_dir is not None else None
+    try:
+        opened: tuple[Any, str] | BaseException = store.result()
+    except UNREACHABLE as error:
+        opened = error
     tags = with_mlflow_context({**tags, **process_tags()})
     if journal is not None:
         tags.update({names.JOURNAL_ID: journal.id, names.JOURNAL: str(journal.path.resolve())})
     start_time = get_current_time_millis()
     remote, lost = None, None
     try:
-        client = open_client(tracking_uri)
+        if isinstance(opened, BaseException):
+            raise opened
+        client, experiment_id = opened
         with store_lock(tracking_uri):
-            run = client.create_run(
-                experiment_id(client, experiment), start_time=start_time, run_name=run_name, tags=tags
-            )
+            run = client.create_run(experiment_id, start_time=start_time, run_name=run_name, tags=tags)
         remote = Tracker(client, run.info.run_id)
     except UNREACHABLE as error:
         if journal is None:

@@ -10,6 +10,8 @@ import hashlib
 import json
 import os
 import sqlite3
+import tempfile
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
@@ -38,6 +40,18 @@ MAX_BATCH = 1000  # MLflow's limit on metrics per log_batch call
 MAX_PARAM_LENGTH = 500
 UNREACHABLE = (MlflowException, requests.exceptions.RequestException, OSError)
 """What a client raises when its tracking store cannot be reached."""
+
+
+MILLISECOND_DIGITS = 4
+"""Milliseconds are logged to 0.1 microsecond (1.2776, not 1.277578999999): finer than any
+clock axoexp reads is worth, and what a reader can take in at a glance."""
+
+
+def metric_value(name: str, value: float) -> float:
+    """``value`` as logged under ``name``: a duration in milliseconds (``..._ms``, ``..._ms_...``,
+    ``.../latency_ms``) rounded to :data:`MILLISECOND_DIGITS` decimals, anything else as it is."""
+    milliseconds = name.endswith("_ms") or "_ms_" in name
+    return round(float(value), MILLISECOND_DIGITS) if milliseconds else float(value)
 
 
 def configure_tracking(tracking: DictConfig) -> str:
@@ -122,6 +136,19 @@ class Tracker:
             self.run_id, [DatasetInput(DatasetEntity(**record), [InputTag(names.DATASET_CONTEXT, context)])]
         )
 
+    def log_batch(self, params: Mapping[str, str], tags: Mapping[str, str], metrics: list[Metric]) -> None:
+        """Params, tags and metrics in as few requests as MLflow's limits allow (100 params,
+        100 tags, 1000 entries in all per request)."""
+        param_items = [Param(key, str(value)[:MAX_PARAM_LENGTH]) for key, value in params.items()]
+        tag_items = [RunTag(key, str(value)) for key, value in tags.items()]
+        metric_items = list(metrics)
+        while param_items or tag_items or metric_items:
+            some_params, param_items = param_items[:100], param_items[100:]
+            some_tags, tag_items = tag_items[:100], tag_items[100:]
+            room = MAX_BATCH - len(some_params) - len(some_tags)
+            some_metrics, metric_items = metric_items[:room], metric_items[room:]
+            self.client.log_batch(self.run_id, metrics=some_metrics, params=some_params, tags=some_tags)
+
     def log_metric_objects(self, metrics: list[Metric]) -> None:
         """MLflow metrics as they are (key, value, timestamp, step), in batches of MLflow's limit."""
         for start in range(0, len(metrics), MAX_BATCH):
@@ -135,8 +162,11 @@ def _ui_column(kind: str, key: str) -> str:
 RUNS_VIEW_COLUMNS = (
     *(_ui_column("metrics", names.update_metric(stat)) for stat in ("median", "p10", "p90")),
     _ui_column("metrics", names.CAPTURE),
+    _ui_column("tags", names.TIMING_CONTENTION),  # contention and noise travel with the numbers
+    _ui_column("tags", names.TIMING_NOISE),
     _ui_column("tags", names.component_tag("executor")),
     _ui_column("tags", names.SHAPE),
+    _ui_column("tags", names.TRIAL),  # an Optuna search's trial number (hydra/sweeper=optuna)
     *(_ui_column("attributes", key) for key in ("Dataset", "Source", "Version")),
 )
 
@@ -173,9 +203,10 @@ def store_problem(tracking_uri: str) -> str | None:
         return f"tracking.uri={tracking_uri}: directory {directory} does not exist; create it or choose another path"
     if path.is_dir():
         return f"tracking.uri={tracking_uri}: {path} is a directory, not a database file"
-    target = path if path.exists() else directory
-    if not os.access(target, os.W_OK) or _read_only_filesystem(directory):
-        return f"tracking.uri={tracking_uri}: {target} is not writable; choose a writable path"
+    if path.exists() and not os.access(path, os.W_OK):
+        return f"tracking.uri={tracking_uri}: {path} is not writable; choose a writable path"
+    if not _can_create_files_in(directory):  # sqlite writes its journal beside the database
+        return f"tracking.uri={tracking_uri}: no file can be created in {directory}; choose a writable path"
     damage = store_damage(path) if _holds_data(path) else None
     return f"tracking.uri={tracking_uri}: {damage}" if damage else None
 
@@ -219,9 +250,12 @@ def store_damage(path: Path) -> str | None:
     return None
 
 
-def _read_only_filesystem(directory: Path) -> bool:
+def _can_create_files_in(directory: Path) -> bool:
+    """Whether a file can be created in ``directory``, found by creating (and removing) one:
+    permissions, a read-only mount and a pseudo file system such as /proc all show."""
     try:
-        return bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".axoexp-probe-"):
+            return True
     except OSError:
         return False
 
@@ -335,3 +369,32 @@ def child_runs(client: MlflowClient, parent: Run) -> list[Run]:
     return client.search_runs(
         [parent.info.experiment_id], filter_string=f"tags.`{names.PARENT_RUN_ID}` = '{parent.info.run_id}'"
     )
+
+
+class StoreOpening:
+    """The store opened, and the experiment found or created, in a background thread, so that
+    the run's other set-up (CUDA initialisation, git state, tags) overlaps importing the
+    store's backend and creating a fresh store's schema; :meth:`result` waits for it."""
+
+    def __init__(self, tracking_uri: str, experiment: str) -> None:
+        self._outcome: tuple[MlflowClient, str] | BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._open, args=(tracking_uri, experiment), name="axoexp-store-opening", daemon=True
+        )
+        self._thread.start()
+
+    def _open(self, tracking_uri: str, experiment: str) -> None:
+        try:
+            client = open_client(tracking_uri)
+            with store_lock(tracking_uri):
+                self._outcome = (client, experiment_id(client, experiment))
+        except BaseException as error:  # raised again in the waiting thread
+            self._outcome = error
+
+    def result(self) -> tuple[MlflowClient, str]:
+        """The client and the experiment's id, or what opening the store raised."""
+        self._thread.join()
+        if isinstance(self._outcome, BaseException):
+            raise self._outcome
+        assert self._outcome is not None
+        return self._outcome

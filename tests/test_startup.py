@@ -1,0 +1,93 @@
+"""A run's wall time from its process's start, in phases that add up (axoexp.wallclock)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import run_cli
+from mlflow.tracking import MlflowClient
+
+from axoexp import names, wallclock
+from axoexp.console import process_summary
+
+PROCESS_START_TICK_MS = 10
+"""The process's start is read in clock ticks (1/100 s on Linux)."""
+UNLOGGED_TOLERANCE_MS = 3000
+"""What the run cannot log, seen from outside: its exit after the last mark (exit handlers, the
+streams flushed, the kernel reaping it) and the test's own fork and exec, on a shared 2-core machine."""
+
+
+@pytest.mark.slow
+def test_phases_are_logged_and_add_up_to_the_wall_time_seen_from_outside(tmp_path: Path) -> None:
+    started = time.perf_counter()
+    result = run_cli("executor=eager", "loss=causal_mse", "run.measured_updates=5", cwd=tmp_path)
+    outside_ms = (time.perf_counter() - started) * 1000
+    assert result.returncode == 0, result.stderr
+    run_id = re.search(r"mlflow run\s+([0-9a-f]{32})", result.stdout).group(1)
+    metrics = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(run_id).data.metrics
+    phases = {key: value for key, value in metrics.items() if key.startswith("process_") and key != names.PROCESS_TOTAL}
+    expected = {names.process_metric(phase) for phase in names.PROCESS_PHASES if phase != "verify"}  # verify is off
+    assert set(phases) == expected
+    assert all(value >= 0 for value in phases.values())
+    assert sum(phases.values()) == pytest.approx(metrics[names.PROCESS_TOTAL], abs=1e-6)
+    total = metrics[names.PROCESS_TOTAL]
+    assert total <= outside_ms + PROCESS_START_TICK_MS, "the process cannot have run longer than it was watched"
+    assert outside_ms - total <= UNLOGGED_TOLERANCE_MS, f"{outside_ms - total:.0f} ms of the wall time not logged"
+    assert re.search(r"process\s+\d+\.\d\d s from start: \w+ \d+\.\d\d s, ", result.stdout)
+
+
+def test_phase_clock_adds_phases_marked_twice_and_sums_to_its_total() -> None:
+    clock = wallclock.PhaseClock(wallclock.now_s())
+    for phase in ("imports", "config", "imports", "store"):
+        clock.mark(phase)
+    metrics = clock.metrics()
+    assert list(metrics) == [names.process_metric(p) for p in ("imports", "config", "store")] + [names.PROCESS_TOTAL]
+    assert metrics[names.PROCESS_TOTAL] == sum(value for key, value in metrics.items() if key != names.PROCESS_TOTAL)
+
+
+@pytest.mark.slow  # starts an interpreter
+def test_process_start_is_when_this_process_began() -> None:
+    """Read in a fresh interpreter that reports the clock at its first line: the start lies before it."""
+    code = "import time; now = time.clock_gettime(time.CLOCK_BOOTTIME); from axoexp import wallclock; "
+    code += "print(now, wallclock.process_start_s())"
+    now, start = map(float, subprocess.check_output([sys.executable, "-c", code], text=True).split())
+    assert start <= now + PROCESS_START_TICK_MS / 1000
+    assert now - start < 120, "an interpreter starts in far less than two minutes: the start was misread"
+
+
+def test_console_names_the_total_and_the_biggest_phases() -> None:
+    process_ms = {
+        names.process_metric("imports"): 5210.0,
+        names.process_metric("planning"): 12.0,
+        names.process_metric("store"): 2100.0,
+        names.process_metric("measure"): 1020.0,
+        names.PROCESS_TOTAL: 8342.0,
+    }
+    assert process_summary(process_ms) == (
+        "      8.34 s from start: imports 5.21 s, store 2.10 s, measure 1.02 s (exit not included)"
+    )
+
+
+@pytest.mark.slow  # starts an interpreter
+def test_determinism_left_off_does_not_import_inductor_and_on_sets_its_flag() -> None:
+    code = """
+import sys
+from omegaconf import OmegaConf
+from axoexp.runtime import configure_determinism
+settings = dict(cudnn_benchmark=False, float32_matmul_precision="highest")
+configure_determinism(OmegaConf.create({**settings, "deterministic_algorithms": False}))
+print("torch._inductor.config" in sys.modules)
+configure_determinism(OmegaConf.create({**settings, "deterministic_algorithms": True}))
+import torch
+from torch._inductor import config
+print(torch.are_deterministic_algorithms_enabled(), config.deterministic)
+configure_determinism(OmegaConf.create({**settings, "deterministic_algorithms": False}))
+print(torch.are_deterministic_algorithms_enabled(), config.deterministic)
+"""
+    lines = subprocess.check_output([sys.executable, "-c", code], text=True).split("\n")
+    assert lines[:3] == ["False", "True True", "False False"]
