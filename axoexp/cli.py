@@ -16,15 +16,16 @@ from pathlib import Path
 from typing import NoReturn
 
 import hydra
+from hydra.conf import HydraConf
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from axoexp import wallclock
+from axoexp import targets, wallclock
 from axoexp.config import describe, register_configs
-from axoexp.errors import AxoexpError, ConfigError
+from axoexp.errors import AxoexpError, ConfigError, RefusedTargetError
 from axoexp.plugins import load_plugins
 from axoexp.signals import Interrupted
 
@@ -36,30 +37,52 @@ _tracebacks_wanted = os.environ.get(FULL_ERROR_ENV) == "1"  # the user's own set
 
 @hydra.main(version_base="1.3", config_path="pkg://axoexp.conf", config_name="config")
 def hydra_app(config: DictConfig) -> float | None:
-    """Run one experiment; Hydra's multirun calls this once per job."""
+    """Run one experiment; Hydra's multirun calls this once per job, each in a process of its own."""
     wallclock.mark("config")
+    load_plugins()  # a no-op here; in a launcher's worker process the registry starts empty
+    hydra_config = HydraConfig.get()
+    if hydra_config.mode != RunMode.MULTIRUN:
+        return _experiment(config, hydra_config)
+    from axoexp import sweep
+    from axoexp.job_process import run_isolated
+
+    job_number, job_name = hydra_config.job.num, hydra_config.job.override_dirname or "defaults"
+    output_dir = Path(hydra_config.runtime.output_dir)
+    return run_isolated(
+        lambda: _experiment(config, hydra_config),
+        lambda pid, how: sweep.end_killed_job(config, job_number, job_name, output_dir, pid, how),
+    )
+
+
+def _experiment(config: DictConfig, hydra_config: HydraConf) -> float | None:
+    """One run (or, in a sweep, one job): print its result, return its median update time."""
     from axoexp import describe as describe_run
     from axoexp import sweep
     from axoexp.console import format_result
     from axoexp.experiment import run_experiment
     from axoexp.progress import run_observers
+    from axoexp.targets import check_targets
 
     wallclock.mark("imports")
-    load_plugins()  # a no-op here; in a launcher's worker process the registry starts empty
-    hydra_config = HydraConfig.get()
     job_name = run_name = None
     if hydra_config.mode == RunMode.MULTIRUN:
         job_name = hydra_config.job.override_dirname or "defaults"
-        run_name = describe_run.job_run_name(config, hydra_config.job.num, hydra_config.overrides.task)
-        previous = sweep.reused_run(config, hydra_config.job.num)
-        if previous is not None:
+        job_number, overrides = hydra_config.job.num, list(hydra_config.overrides.task)
+        run_name = lambda plan: describe_run.job_run_name(plan, job_number, overrides)  # noqa: E731
+        resume = sweep.resume_job(config, hydra_config.job.num)
+        if resume.run is not None:
             print(
-                f"reused {job_name}: FINISHED as MLflow run {previous.info.run_id} "
-                f"'{previous.info.run_name}' (sweep.resume=false re-measures)",
+                f"reused {job_name}: FINISHED as MLflow run {resume.run.info.run_id} "
+                f"'{resume.run.info.run_name}' (sweep.resume=false re-measures)",
                 flush=True,
             )
             return None
+        if resume.remeasure_reason:
+            print(f"measuring {job_name}: {resume.remeasure_reason}", flush=True)
     try:
+        refused = check_targets(config)  # this job's sweep values (Hydra's config was checked before instantiating)
+        if refused:
+            raise ConfigError(refused)
         in_this_terminal = hydra_config.mode != RunMode.MULTIRUN or "BasicLauncher" in hydra_config.launcher._target_
         result = run_experiment(
             config,
@@ -96,6 +119,7 @@ def main() -> None:
         print(describe(registry))
         return
     os.environ[FULL_ERROR_ENV] = "1"  # Hydra then raises instead of printing; we report below
+    targets.install()
     try:
         hydra_app()
         _exit_without_teardown()
@@ -108,8 +132,8 @@ def main() -> None:
         if _tracebacks_wanted:
             raise
         multirun = any(argument in ("-m", "--multirun") for argument in sys.argv[1:])
-        if isinstance(error, AxoexpError):
-            _exit_with(str(error), 1 if multirun else error.exit_code)
+        if isinstance(error, AxoexpError):  # in a sweep, a job's error (but a refusal before any job)
+            _exit_with(str(error), 1 if multirun and not isinstance(error, RefusedTargetError) else error.exit_code)
         _exit_with(one_line(error), 1 if multirun else 2)
 
 

@@ -9,6 +9,7 @@ from the same source. ``conf/config.yaml`` holds only the defaults list and Hydr
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -37,7 +38,10 @@ class RunConfig:
     )
     measured_updates: int = setting(50, "updates in the steady-state summary (median, p10, p90, ...)", AT_LEAST_ONE)
     threads: int | None = setting(
-        None, "torch intra-op threads; null: the CPUs this process may use, at most 16 (logged resolved)", AT_LEAST_ONE
+        None,
+        "torch intra-op threads; null: on the CPU the fewest of 1, 2, 4, ... (at most 16) within 1.05x of the "
+        "fastest, calibrated after warm-up; on a GPU one per CPU allowed, at most 16 (logged resolved)",
+        AT_LEAST_ONE,
     )
     min_time_s: float = setting(
         0.0,
@@ -96,15 +100,19 @@ class TrackingConfig:
 class SweepConfig:
     resume: str = setting(
         "same_sweep",
-        "in a multirun, reuse a FINISHED run of the job's resolved config from an "
+        "in a multirun, reuse a FINISHED, quietly measured run of the job's resolved config from an "
         "earlier sweep with the same overrides (same_sweep), from any run (any), or "
         "never (false)",
+    )
+    resume_contended: bool = setting(
+        False, "resume also reuses runs measured under contention or with high noise (default: it measures again)"
     )
     parent_run_id: str | None = setting(None, "set by the sweep itself: the MLflow parent run of its jobs")
     repeats: int = setting(
         1, "in a multirun, run each job this many times as separate child runs (the report pools them)", AT_LEAST_ONE
     )
     repeat: int = setting(0, "set by the sweep itself: which of the sweep.repeats runs this job is", NON_NEGATIVE)
+    trial: int | None = setting(None, "set by hydra/sweeper=optuna: the Optuna trial number of this job")
 
 
 @dataclass
@@ -169,6 +177,13 @@ def node_class(entry: Component) -> type:
     return dataclasses.make_dataclass(f"{entry.group}_{entry.name}", fields)
 
 
+def first_sentence(docstring: str) -> str:
+    """A docstring's first sentence, whole even where it wraps over lines: one line of help."""
+    paragraph = " ".join(docstring.strip().split("\n\n")[0].split())
+    end = re.search(r"\.(\s|$)", paragraph)
+    return paragraph[: end.start() + 1] if end else paragraph
+
+
 def register_configs(registry: Registry) -> None:
     """Store the schema, every component's node and the help page in Hydra's ConfigStore."""
     from hydra.core.config_store import ConfigStore
@@ -218,8 +233,7 @@ def describe(registry: Registry) -> str:
         lines.append(f"{group} (choose with {group}=NAME; {spec.contract}):")
         for entry in sorted((e for e in registry.components() if e.group == group), key=lambda e: e.name):
             origin = "" if entry.source == "builtin" else f"  [from {entry.source}]"
-            summary = (entry.factory.__doc__ or "").strip().splitlines()
-            lines.append(f"  {entry.name}{origin}: {summary[0] if summary else ''}")
+            lines.append(f"  {entry.name}{origin}: {first_sentence(entry.factory.__doc__ or '')}")
             lines += _table(
                 [
                     (f"{group}.{key}", kind, default, text)
@@ -269,7 +283,7 @@ def help_node(registry: Registry) -> dict[str, str]:
         "Usage: python -m axoexp [group=option ...] [key=value ...]   (-m for a sweep)",
         "footer": "Examples:\n"
         "  python -m axoexp executor=cudagraph device=cuda loss=causal_mse verify.enabled=true\n"
-        "  python -m axoexp -m population.neurons=64,1024 executor=eager,cudagraph device=cuda\n"
+        "  python -m axoexp -m population.batch_size=1,8 executor=eager,cudagraph device=cuda\n"
         "Presets: python -m axoexp +experiment=NAME (group experiment above) sets the keys of a\n"
         f"published run; their files: {presets_dir()}/NAME.yaml.\n"
         "Plugins: *.py files in $$AXOEXP_PLUGINS_DIR (default ./plugins) and the\n"

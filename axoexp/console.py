@@ -21,6 +21,10 @@ def format_result(result: ExperimentResult) -> str:
         f"{'update':<14}{update.median:10.3f} ms  median of {update.count}  "
         f"(p10 {update.p10:.3f}, p90 {update.p90:.3f}, mean {update.mean:.3f})"
     )
+    if result.streams > 1:
+        lines.append(
+            f"{'streams':<14}{result.streams:10d}     per update: {result.streams_per_s:.1f} streams x updates/s"
+        )
     if result.device_update is not None and result.host_overhead_ms is not None:
         lines.append(
             f"{'device clock':<14}{result.device_update.median:10.3f} ms  median (CUDA events), "

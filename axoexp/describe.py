@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -25,12 +25,6 @@ from axoexp.tracking import config_digest
 BANKS = ("behavior_adapter", "morphology_adapter", "synaptic_log_efficacy")
 
 
-def shape_of(plan: Plan) -> str:
-    """The planned population's shape label, e.g. ``64x256x32``."""
-    population = plan.params["population"]
-    return names.shape_label(*(population.get(key, "?") for key in ("neurons", "time_steps", "contacts")))
-
-
 def run_tags(plan: Plan, resolved_config: dict[str, Any]) -> dict[str, str]:
     """Tags known before anything is built: components and their sources, seed, config hash."""
     tags = {names.component_tag(group): entry.name for group, entry in plan.components.items()}
@@ -40,7 +34,8 @@ def run_tags(plan: Plan, resolved_config: dict[str, Any]) -> dict[str, str]:
             names.SEED: str(plan.config.seed),
             names.CONFIG_HASH: config_digest(resolved_config),
             names.PROCESS_PID: str(os.getpid()),
-            names.SHAPE: shape_of(plan),
+            names.SHAPE: plan.shape,
+            names.STREAMS: str(plan.streams),
         }
     )
     tags.update(metadata.source_tags())
@@ -54,6 +49,8 @@ def workload_tags(setup: PopulationSetup, plan: Plan) -> dict[str, str]:
     """Shapes, dtypes, device, the adaptation banks and the population's own description."""
     inputs, targets = setup.batches[0]
     tags = {
+        names.SHAPE: names.shape_label(*setup.shape),  # as built (planning may not have built it)
+        names.STREAMS: str(setup.streams),
         names.SHAPE_INPUTS: str(tuple(inputs.shape)),
         names.SHAPE_TARGETS: str(tuple(targets.shape)),
         names.DTYPE_INPUTS: str(inputs.dtype),
@@ -83,8 +80,7 @@ def timing_tags(executor: Executor, device: torch.device | None = None) -> dict[
     return tags
 
 
-SHAPE_KEYS = tuple(f"population.{key}" for key in ("neurons", "time_steps", "contacts"))
-NOT_IN_NAMES = ("executor", "executor.name", *SHAPE_KEYS)  # named first, as executor and shape
+NOT_IN_NAMES = ("executor", "executor.name")  # named first, as the executor
 TIMESTAMP = "%m-%d %H:%M:%S"
 
 
@@ -102,25 +98,25 @@ def short_overrides(overrides: Iterable[str], skip: tuple[str, ...] = (), choice
     return shown
 
 
-def job_run_name(config: Mapping[str, Any], job_number: int, overrides: Iterable[str]) -> str:
-    """A sweep job's run: job number (so names sort in sweep order), executor, shape and its other
-    overrides, e.g. ``03 cudagraph 64x256x32 clip_norm``. The full overrides are in its params."""
-    population = config["population"]
-    shape = names.shape_label(*(population.get(key, "?") for key in ("neurons", "time_steps", "contacts")))
+def job_run_name(plan: Plan, job_number: int, overrides: Iterable[str]) -> str:
+    """A sweep job's run: job number (so names sort in sweep order), executor, the population's
+    shape and the job's other overrides, e.g. ``03 cudagraph 64x256x32 batch_size=8 clip_norm``.
+    The full overrides are in its params."""
     return " ".join(
-        [f"{job_number:02d}", str(config["executor"]["name"]), shape, *short_overrides(overrides, NOT_IN_NAMES)]
+        [f"{job_number:02d}", plan.components["executor"].name, plan.shape, *short_overrides(overrides, NOT_IN_NAMES)]
     )
 
 
 def sweep_run_name(overrides: Iterable[str]) -> str:
-    """A sweep's parent run: when it started and what it sweeps, e.g. ``sweep 12-05 14:32:05 neurons=3,64``."""
+    """A sweep's parent run: when it started and what it sweeps, e.g. ``sweep 12-05 14:32:05 batch_size=1,8``."""
     return " ".join(["sweep", time.strftime(TIMESTAMP), *short_overrides(overrides, choices_by_value=False)])
 
 
 def default_run_name(plan: Plan) -> str:
-    """A single run: when it started (names sort by time), executor, shape and device,
-    e.g. ``12-05 14:32:05 cudagraph 64x256x32 cuda``."""
-    return f"{time.strftime(TIMESTAMP)} {plan.components['executor'].name} {shape_of(plan)} {plan.device.type}"
+    """A single run: when it started (names sort by time), executor, the population's shape (and
+    streams where more than one) and device, e.g. ``12-05 14:32:05 cudagraph 64x256x32 B=8 cuda``."""
+    streams = f" B={plan.streams}" if plan.streams > 1 else ""
+    return f"{time.strftime(TIMESTAMP)} {plan.components['executor'].name} {plan.shape}{streams} {plan.device.type}"
 
 
 def _numpy_dtype(dtype: torch.dtype) -> np.dtype | None:
@@ -149,7 +145,7 @@ def workload_dataset(setup: PopulationSetup, plan: Plan) -> MetaDataset:
             specs.append(TensorSpec(dtype, (len(setup.batches), *tensor.shape), name))
     return MetaDataset(  # type: ignore[abstract]  # MLflow declares profile abstract; MetaDataset has none
         source,
-        name=f"{population}-{shape_of(plan)}",
+        name=f"{population}-{names.shape_label(*setup.shape)}" + (f"-B{setup.streams}" if setup.streams > 1 else ""),
         digest=digest.hexdigest()[:16],
         schema=Schema(specs) if specs else None,
     )

@@ -46,8 +46,14 @@ class TrackingUnavailableError(AxoexpError):
     """The tracking store could not be reached; what was measured is in the output dir."""
 
 
+class SweepRefusedError(ConfigError):
+    """A sweep that cannot start: its launcher cannot run here, or no job passed planning; no run exists."""
+
+
 class NoSweepError(AxoexpError):
-    """The report found no sweep to report on."""
+    """The report found no sweep to report on (none yet, or ``--parent`` names no run)."""
+
+    exit_code = 2
 
 
 class ContentionError(AxoexpError):
@@ -64,3 +70,21 @@ class LeaseTimeoutError(LeaseError):
 
 class NonFiniteResultError(AxoexpError):
     """An update produced a non-finite loss or parameter: the run's results are invalid."""
+
+
+class JobKilledError(AxoexpError):
+    """A sweep's job process died of a signal; its run was ended KILLED from its journal."""
+
+
+class RefusedTargetError(ConfigError):
+    """The composed config names a ``_target_`` (a class to instantiate) that axoexp does not ship."""
+
+
+class ComparisonError(AxoexpError):
+    """``python -m axoexp.compare`` was given runs it cannot compare, or a bad option."""
+
+    exit_code = 2
+
+
+class SearchError(AxoexpError):
+    """An Optuna search (``hydra/sweeper=optuna``) in which trials failed; the study keeps them as FAIL."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -52,21 +52,32 @@ class ExperimentResult:
     host_overhead_ms: float | None = None  # median of host minus device time per measured update
     contention: str = "none"  # tag timing.contention
     threads: int = 0  # torch intra-op threads (run.threads, resolved)
+    streams: int = 1  # independent streams per update (B)
     process_ms: dict[str, float] | None = None  # process_<phase>_ms of a run started from the command line
+
+    @property
+    def streams_per_s(self) -> float:
+        return streams_per_s(self.streams, self.update.median)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, default=str)
+
+
+def streams_per_s(streams: int, update_ms_median: float) -> float:
+    """Streams x updates per second: B streams adapted per update, at the median update latency."""
+    return streams * 1000.0 / update_ms_median
 
 
 def run_experiment(
     config: DictConfig,
     output_dir: Path | None = None,
     *,
-    run_name: str | None = None,
+    run_name: str | Callable[[Plan], str] | None = None,
     registry: Registry = REGISTRY,
     observers: Sequence[Observer] = (),
 ) -> ExperimentResult:
-    """Run the experiment ``config`` describes and log it as one MLflow run.
+    """Run the experiment ``config`` describes and log it as one MLflow run, named ``run_name``
+    (or by ``run_name(plan)``) unless ``tracking.run_name`` names it.
 
     In a sweep the run is a child of ``sweep.parent_run_id``. If the tracking store is
     unreachable the experiment still runs, logs to ``output_dir`` and then raises
@@ -82,6 +93,8 @@ def run_experiment(
     wallclock.mark("cuda_init")
     configure_determinism(config.determinism)
     container = cast(dict[str, Any], OmegaConf.to_container(config, resolve=True))
+    if callable(run_name):
+        run_name = run_name(plan)
     run_name = config.tracking.run_name or run_name or describe.default_run_name(plan)
     tags = {**describe.run_tags(plan, container), names.RESULT_KEY: metadata.result_key(plan.device, container)}
     machine_tags = metadata.collect(plan.device)
@@ -109,11 +122,13 @@ def run_experiment(
                 tracker.log_artifact(str(output_dir / HYDRA_DIR))
         wallclock.mark("store")
         with device_lease(plan.device, cpus=config.run.lease_cpus, timeout_s=config.run.lease_timeout_s) as lease:
-            threads = configure_threads(config.run.threads)  # after the lease pinned this process's CPUs
-            tracker.log_params({names.RUN_THREADS_PARAM: threads.count})
+            # after the lease pinned this process's CPUs
+            threads = configure_threads(config.run.threads, plan.device.type)
+            if not threads.candidates:  # else logged once calibrated
+                tracker.log_params({names.RUN_THREADS_PARAM: threads.count})
             tracker.set_tags({**lease.tags(), **threads.tags()})  # held alone from build through verify
-            result = _execute(plan, tracker, tracking_uri, [tracker, *observers])
-            result.threads = threads.count
+            result = _execute(plan, tracker, tracking_uri, [tracker, *observers], threads.candidates)
+            result.threads = torch.get_num_threads()
         tracker.set_tags(lease.tags())
         if output_dir is not None:
             path = output_dir / RESULT_FILE
@@ -130,7 +145,13 @@ def run_experiment(
         return result
 
 
-def _execute(plan: Plan, tracker: RunLog, tracking_uri: str, observers: Sequence[Observer]) -> ExperimentResult:
+def _execute(
+    plan: Plan,
+    tracker: RunLog,
+    tracking_uri: str,
+    observers: Sequence[Observer],
+    thread_candidates: Sequence[int] = (),
+) -> ExperimentResult:
     """Build, prepare, time, verify; log each as it completes."""
     config = plan.config
     setup = plan.build_population()
@@ -160,9 +181,12 @@ def _execute(plan: Plan, tracker: RunLog, tracking_uri: str, observers: Sequence
             observers,
             config.run.min_time_s,
             config.run.max_time_s,
+            thread_candidates,
         )
     finally:
         guard.log_to(tracker)
+    update = LatencySummary.of(measured.latencies_ms)
+    tracker.log_metrics({names.STREAMS_PER_S: streams_per_s(setup.streams, update.median)})
     wallclock.mark("measure")
     if config.run.require_quiet:
         guard.raise_if_contended()
@@ -187,7 +211,8 @@ def _execute(plan: Plan, tracker: RunLog, tracking_uri: str, observers: Sequence
         tracking_uri=tracking_uri,
         experiment=config.tracking.experiment,
         prepare_ms=prepare_ms,
-        update=LatencySummary.of(measured.latencies_ms),
+        update=update,
+        streams=setup.streams,
         warmup_ms=warmup.latencies_ms,
         losses=warmup.losses + measured.losses,
         description=setup.description,

@@ -18,7 +18,15 @@ if TYPE_CHECKING:  # annotations only: importing torch or MLflow costs seconds
     from mlflow.data.dataset import Dataset
 
 Batch: TypeAlias = "tuple[torch.Tensor, torch.Tensor]"
-"""Contact inputs (neurons, time, contacts) and targets (neurons, time, outputs)."""
+"""Inputs and targets of one update. One stream: inputs (population, time, channels) (an AxoSim
+neuron's channels are its contact inputs) and targets (population, time, outputs), run through
+``module(inputs)``. B independent streams: the same with a leading stream axis, (B, population,
+time, channels), run through ``module.forward_batch(inputs)`` (as ``axosim.AxoSimPopulation``
+does); the update's loss is then the mean over streams of each stream's loss
+(:func:`axoexp.executors.base.batch_loss`)."""
+
+STREAM_AXIS_RANK = 4
+"""Rank of batched-stream inputs: (streams, population, time, channels)."""
 
 LossFn: TypeAlias = "Callable[[torch.Tensor, torch.Tensor], torch.Tensor]"
 """``loss_fn(prediction, target)``: a scalar loss tensor."""
@@ -40,6 +48,18 @@ class PopulationSetup:
     module: torch.nn.Module
     batches: list[Batch]
     description: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def streams(self) -> int:
+        """Independent streams per update: B for batched inputs (B, population, time, channels), else 1."""
+        inputs = self.batches[0][0]
+        return int(inputs.shape[0]) if inputs.dim() == STREAM_AXIS_RANK else 1
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """One stream's input shape, (population, time, channels): what the population says it is."""
+        inputs = self.batches[0][0]
+        return tuple(inputs.shape[1:] if inputs.dim() == STREAM_AXIS_RANK else inputs.shape)
 
 
 class MetricsLog(Protocol):
@@ -92,10 +112,12 @@ class Executor(ABC):
         """Facts ``prepare`` learned, logged as run tags (e.g. whether a compile cache was warm)."""
 
     @classmethod
-    def refusal(cls, *, population: str, dtype: torch.dtype) -> str | None:
-        """Why this executor cannot run a plan with this population option and dtype (checked
-        while planning, before any work), or ``None``."""
-        del population, dtype
+    def refusal(cls, *, module: torch.nn.Module, dtype: torch.dtype) -> str | None:
+        """Why this executor cannot run the population ``module`` (as its factory built it) at
+        ``dtype``, or ``None``. Planning asks it of the population built on the meta device,
+        before any MLflow run exists (so judge structure, types and ``requires_grad``, not values
+        or the device); ``axoexp.plan.Plan.build_executor`` asks again of the real module."""
+        del module, dtype
         return None
 
     @classmethod

@@ -27,7 +27,7 @@ from mlflow.utils.time import get_current_time_millis
 
 from axoexp import names, processes
 from axoexp.errors import TrackingUnavailableError
-from axoexp.tracking import UNREACHABLE, StoreOpening, Tracker, store_lock, with_mlflow_context
+from axoexp.tracking import UNREACHABLE, StoreOpening, Tracker, metric_value, store_lock, with_mlflow_context
 from axoexp.windows import Observer
 
 JOURNAL_FILE = "journal.jsonl"
@@ -132,13 +132,13 @@ class JournaledLog(Observer):
         self._send_unless_journaled()
 
     def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
-        now, values = get_current_time_millis(), {key: float(value) for key, value in metrics.items()}
+        now, values = get_current_time_millis(), {key: metric_value(key, value) for key, value in metrics.items()}
         self._record(METRICS, metrics=values, step=step, timestamp=now)
         self._metrics.extend(Metric(key, value, now, step) for key, value in values.items())
         self._send_unless_journaled()
 
     def log_series(self, name: str, values: list[float], first_step: int = 0) -> None:
-        now, series = get_current_time_millis(), [float(value) for value in values]
+        now, series = get_current_time_millis(), [metric_value(name, value) for value in values]
         self._record(SERIES, name=name, values=series, first_step=first_step, timestamp=now)
         self._metrics.extend(Metric(name, value, now, first_step + index) for index, value in enumerate(series))
         self._send_unless_journaled()

@@ -13,8 +13,10 @@ import torch
 
 from axoexp import names
 from axoexp.interfaces import Batch, Executor, RunLog
-from axoexp.statistics import NOISE_THRESHOLD, rel_iqr
+from axoexp.runtime import CALIBRATION_TOLERANCE, choose_threads
+from axoexp.statistics import STABLE_THRESHOLD, rel_iqr
 from axoexp.timing import device_events, elapsed_ms, synchronizer
+from axoexp.tracking import MILLISECOND_DIGITS
 from axoexp.windows import MEASURED, WARMUP, Observer, UpdateTrace, log_traces, window
 
 
@@ -49,7 +51,7 @@ def run_updates(
             if events:
                 events[completed][1].record(stream)
             sync()
-            latency_ms = (time.perf_counter_ns() - start) / 1e6
+            latency_ms = round((time.perf_counter_ns() - start) / 1e6, MILLISECOND_DIGITS)  # as logged
             completed += 1
             trace.latencies_ms.append(latency_ms)
             trace.losses.append(float(loss))
@@ -79,10 +81,10 @@ def measure_until_stable(
     while True:
         measured_s = sum(trace.latencies_ms) / 1e3
         spread = rel_iqr(trace.latencies_ms)
-        if measured_s >= min_time_s and spread <= NOISE_THRESHOLD:
+        if measured_s >= min_time_s and spread <= STABLE_THRESHOLD:
             return (
                 f"stable after {len(trace.latencies_ms)} updates ({measured_s:.2f} s measured, "
-                f"IQR/median {spread:.3f} <= {NOISE_THRESHOLD})"
+                f"IQR/median {spread:.3f} <= {STABLE_THRESHOLD})"
             )
         remaining_s = max_time_s - (time.monotonic() - started)
         if remaining_s <= 0:
@@ -95,6 +97,42 @@ def measure_until_stable(
         run_updates(executor, batches, count, first + len(trace.latencies_ms), trace, observers, MEASURED)
 
 
+CALIBRATION_UPDATES = 5
+"""Scored updates per thread count and round of :func:`calibrate_threads` (after one unscored one)."""
+
+
+def calibrate_threads(
+    executor: Executor, batches: list[Batch], first: int, candidates: Sequence[int], tracker: RunLog
+) -> int:
+    """Time the updates with each candidate thread count, in two rounds (ascending, then
+    descending, so drift hits all alike), keep :func:`axoexp.runtime.choose_threads`'s choice and
+    log it: param ``run.threads``, tag ``runtime.threads`` with every candidate's mean, and
+    metrics ``threads_calibration/<n>_threads_mean_ms``. Not part of the per-update series."""
+    scored: dict[int, list[float]] = {count: [] for count in candidates}
+    index = first
+    for order in (list(candidates), list(reversed(candidates))):
+        for count in order:
+            torch.set_num_threads(count)
+            trace = UpdateTrace()
+            run_updates(executor, batches, 1 + CALIBRATION_UPDATES, index, trace)
+            index += 1 + CALIBRATION_UPDATES
+            scored[count] += trace.latencies_ms[1:]  # the first pays for the pool's change
+    means = {count: float(np.mean(values)) for count, values in scored.items()}
+    chosen = choose_threads(means)
+    torch.set_num_threads(chosen)
+    tracker.log_metrics({names.threads_calibration_metric(count): mean for count, mean in means.items()})
+    tracker.log_params({names.RUN_THREADS_PARAM: chosen})
+    tracker.set_tags(
+        {
+            names.RUNTIME_THREADS: f"{chosen} (calibrated after warm-up: the fewest threads within "
+            f"{CALIBRATION_TOLERANCE:g}x of the fastest mean update; "
+            + ", ".join(f"{count}: {mean:.3f} ms" for count, mean in means.items())
+            + ")"
+        }
+    )
+    return chosen
+
+
 def measure_updates(
     executor: Executor,
     batches: list[Batch],
@@ -104,13 +142,17 @@ def measure_updates(
     observers: Sequence[Observer] = (),
     min_time_s: float = 0.0,
     max_time_s: float = math.inf,
+    thread_candidates: Sequence[int] = (),
 ) -> tuple[UpdateTrace, UpdateTrace]:
-    """Warm-up then measured updates (more with ``min_time_s``, see :func:`measure_until_stable`);
-    whatever completed is logged, also on failure."""
+    """Warm-up, the thread calibration where there are ``thread_candidates``
+    (:func:`calibrate_threads`), then measured updates (more with ``min_time_s``, see
+    :func:`measure_until_stable`); whatever completed is logged, also on failure."""
     warmup, measured = UpdateTrace(), UpdateTrace()
     try:
         with window(observers, WARMUP, warmup_count, warmup):
             run_updates(executor, batches, warmup_count, 0, warmup, observers, WARMUP)
+        if thread_candidates:
+            calibrate_threads(executor, batches, warmup_count, thread_candidates, tracker)
         with window(observers, MEASURED, measured_count, measured):
             started = time.monotonic()
             run_updates(executor, batches, measured_count, warmup_count, measured, observers, MEASURED)

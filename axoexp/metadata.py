@@ -53,17 +53,38 @@ def _sha256_of_files(files: Iterable[Path], root: Path | None = None) -> str:
     return digest.hexdigest()
 
 
+def _file_digests(files: Iterable[Path], root: Path | None = None) -> str:
+    """``path=sha256[:12]`` of each file, space-separated: which file changed between two runs."""
+    entries = []
+    for file in sorted(files):
+        try:
+            digest = hashlib.sha256(file.read_bytes()).hexdigest()[:12]
+        except OSError:
+            digest = "unreadable"
+        entries.append(f"{file.relative_to(root) if root else file}={digest}")
+    return " ".join(entries)
+
+
+def changed_files(before: str, after: str) -> list[str]:
+    """The files whose digests differ between two :data:`~axoexp.names.CODE_FILES` tags
+    (added, removed or edited), sorted."""
+    old, new = (dict(entry.rpartition("=")[::2] for entry in tag.split()) for tag in (before, after))
+    return sorted(path for path in old.keys() | new.keys() if old.get(path) != new.get(path))
+
+
 def code_state() -> dict[str, str]:
     """What code computes a result: axoexp's own sources as they are on disk (a commit and
     its uncommitted changes alike), the git commit and uncommitted diff of the work tree
-    holding them, and every loaded plugin file."""
+    holding them, and every loaded plugin file; and each file's own digest."""
     from axoexp.plugins import loaded_plugin_files
 
     bases = (PACKAGE_DIR, PACKAGE_DIR / "conf")  # a checkout links conf/ in, which rglob does not follow
     sources = {path for base in bases for pattern in ("*.py", "*.yaml") for path in base.rglob(pattern)}
+    plugins = loaded_plugin_files()
     state = {
         names.CODE_HASH: _sha256_of_files(sources, PACKAGE_DIR),
-        names.PLUGINS_HASH: _sha256_of_files(loaded_plugin_files()),
+        names.PLUGINS_HASH: _sha256_of_files(plugins),
+        names.CODE_FILES: f"{_file_digests(sources, PACKAGE_DIR)} {_file_digests(plugins)}".strip(),
     }
     diff = _git(["diff", "HEAD", "--binary"], PACKAGE_DIR)
     state[names.GIT_DIFF_SHA256] = hashlib.sha256(diff.encode()).hexdigest() if diff is not None else "unknown"

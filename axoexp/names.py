@@ -8,6 +8,8 @@ milliseconds unless named otherwise.
 
 from __future__ import annotations
 
+import math
+
 # --- MLflow's own (checked against mlflow.utils.mlflow_tags and mlflow.environment_variables)
 PARENT_RUN_ID = "mlflow.parentRunId"
 HTTP_MAX_RETRIES_ENV = "MLFLOW_HTTP_REQUEST_MAX_RETRIES"
@@ -36,6 +38,8 @@ SWEEP_ROLE = "axoexp.sweep"  # "parent" on a sweep's parent run
 SWEEP_DEFINITION = "axoexp.sweep_definition"  # on a parent: SHA-256 of its overrides, bookkeeping left out
 REUSED_PREFIX = "axoexp.reused."  # on a parent: axoexp.reused.jobN = the earlier run job N reused
 REFUSED_PREFIX = "axoexp.refused."  # on a parent: axoexp.refused.jobN = why job N made no run
+REMEASURED_PREFIX = "axoexp.remeasured."  # on a parent: axoexp.remeasured.jobN = why job N reused no run
+DIED_PREFIX = "axoexp.died."  # on a parent: axoexp.died.jobN = how job N's process died, what became of its run
 OUTPUT_DIR = "output_dir"
 PROCESS_PID = "process.pid"
 COMMAND = "command"
@@ -48,6 +52,7 @@ PROCESS_START = "process.start"  # the process's start time (psutil create_time)
 RESULT_KEY = "axoexp.result_key"  # what determines a result: config, code, plugins, versions, device
 CODE_HASH = "code.sha256"  # SHA-256 of axoexp's own source files as they ran
 PLUGINS_HASH = "code.plugins_sha256"  # SHA-256 of every loaded plugin file
+CODE_FILES = "code.files"  # path=sha256[:12] of each of those files: which one changed between runs
 JOURNAL = "axoexp.journal"  # path of the run's local journal
 JOURNAL_ID = "axoexp.journal_id"  # the journal's id: how a sync finds the run again
 JOURNAL_LOST = "axoexp.journal_lost"  # why the local journal stopped (e.g. disk full); MLflow has the run
@@ -55,8 +60,25 @@ TRACKING_LOST = "axoexp.tracking_lost"  # why the store stopped answering mid-ru
 SYNCED = "axoexp.synced"  # set by python -m axoexp.sync when it completed the run from a journal
 NON_FINITE_UPDATE = "axoexp.non_finite_update"  # the first update whose loss or parameters were not finite
 
+# --- tags: an Optuna search (hydra/sweeper=optuna, axoexp.search)
+STUDY = "axoexp.study"  # on the search's parent run: the Optuna study's name
+STUDY_STORAGE = "axoexp.study.storage"  # on the parent: the study's RDB URL (a rerun resumes it)
+STUDY_OBJECTIVES = "axoexp.study.objectives"  # on the parent: metric:direction,... in the study's order
+TRIAL = "axoexp.trial"  # on a trial's run: its Optuna trial number
+TRIAL_STATE = "axoexp.trial.state"  # what Optuna was told: COMPLETE or FAIL
+TRIAL_FAILURE = "axoexp.trial.failure"  # why the trial was told FAIL (a failed run, contention, no metric)
+TRIAL_PARAM_PREFIX = "axoexp.trial.param."  # axoexp.trial.param.<key> = the value the sampler chose
+SWEEP_TRIAL_PARAM = "sweep.trial"  # the config key the sweeper sets on each trial's job
+
+
+def trial_param_tag(key: str) -> str:
+    """The tag holding a trial's sampled value of ``key``, e.g. ``axoexp.trial.param.optimizer.lr``."""
+    return f"{TRIAL_PARAM_PREFIX}{key}"
+
+
 # --- tags: what ran
-SHAPE = "shape"  # neurons x time_steps x contacts, e.g. 64x256x32 (see shape_label)
+SHAPE = "shape"  # one stream's (population x time x channels), e.g. 64x256x32 (see shape_label)
+STREAMS = "workload.streams"  # independent streams per update (B); batches are (B, population, time, channels)
 SHAPE_INPUTS = "shape.inputs"
 SHAPE_TARGETS = "shape.targets"
 DTYPE_INPUTS = "dtype.inputs"
@@ -144,6 +166,7 @@ def update_metric(stat: str) -> str:
 
 
 UPDATE_MEDIAN = update_metric("median")
+STREAMS_PER_S = "streams_per_s"  # streams x updates per second: B * 1000 / update_ms_median
 
 
 def phase_metric(phase: str) -> str:
@@ -185,25 +208,33 @@ EXECUTOR_PARAM_PREFIX = "executor."
 NOT_MEASUREMENT_PARAM_PREFIXES = ("tracking.", "sweep.", "run.progress")
 
 
-def shape_label(neurons: object, time_steps: object, contacts: object) -> str:
-    """The one spelling of a population shape: ``neurons x time_steps x contacts``."""
-    return f"{neurons}x{time_steps}x{contacts}"
+def shape_label(*dims: object) -> str:
+    """The one spelling of a population's shape, one stream's input dimensions joined by ``x``:
+    (population, time, channels), e.g. ``64x256x32``."""
+    return "x".join(map(str, dims))
 
 
 def shape_size(label: str) -> int:
-    """Neurons x time steps x contacts of a :func:`shape_label`, for ordering (0 if unreadable)."""
+    """The product of a :func:`shape_label`'s dimensions, for ordering (0 if unreadable)."""
     parts = label.split("x")
-    return int(parts[0]) * int(parts[1]) * int(parts[2]) if len(parts) == 3 and all(p.isdigit() for p in parts) else 0
+    return math.prod(int(part) for part in parts) if all(part.isdigit() for part in parts) else 0
 
 
 # --- timing you can defend: threads, device clock, contention, noise, repeats
 RUN_THREADS_PARAM = "run.threads"  # logged resolved (the config's null means "auto")
 RUNTIME_THREADS = "runtime.threads"  # how run.threads was chosen
 RUNTIME_CPU_AFFINITY = "runtime.cpu_affinity"  # the CPUs this process may run on, e.g. 0-15
+
+
+def threads_calibration_metric(threads: int) -> str:
+    """The mean update time calibration measured with ``threads`` threads (``run.threads=null`` on the CPU)."""
+    return f"threads_calibration/{threads}_threads_mean_ms"
+
+
 TIMING_DEVICE_CLOCK = "timing.device_clock"  # what update_device_ms covers (CUDA runs only)
 TIMING_CONTENTION = "timing.contention"  # "none" or a comma list: cpu, gpu-shared, gpu-throttled
 TIMING_CONTENTION_DETAIL = "timing.contention.detail"  # what was seen, per window
-TIMING_NOISE = "timing.noise"  # "low" or "high" (axoexp.statistics.NOISE_THRESHOLD)
+TIMING_NOISE = "timing.noise"  # "low" or "high" (IQR/median above axoexp.statistics.NOISE_THRESHOLD)
 TIMING_ADAPTIVE = "timing.adaptive"  # why run.min_time_s stopped measuring
 SWEEP_REPEAT_PARAM = "sweep.repeat"
 UPDATE_DEVICE_SERIES = "update_device_ms"  # CUDA-event time of every update (step = update index)

@@ -1,13 +1,19 @@
 """Planning: check a composed config before any work and resolve it into a :class:`Plan`.
 
-Every problem that can be found without building anything (unknown names, parameters a
-factory does not take, out-of-range values, a CUDA-only executor on the CPU, a
-non-capturable optimizer under capture, what a factory's ``config_problems`` refuses) is
-collected into one :class:`ConfigError`, raised before any MLflow run exists.
+Every problem that can be found before the work (unknown names, parameters a factory does
+not take, out-of-range values, a CUDA-only executor on the CPU, a non-capturable optimizer
+under capture, what a factory's ``config_problems`` refuses, a population an executor cannot
+run) is collected into one :class:`ConfigError`, raised before any MLflow run exists.
+
+The population is built once while planning, on the meta device (:func:`probe_population`):
+its factory runs as it will in the run, but no tensor holds memory or data. What it builds
+decides each executor's preconditions (:meth:`axoexp.interfaces.Executor.refusal`) and gives
+the run its shape and streams, for any population, whatever its parameters are called.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -16,13 +22,18 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from axoexp import names
+from axoexp.components.population import checkpoint_problem
 from axoexp.config import bounded_keys
-from axoexp.errors import ConfigError, RegistryError
+from axoexp.errors import ConfigError, IncompatibleComponentsError, RegistryError
+from axoexp.executors.base import batch_loss
 from axoexp.interfaces import Executor, PopulationSetup, adaptation_parameters
 from axoexp.nvml import gpu_probe
 from axoexp.registry import GROUPS, REGISTRY, Component, Registry
 from axoexp.runtime import allowed_cpus
 from axoexp.tracking import resolve_tracking_uri, store_problem
+
+log = logging.getLogger(__name__)
+META = torch.device("meta")
 
 DTYPES = {
     "float32": torch.float32,
@@ -49,6 +60,19 @@ class Plan:
     params: dict[str, dict[str, Any]]
     capturable: bool
     registry: Registry
+    probe: PopulationSetup | None = None
+    """The population built on the meta device while planning (None where its factory cannot build there)."""
+
+    @property
+    def shape(self) -> str:
+        """The population's shape label, one stream's (population, time, channels), e.g. ``64x256x32``
+        (``?`` where planning could not build it)."""
+        return names.shape_label(*self.probe.shape) if self.probe is not None else "?"
+
+    @property
+    def streams(self) -> int:
+        """Independent streams per update (B), as the population builds its batches."""
+        return self.probe.streams if self.probe is not None else 1
 
     def build_population(self) -> PopulationSetup:
         return self.components["population"].build(
@@ -74,6 +98,9 @@ class Plan:
         )
         chosen = self.components["executor"]
         entry = chosen if executor is None else self.registry.get("executor", executor)
+        refusal = executor_class(entry).refusal(module=module, dtype=self.dtype)
+        if refusal:  # planning judged the meta-built population, or could not build one
+            raise IncompatibleComponentsError(f"executor={entry.name} cannot run this population: {refusal}")
         return entry.build(
             self.params["executor"] if entry is chosen else {},
             module=module,
@@ -105,6 +132,10 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
     settings: dict[str, dict[str, Any]] = {}
     for group, spec in GROUPS.items():
         node = cast(dict[str, Any], OmegaConf.to_container(config[group], resolve=True))
+        unset = [key for key in node if OmegaConf.is_missing(config[group], key)]
+        if unset:  # a factory would get the string '???'
+            problems += [f"{group}.{key} is mandatory and not set: set it, e.g. {group}.{key}=VALUE" for key in unset]
+            continue
         name = node.pop("name", None)
         settings[group] = {key: node.pop(key, setting.default) for key, setting in spec.settings.items()}
         params[group] = node
@@ -138,11 +169,17 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
     elif dtype is None:
         choices = ", ".join(name for name in DTYPES if name not in REFUSED_DTYPES)
         problems.append(f"dtype={config.dtype!r} is not supported; choose one of: {choices}")
+    probe = None
     if "population" in components and device is not None and dtype is not None and not problems:
         problems += memory_problems(components["population"], params["population"], device, dtype)
+        if not problems:  # it fits: build it on the meta device, to see what it is
+            probe = probe_population(components["population"], params["population"], dtype, int(config.seed))
     store = store_problem(resolve_tracking_uri(config.tracking.uri))
     if store:
         problems.append(store)
+    if "population" in components:  # found here rather than once the MLflow run exists
+        checkpoint = params["population"].get("checkpoint")
+        problems += filter(None, [checkpoint_problem(checkpoint, params["population"].get("checkpoint_sha256"))])
     executor = components.get("executor")
     capturable = False
     if executor is not None and device is not None:
@@ -153,26 +190,57 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
                 "use executor=eager, or device=cuda on a machine with a GPU"
             )
         capturable = resolve_capturable(settings["optimizer"]["capturable"], executor, device, problems)
-    if executor is not None and dtype is not None and "population" in components:
-        refusal = executor_class(executor).refusal(population=components["population"].name, dtype=dtype)
+    if executor is not None and dtype is not None and probe is not None:
+        refusal = executor_class(executor).refusal(module=probe.module, dtype=dtype)
         if refusal:
             able = [
                 entry.name
                 for entry in registry.components()
-                if entry.group == "executor"
-                and not executor_class(entry).refusal(population=components["population"].name, dtype=dtype)
+                if entry.group == "executor" and not executor_class(entry).refusal(module=probe.module, dtype=dtype)
             ]
             problems.append(
                 f"executor={executor.name} cannot run this experiment: {refusal}; "
                 f"executors that can: {', '.join(sorted(able))}"
             )
+    if probe is not None and "loss" in components and not problems:
+        problems += loss_problems(components["loss"], params["loss"], probe)
     if problems:
         raise ConfigError(
             "invalid experiment config: "
             + (problems[0] if len(problems) == 1 else "".join(f"\n  - {problem}" for problem in problems))
         )
     assert device is not None and dtype is not None
-    return Plan(config, device, dtype, components, params, capturable, registry)
+    return Plan(config, device, dtype, components, params, capturable, registry, probe)
+
+
+def loss_problems(loss: Component, params: dict[str, Any], probe: PopulationSetup) -> list[str]:
+    """What the loss refuses of the population's predictions (e.g. a causal loss on too few time
+    steps), found by one forward and loss of the meta-built population (no data, no arithmetic)."""
+    try:
+        batch_loss(probe.module, loss.build(params), *probe.batches[0])
+    except IncompatibleComponentsError as error:
+        return [f"loss={loss.name}: {error}"]
+    except Exception as error:  # an operation the meta device lacks: the run finds what is wrong
+        log.info("loss %s cannot be evaluated on the meta device (%s)", loss.name, error)
+    return []
+
+
+def probe_population(
+    population: Component, params: dict[str, Any], dtype: torch.dtype, seed: int
+) -> PopulationSetup | None:
+    """The population as its factory builds it, on the meta device: the module's types,
+    dtypes and trainable parameters and the batches' shapes, with no memory or arithmetic
+    spent on tensors (the factory still runs its own host code, e.g. a random generator's
+    draws). None where the factory cannot build on the meta device: the executor's
+    preconditions are then checked on the real module, inside the run, and the shape is
+    read from the real batches."""
+    try:
+        return population.build(params, device=META, dtype=dtype, seed=seed)
+    except Exception as error:  # e.g. a data-dependent check; the real build reports its own errors
+        log.info(
+            "population %s cannot be built on the meta device (%s); it is judged when built", population.name, error
+        )
+        return None
 
 
 def available_bytes(device: torch.device) -> int:
@@ -211,12 +279,10 @@ def memory_problems(
     if needed <= available:
         return []
     where = f"device {device}" if device.type == "cuda" else "host"
-    shape = names.shape_label(*(merged.get(key, "?") for key in ("neurons", "time_steps", "contacts")))
     return [
-        f"population {population.name} of shape {shape} (neurons x time_steps x contacts) "
-        f"needs about {needed / 2**30:.1f} GiB "
-        f"({dtype}; an estimate), but {where} memory has {available / 2**30:.1f} GiB available; "
-        "reduce population.neurons (or time_steps, contacts, batches)"
+        f"population {population.name} needs about {needed / 2**30:.1f} GiB "
+        f"({dtype}; its estimate), but {where} memory has {available / 2**30:.1f} GiB available; "
+        "make the population smaller (its population.* settings)"
     ]
 
 

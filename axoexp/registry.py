@@ -85,6 +85,9 @@ class GroupSpec:
         except (TypeError, ValueError) as error:
             return [f"has no inspectable signature ({error})"]
         accepted = signature.parameters
+        itself = self._the_function_itself(factory, accepted)
+        if itself:
+            return [itself]
         takes_any = any(p.kind is p.VAR_KEYWORD for p in accepted.values())
         problems = [
             f"must accept the framework's argument {name!r} ({self.contract})"
@@ -104,6 +107,28 @@ class GroupSpec:
                     "hold (use None, a bool, int, float or str)"
                 )
         return problems
+
+    def _the_function_itself(
+        self, factory: Callable[..., Any], accepted: Mapping[str, inspect.Parameter]
+    ) -> str | None:
+        """Why ``factory`` looks like the component itself rather than a factory of it: its config
+        parameters are all positional and none has a default (``def loss(prediction, target)``).
+        A value a config must set is a keyword-only parameter: ``def factory(*, weight: float)``."""
+        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        own = [p for name, p in accepted.items() if name not in self.context and p.kind in positional]
+        if not own or any(p.kind is p.KEYWORD_ONLY for p in accepted.values()):
+            return None
+        if any(p.default is not p.empty for p in own):
+            return None
+        name = getattr(factory, "__name__", "factory")
+        arguments = ", ".join(p.name for p in own)
+        context = "".join(f"{argument}, " for argument in self.context)
+        return (
+            f"{name}({arguments}) looks like the {self.name} itself, not a factory of it (no parameter has a "
+            f"default); register a factory that returns it: def {name}({context}scale: float = 1.0): "
+            f"return lambda {arguments}: ... (a value the config must set is keyword-only: "
+            f"def {name}({context}*, weight: float))"
+        )
 
 
 GROUPS: dict[str, GroupSpec] = {

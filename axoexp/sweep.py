@@ -1,5 +1,8 @@
 """Sweeps: one MLflow parent run per Hydra multirun, each job a child of it, and resume.
 
+Before the parent exists, every job of the basic sweeper is planned: a sweep whose every job
+is refused, or whose launcher cannot run here, ends with one line and exit 2, creating no run.
+
 The parent run id reaches every job as part of the job's own config: the callback appends
 the override ``sweep.parent_run_id=<id>`` to the sweep's overrides before the sweeper reads
 them, so it survives any launcher (other processes, remote Ray workers, containers).
@@ -20,26 +23,38 @@ import hashlib
 import logging
 import math
 import os
+import shutil
 import signal
 import sys
 import time
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import torch
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf.errors import OmegaConfBaseException
 
 from axoexp import metadata, names, processes, signals
 from axoexp.describe import sweep_run_name
-from axoexp.journal import process_tags
-from axoexp.plan import resume_mode
-from axoexp.sync import end_dead_run, process_gone
+from axoexp.errors import ConfigError, SweepRefusedError
+from axoexp.job_process import SWEEP_PROCESS_ENV, sweep_process_marker
+from axoexp.journal import JOURNAL_FILE, START, process_tags, read_journal
+from axoexp.plan import plan_experiment, resume_mode
+from axoexp.statistics import disturbance
+from axoexp.sync import end_dead_run, process_gone, sync_journal
 from axoexp.tracking import (
     UNREACHABLE,
     child_runs,
+    config_digest,
     configure_tracking,
     experiment_id,
     open_client,
@@ -50,7 +65,7 @@ from axoexp.tracking import (
 PARENT_FILE = "mlflow_parent_run_id"
 PARENT_OVERRIDE_KEY = "sweep.parent_run_id"
 REPEAT_OVERRIDE_KEY = "sweep.repeat"
-RESUME_CANDIDATES = 200  # newest FINISHED runs of a job's result key looked at for reuse
+RESUME_CANDIDATES = 200  # newest runs of a job's result key looked at for reuse
 WORKER_GRACE_S = 10.0
 """How long a stopped sweep waits for its workers to end their runs (SLURM's grace is 30 s)."""
 
@@ -70,10 +85,18 @@ class MlflowSweepCallback(Callback):
     def __init__(self) -> None:
         self.client: MlflowClient | None = None
         self.parent_run_id: str | None = None
+        self.refused: list[str] = []
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        os.environ[SWEEP_PROCESS_ENV] = sweep_process_marker()  # job processes elsewhere die with this one
         uri = configure_tracking(config.tracking)
         overrides = list(config.hydra.overrides.task)
+        try:  # before any run exists: no empty parent. Hydra turns a callback's exception into a warning
+            check_launcher(config)
+            self.refused = refused_jobs(config)
+        except SweepRefusedError as error:
+            print(f"axoexp: {error}", file=sys.stderr, flush=True)
+            raise SystemExit(error.exit_code) from None
         sweep_dir = claim_sweep_dir(config)
         with read_write(config.hydra.overrides), open_dict(config.hydra.overrides):
             add_repeats(config)  # also without a parent run
@@ -131,9 +154,9 @@ class MlflowSweepCallback(Callback):
             if child.info.status != "RUNNING":
                 continue
             if process_gone(child.data.tags):
-                end_dead_run(
+                _end_dead_child(
                     self.client,
-                    child.info.run_id,
+                    child,
                     f"its worker process ended before the run did (the sweep was stopped by {signals.received()})",
                 )
             else:
@@ -153,27 +176,71 @@ class MlflowSweepCallback(Callback):
         stopped_by = signals.received()
         for child in child_runs(client, parent_run):
             if child.info.status == "RUNNING" and (stopped_by or process_gone(child.data.tags)):
-                end_dead_run(
-                    client,
-                    child.info.run_id,
-                    f"the sweep was stopped ({stopped_by or 'its job failed'}) before this run ended",
+                _end_dead_child(
+                    client, child, f"the sweep was stopped ({stopped_by or 'its job failed'}) before this run ended"
                 )
         children = child_runs(client, parent_run)
         print_reuse(client, parent_run, len(children))
+        for line in self.refused:
+            print(f"refused {line}", file=sys.stderr, flush=True)
         unfinished = [child for child in children if child.info.status != "FINISHED"]
         refused = [key for key in parent_run.data.tags if key.startswith(names.REFUSED_PREFIX)]
-        if all_jobs_returned and not unfinished and not refused and not stopped_by:
+        died = {
+            key.removeprefix(names.DIED_PREFIX): value
+            for key, value in parent_run.data.tags.items()
+            if key.startswith(names.DIED_PREFIX)
+        }
+        if all_jobs_returned and not unfinished and not refused and not died and not stopped_by:
             client.set_terminated(parent, status="FINISHED")
             return
         reason = f"{len(unfinished)} of {len(children)} child runs did not finish"
         if refused:
             reason += f"; {len(refused)} jobs were refused before creating a run (tags {names.REFUSED_PREFIX}*)"
+        for job, how in sorted(died.items()):
+            reason += f"; {job} died: {how}"
         if stopped_by:
             reason = f"interrupted by {stopped_by}; {reason}"
-        elif not all_jobs_returned and not refused:
+        elif not all_jobs_returned and not refused and not died:
             reason += "; a job failed or the sweep was interrupted"
         client.set_tag(parent, names.FAILURE, reason)
         client.set_terminated(parent, status="KILLED" if stopped_by else "FAILED")
+
+
+LAUNCHER_NEEDS = {"SlurmLauncher": ("srun", "slurm", "SLURM")}
+"""A launcher's class name: the command it needs on PATH, its preset and what provides the command."""
+
+
+def check_launcher(config: DictConfig) -> None:
+    """Refuse, in one line and before any run exists, a launcher that cannot work on this machine."""
+    target = str(config.hydra.launcher.get("_target_", ""))
+    for launcher, (command, preset, provider) in LAUNCHER_NEEDS.items():
+        if target.endswith(launcher) and shutil.which(command) is None:
+            raise SweepRefusedError(
+                f"hydra/launcher={preset} needs {provider}, but {command!r} is not on PATH here; "
+                "start the sweep on a machine that has it, or use hydra/launcher=parallel or the default launcher"
+            )
+
+
+def refused_jobs(config: DictConfig) -> list[str]:
+    """Plan every job of a basic sweep before any run exists: ``job N (overrides): why`` for each
+    refused one. If every job is refused, :class:`SweepRefusedError` lists them all in one line
+    and no parent run is created. Other sweepers choose their jobs as they go: nothing is planned."""
+    if not str(config.hydra.sweeper.get("_target_", "")).endswith("BasicSweeper"):
+        return []
+    loader = GlobalHydra.instance().config_loader()
+    params = [f"{key}={value}" for key, value in (config.hydra.sweeper.get("params") or {}).items()]
+    parsed = OverridesParser.create(config_loader=loader).parse_overrides([*params, *config.hydra.overrides.task])
+    jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    refused = []
+    for number, job in enumerate(jobs):
+        try:
+            plan_experiment(loader.load_sweep_config(config, job))
+        except (ConfigError, HydraException, OmegaConfBaseException) as error:
+            shown = " ".join(item for item in job if not item.startswith(names.NOT_MEASUREMENT_PARAM_PREFIXES))
+            refused.append(f"job {number} ({shown or 'defaults'}): {str(error).strip().splitlines()[0]}")
+    if jobs and len(refused) == len(jobs):
+        raise SweepRefusedError(f"no job of the sweep can run, so it created no run: {'; '.join(refused)}")
+    return refused
 
 
 def claim_sweep_dir(config: DictConfig) -> Path:
@@ -194,6 +261,48 @@ def claim_sweep_dir(config: DictConfig) -> Path:
             config.hydra.sweep.dir = str(candidate)
             config.hydra.overrides.hydra.append(f"hydra.sweep.dir='{candidate}'")
     return candidate
+
+
+def _end_dead_child(client: MlflowClient, child: Run, reason: str) -> None:
+    """End a child run whose process is gone: completed from its journal where it has one
+    (everything it measured reaches MLflow), else KILLED with ``reason``."""
+    journal = Path(child.data.tags.get(names.JOURNAL, ""))
+    if child.data.tags.get(names.JOURNAL) and journal.is_file() and process_gone(child.data.tags):
+        sync_journal(client, journal)
+    else:
+        end_dead_run(client, child.info.run_id, reason)
+
+
+def end_killed_job(config: DictConfig, job_number: int, job_name: str, output_dir: Path, pid: int, how: str) -> str:
+    """A job whose process died (:mod:`axoexp.job_process`): complete its run from its journal
+    (KILLED, saying how it died, with every update it journaled) and record the death on the
+    sweep's parent run (tag ``axoexp.died.jobN``). Returns what was done, in words."""
+    uri = configure_tracking(config.tracking)
+    journal = output_dir / JOURNAL_FILE
+    try:
+        client = open_client(uri)
+        if journal.is_file():
+            done = sync_journal(client, journal)
+            run_id = next((record.get("run_id") for record in read_journal(journal) if record["kind"] == START), None)
+            if run_id and done.startswith("synced"):
+                client.set_tag(
+                    run_id,
+                    names.FAILURE,
+                    f"killed: the job's process {pid} {how}; what it journaled was completed from {journal} "
+                    "by axoexp.sync",
+                )
+        else:
+            done = "it had not started a run"
+        if config.sweep.parent_run_id:
+            client.set_tag(
+                config.sweep.parent_run_id, f"{names.DIED_PREFIX}job{job_number}", f"{job_name} {how}; {done}"[:5000]
+            )
+    except UNREACHABLE as error:
+        done = (
+            f"MLflow tracking at {uri} is unreachable ({str(error).splitlines()[0][:300]}); complete its run with: "
+            f"python -m axoexp.sync {output_dir} --tracking-uri {uri}"
+        )
+    return done
 
 
 def _workers() -> list[int]:
@@ -239,77 +348,142 @@ def result_key(config: DictConfig) -> str:
     return metadata.result_key(torch.device(str(config.device)), container)
 
 
-def reused_run(config: DictConfig, job_number: int) -> Run | None:
-    """Resume: the earlier run this job can reuse, recorded on the sweep's parent.
+@dataclass(frozen=True)
+class Resume:
+    """What resume decided for one job: the run it reuses, or why it measures again."""
 
-    A run qualifies if it FINISHED with every metric finite, has this job's :func:`result_key`
-    (tag ``axoexp.result_key``: config, code, plugins, package versions, device) and this
-    ``sweep.repeat``, and, with ``sweep.resume=same_sweep`` (the default), is a job of an
-    earlier sweep with the same definition (:func:`sweep_definition`): a single run or another
-    sweep's job is reused only with ``sweep.resume=any``. ``None`` with ``sweep.resume=false``,
-    outside a sweep, or when nothing qualifies; the job then runs.
+    run: Run | None
+    remeasure_reason: str = ""
+
+
+def resume_job(config: DictConfig, job_number: int) -> Resume:
+    """Resume: the earlier run this job can reuse, recorded on the sweep's parent, or why none.
+
+    A run qualifies if it FINISHED with every metric finite, was measured quietly
+    (``timing.contention=none`` and noise not ``high``; ``sweep.resume_contended=true`` drops
+    this condition), has this job's :func:`result_key` (tag ``axoexp.result_key``: config, code,
+    plugins, package versions, device) and this ``sweep.repeat``, and, with
+    ``sweep.resume=same_sweep`` (the default), is a job of an earlier sweep with the same
+    definition (:func:`sweep_definition`): a single run or another sweep's job is reused only
+    with ``sweep.resume=any``. Outside a sweep and with ``sweep.resume=false`` nothing is reused
+    and no reason is given; otherwise the reason (contended, not finished, code or config
+    changed) is recorded on the parent as ``axoexp.remeasured.jobN``.
     """
     mode = resume_mode(config.sweep.resume)
     parent_id = config.sweep.parent_run_id
     if mode in (None, "false") or not parent_id:
-        return None
+        return Resume(None)
     try:
         client = open_client(configure_tracking(config.tracking))
-        run = _newest_reusable(
-            client, config.tracking.experiment, result_key(config), parent_id, mode, config.sweep.repeat
-        )
-        if run is not None:
-            client.set_tag(parent_id, f"{names.REUSED_PREFIX}job{job_number}", run.info.run_id)
-    except UNREACHABLE:
-        return None
-    return run
+        decision = _decide(client, config, parent_id, mode)
+        if decision.run is not None:
+            client.set_tag(parent_id, f"{names.REUSED_PREFIX}job{job_number}", decision.run.info.run_id)
+        else:
+            client.set_tag(parent_id, f"{names.REMEASURED_PREFIX}job{job_number}", decision.remeasure_reason[:5000])
+    except UNREACHABLE as error:
+        return Resume(None, f"the MLflow store could not be searched ({str(error).splitlines()[0]})")
+    return decision
 
 
-def _newest_reusable(
-    client: MlflowClient, experiment: str, key: str, parent_id: str, mode: str, repeat: int
-) -> Run | None:
-    found = client.get_experiment_by_name(experiment)
+def _decide(client: MlflowClient, config: DictConfig, parent_id: str, mode: str) -> Resume:
+    found = client.get_experiment_by_name(config.tracking.experiment)
     if found is None:
-        return None
-    finished = (
-        f"tags.`{names.RESULT_KEY}` = '{key}' and attributes.status = 'FINISHED' "
-        f"and params.`{names.SWEEP_REPEAT_PARAM}` = '{repeat}'"
-    )
-    candidates = [
-        run
-        for run in client.search_runs(
+        return Resume(None, "no earlier run: the experiment is new")
+    repeat = f"params.`{names.SWEEP_REPEAT_PARAM}` = '{config.sweep.repeat}'"
+    scope = None if mode == "any" else _same_sweeps(client, found.experiment_id, parent_id)
+    where = "in any run" if scope is None else "in an earlier sweep with these overrides"
+
+    def search(condition: str) -> list[Run]:
+        runs = client.search_runs(
             [found.experiment_id],
-            filter_string=finished,
+            filter_string=f"{condition} and {repeat}",
             order_by=["attributes.start_time DESC"],
             max_results=RESUME_CANDIDATES,
         )
-        if all(math.isfinite(value) for value in run.data.metrics.values())
+        return [run for run in runs if scope is None or run.data.tags.get(names.PARENT_RUN_ID) in scope]
+
+    key = result_key(config)
+    same_key = search(f"tags.`{names.RESULT_KEY}` = '{key}'")
+    finished = [
+        run
+        for run in same_key
+        if run.info.status == "FINISHED" and all(math.isfinite(value) for value in run.data.metrics.values())
     ]
-    if mode == "any":
-        return next(iter(candidates), None)
+    quiet = [run for run in finished if config.sweep.resume_contended or not disturbance(run.data.tags)]
+    if quiet:
+        return Resume(quiet[0])
+    if finished:
+        return Resume(
+            None,
+            f"contended: the earlier run {finished[0].info.run_id} was measured with "
+            f"{disturbance(finished[0].data.tags)} (sweep.resume_contended=true reuses it)",
+        )
+    if same_key:
+        run = same_key[0]
+        how = f"ended {run.info.status}" if run.info.status != "FINISHED" else "logged a non-finite metric"
+        return Resume(None, f"not finished: the earlier run {run.info.run_id} {how}")
+    container = OmegaConf.to_container(config, resolve=True)
+    assert isinstance(container, dict)
+    same_config = search(f"tags.`{names.CONFIG_HASH}` = '{config_digest(container)}'")
+    if same_config:
+        earlier = same_config[0]
+        return Resume(None, f"{_what_changed(earlier, config)} since the earlier run {earlier.info.run_id}")
+    return Resume(None, f"config changed: no earlier run of this resolved config {where}")
+
+
+def _same_sweeps(client: MlflowClient, experiment: str, parent_id: str) -> set[str]:
+    """Earlier sweeps with the same definition as ``parent_id``'s."""
     definition = client.get_run(parent_id).data.tags.get(names.SWEEP_DEFINITION)
     if definition is None:
-        return None
-    same_sweeps = {
-        run.info.run_id
-        for run in client.search_runs(
-            [found.experiment_id], filter_string=f"tags.`{names.SWEEP_DEFINITION}` = '{definition}'"
-        )
-    } - {parent_id}
-    return next((run for run in candidates if run.data.tags.get(names.PARENT_RUN_ID) in same_sweeps), None)
+        return set()
+    sweeps = client.search_runs([experiment], filter_string=f"tags.`{names.SWEEP_DEFINITION}` = '{definition}'")
+    return {run.info.run_id for run in sweeps} - {parent_id}
+
+
+def _what_changed(earlier: Run, config: DictConfig) -> str:
+    """Why a run of the same config has another result key: which code files, versions or device."""
+    tags = earlier.data.tags
+    now = {
+        **metadata.code_state(),
+        **metadata.git_state(metadata.PACKAGE_DIR),
+        **metadata.package_versions(),
+        **metadata.device_identity(torch.device(str(config.device))),
+    }
+    if names.CODE_FILES in tags and tags[names.CODE_FILES] != now[names.CODE_FILES]:
+        files = metadata.changed_files(tags[names.CODE_FILES], now[names.CODE_FILES])
+        return f"code changed: {', '.join(files[:5])}{f' and {len(files) - 5} more' if len(files) > 5 else ''}"
+    changed = [key for key, value in now.items() if key in tags and tags[key] != value and key != names.CODE_FILES]
+    if changed:
+        return "changed: " + ", ".join(f"{key} {tags[key]} -> {now[key]}" for key in changed[:3])
+    return "code or environment changed (the earlier run predates per-file digests)"
 
 
 def print_reuse(client: MlflowClient, parent: Run, children: int) -> None:
-    """Say how many jobs reused earlier runs, and from which sweeps: ``reused k of n jobs from ...``."""
+    """Say how many jobs reused earlier runs, and from which sweeps (``reused k of n jobs from ...``),
+    and how many were measured again, by reason (``re-measured m: 3 contended, 1 code changed``)."""
+    tags = parent.data.tags
+    refused = {key.removeprefix(names.REFUSED_PREFIX) for key in tags if key.startswith(names.REFUSED_PREFIX)}
+    reasons = [
+        value
+        for key, value in parent.data.tags.items()
+        if key.startswith(names.REMEASURED_PREFIX) and key.removeprefix(names.REMEASURED_PREFIX) not in refused
+    ]
+    if reasons:
+        counts = Counter(reason.partition(":")[0] for reason in reasons)
+        print(
+            f"re-measured {len(reasons)} job{'s' if len(reasons) != 1 else ''}: "
+            + ", ".join(f"{count} {reason}" for reason, count in sorted(counts.items()))
+            + " (each job's line says which run or file)",
+            flush=True,
+        )
     reused = [value for key, value in parent.data.tags.items() if key.startswith(names.REUSED_PREFIX)]
     if not reused:
         return
-    refused = sum(key.startswith(names.REFUSED_PREFIX) for key in parent.data.tags)
     sources = []
     for run_id in dict.fromkeys(client.get_run(run_id).data.tags.get(names.PARENT_RUN_ID) for run_id in reused):
         sources.append(f"'{client.get_run(run_id).info.run_name}' ({run_id})" if run_id else "single runs")
     print(
-        f"reused {len(reused)} of {len(reused) + children + refused} jobs from {', '.join(sources)} "
+        f"reused {len(reused)} of {len(reused) + children + len(refused)} jobs from {', '.join(sources)} "
         "(sweep.resume=false re-measures)",
         flush=True,
     )

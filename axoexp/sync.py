@@ -243,6 +243,10 @@ def main(argv: list[str] | None = None) -> int:
         help="the MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)",
     )
     args = parser.parse_args(argv)
+    missing = [str(path) for path in args.paths if not path.exists()]
+    if missing:
+        print(f"axoexp.sync: no such journal or directory: {', '.join(missing)}", file=sys.stderr)
+        return 2
     uri = resolve_tracking_uri(args.tracking_uri)
     problem = store_problem(uri)
     if problem:

@@ -9,6 +9,7 @@ import fcntl
 import hashlib
 import json
 import os
+import tempfile
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -35,6 +36,18 @@ MAX_BATCH = 1000  # MLflow's limit on metrics per log_batch call
 MAX_PARAM_LENGTH = 500
 UNREACHABLE = (MlflowException, requests.exceptions.RequestException, OSError)
 """What a client raises when its tracking store cannot be reached."""
+
+
+MILLISECOND_DIGITS = 4
+"""Milliseconds are logged to 0.1 microsecond (1.2776, not 1.277578999999): finer than any
+clock axoexp reads is worth, and what a reader can take in at a glance."""
+
+
+def metric_value(name: str, value: float) -> float:
+    """``value`` as logged under ``name``: a duration in milliseconds (``..._ms``, ``..._ms_...``,
+    ``.../latency_ms``) rounded to :data:`MILLISECOND_DIGITS` decimals, anything else as it is."""
+    milliseconds = name.endswith("_ms") or "_ms_" in name
+    return round(float(value), MILLISECOND_DIGITS) if milliseconds else float(value)
 
 
 def configure_tracking(tracking: DictConfig) -> str:
@@ -142,8 +155,11 @@ def _ui_column(kind: str, key: str) -> str:
 RUNS_VIEW_COLUMNS = (
     *(_ui_column("metrics", names.update_metric(stat)) for stat in ("median", "p10", "p90")),
     _ui_column("metrics", names.CAPTURE),
+    _ui_column("tags", names.TIMING_CONTENTION),  # contention and noise travel with the numbers
+    _ui_column("tags", names.TIMING_NOISE),
     _ui_column("tags", names.component_tag("executor")),
     _ui_column("tags", names.SHAPE),
+    _ui_column("tags", names.TRIAL),  # an Optuna search's trial number (hydra/sweeper=optuna)
     *(_ui_column("attributes", key) for key in ("Dataset", "Source", "Version")),
 )
 
@@ -180,15 +196,19 @@ def store_problem(tracking_uri: str) -> str | None:
         return f"tracking.uri={tracking_uri}: directory {directory} does not exist; create it or choose another path"
     if path.is_dir():
         return f"tracking.uri={tracking_uri}: {path} is a directory, not a database file"
-    target = path if path.exists() else directory
-    if not os.access(target, os.W_OK) or _read_only_filesystem(directory):
-        return f"tracking.uri={tracking_uri}: {target} is not writable; choose a writable path"
+    if path.exists() and not os.access(path, os.W_OK):
+        return f"tracking.uri={tracking_uri}: {path} is not writable; choose a writable path"
+    if not _can_create_files_in(directory):  # sqlite writes its journal beside the database
+        return f"tracking.uri={tracking_uri}: no file can be created in {directory}; choose a writable path"
     return None
 
 
-def _read_only_filesystem(directory: Path) -> bool:
+def _can_create_files_in(directory: Path) -> bool:
+    """Whether a file can be created in ``directory``, found by creating (and removing) one:
+    permissions, a read-only mount and a pseudo file system such as /proc all show."""
     try:
-        return bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".axoexp-probe-"):
+            return True
     except OSError:
         return False
 

@@ -1,10 +1,16 @@
-"""Update latency per shape: eager, bare axosim helper, axoexp executors; JSON + markdown out.
+"""Update latency per shape and streams: eager, bare axosim helper, axoexp executors; JSON + markdown out.
 
     python benchmarks/update_latency.py --shapes 3x12x4 64x256x32 --out benchmarks/results \
         --label update-latency_h200_DATE_all
+    python benchmarks/update_latency.py --shapes 64x256x32 --batch-sizes 1 8 64 \
+        --label update-latency_h200_DATE_batch
 
-For each shape (neurons x time_steps x contacts) every variant adapts its own copy of one
-population on the same batches. Steady-state latency is the host clock around each update
+For each shape (neurons x time_steps x contacts) and each ``--batch-sizes`` B (independent
+streams per update, ``population.batch_size``) every variant adapts its own copy of one
+population on the same batches. With B > 1 the bare helper captures the same batched update:
+``CudaGraphAdaptationStep.capture`` of a module whose forward is the population's
+``forward_batch``, with axoexp's loss (the mean over streams of each stream's loss).
+Steady-state latency is the host clock around each update
 and a device synchronise (as in ``python -m axoexp``), over ``--rounds`` interleaved rounds
 of ``--updates`` updates (in rotating order) after ``--warmup`` untimed ones. The device
 clock is the median of CUDA-event time around the same updates (as ``update_device_ms`` in
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
 from dataclasses import asdict, dataclass, field
 from datetime import date
@@ -35,6 +42,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from axoexp import metadata, names
 from axoexp.config import register_configs
+from axoexp.experiment import streams_per_s
+from axoexp.interfaces import STREAM_AXIS_RANK
 from axoexp.measure import run_updates
 from axoexp.names import shape_label
 from axoexp.plan import Plan, plan_experiment
@@ -64,6 +73,7 @@ PARITY_UPDATES = 5
 class Row:
     shape: str
     variant: str
+    streams: int
     median_ms: float
     p10_ms: float
     p90_ms: float
@@ -76,8 +86,24 @@ class Row:
     parity_max_abs_param_diff: float | None = None
     tags: dict[str, str] = field(default_factory=dict)  # what prepare learned, e.g. compile.cache
 
+    @property
+    def streams_per_s(self) -> float:
+        """Streams x updates per second, at the median update latency."""
+        return streams_per_s(self.streams, self.median_ms)
 
-def make_plan(variant: str, shape: tuple[int, int, int], overrides: list[str]) -> Plan:
+
+class BatchedForward(torch.nn.Module):
+    """The population with ``forward_batch`` as its forward, for the bare helper (which calls ``module(inputs)``)."""
+
+    def __init__(self, population: torch.nn.Module) -> None:
+        super().__init__()
+        self.population = population
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.population.forward_batch(inputs)
+
+
+def make_plan(variant: str, shape: tuple[int, int, int], streams: int, overrides: list[str]) -> Plan:
     neurons, time_steps, contacts = shape
     executor, _, options = variant.partition(OPTION_SEPARATOR)
     executor_options = [f"executor.{option}" for option in options.split(",") if option]
@@ -91,6 +117,7 @@ def make_plan(variant: str, shape: tuple[int, int, int], overrides: list[str]) -
                 f"population.neurons={neurons}",
                 f"population.time_steps={time_steps}",
                 f"population.contacts={contacts}",
+                f"population.batch_size={streams}",
                 *overrides,
             ],
         )
@@ -98,15 +125,19 @@ def make_plan(variant: str, shape: tuple[int, int, int], overrides: list[str]) -
 
 
 def prepare_bare_helper(plan: Plan, module: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]):
-    """``axosim.CudaGraphAdaptationStep`` as its README shows it, with no axoexp executor around it."""
+    """``axosim.CudaGraphAdaptationStep`` as its README shows it, with no axoexp executor around it;
+    for batched streams around ``forward_batch`` and axoexp's loss of B streams (``batch_loss``)."""
     template = plan.build_executor(module)  # the same optimizer, loss and transform as cudagraph
+    batched = batch[0].dim() == STREAM_AXIS_RANK
     phases: dict[str, float] = {}
     with stopwatch(synchronizer(plan.device), phases, "capture"):
         helper = CudaGraphAdaptationStep.capture(
-            module,
+            BatchedForward(module) if batched else module,
             template.optimizer,
             *batch,
-            template.loss_fn,
+            (lambda prediction, targets: torch.vmap(template.loss_fn)(prediction, targets).mean())
+            if batched
+            else template.loss_fn,
             gradient_transform=template.gradient_transform,
         )
     return SimpleNamespace(step=helper), phases
@@ -119,10 +150,11 @@ def device_ms_per_update(variant: Any, setup: Any) -> float:
     return total_us / 1e3 / PROFILED_UPDATES
 
 
-def bench_shape(shape: tuple[int, int, int], args: argparse.Namespace) -> list[Row]:
+def bench_shape(shape: tuple[int, int, int], streams: int, args: argparse.Namespace) -> list[Row]:
     chosen = list(dict.fromkeys(args.variants))
     plans = {
-        name: make_plan("cudagraph" if name == BARE else name, shape, args.override) for name in {"eager", *chosen}
+        name: make_plan("cudagraph" if name == BARE else name, shape, streams, args.override)
+        for name in {"eager", *chosen}
     }
     setup = plans["eager"].build_population()
     pristine = copy.deepcopy(setup.module)
@@ -167,6 +199,7 @@ def bench_shape(shape: tuple[int, int, int], args: argparse.Namespace) -> list[R
         rows[name] = Row(
             label,
             name,
+            streams,
             summary.median,
             summary.p10,
             summary.p90,
@@ -202,15 +235,17 @@ def markdown(rows: list[Row], environment: dict[str, str], args: argparse.Namesp
         "",
         metadata.provenance_line(environment),
         "",
-        "| shape (n x t x c) | variant | median ms | p10 | p90 | device clock ms | host overhead ms "
+        "| shape (n x t x c) | B | variant | median ms | streams x updates/s | p10 | p90 | device clock ms "
+        "| host overhead ms "
         "| GPU busy ms | compiler start-up ms | compile ms | capture ms | vs eager | / bare | parity max abs dparam "
         "| compile cache |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in rows:
         speedup = _cell(row.speedup_vs_eager, ".2f") + ("x" if row.speedup_vs_eager else "")
         lines.append(
-            f"| {row.shape} | {row.variant} | {row.median_ms:.3f} | {row.p10_ms:.3f} | {row.p90_ms:.3f} "
+            f"| {row.shape} | {row.streams} | {row.variant} | {row.median_ms:.3f} | {row.streams_per_s:,.0f} "
+            f"| {row.p10_ms:.3f} | {row.p90_ms:.3f} "
             f"| {row.device_clock_ms:.3f} | {row.host_overhead_ms:.3f} "
             f"| {row.device_ms:.3f} | {_cell(row.prepare_ms.get('compiler_startup'), '.0f')} "
             f"| {_cell(row.prepare_ms.get('compile'), '.0f')} "
@@ -239,6 +274,9 @@ def main() -> None:
         "for executor options; eager is always built (it makes the population); "
         "ratios need their baseline",
     )
+    parser.add_argument(
+        "--batch-sizes", nargs="+", type=int, default=[1], help="streams per update (population.batch_size)"
+    )
     parser.add_argument("--updates", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=20)
@@ -252,12 +290,12 @@ def main() -> None:
     environment = {**metadata.collect(torch.device("cuda")), **metadata.provenance("cuda")}
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[Row] = []
-    for text in args.shapes:  # the files are rewritten after each shape: a time-out keeps the rest
-        rows += bench_shape(tuple(map(int, text.split("x"))), args)
+    for text, streams in itertools.product(args.shapes, args.batch_sizes):  # files rewritten after each: a
+        rows += bench_shape(tuple(map(int, text.split("x"))), streams, args)  # time-out keeps the rest
         report = {
             "environment": environment,  # provenance included: commit, dirty flag, command, device, date
             "settings": {k: v for k, v in vars(args).items() if k != "out"} | {"profiled_updates": PROFILED_UPDATES},
-            "rows": [asdict(row) for row in rows],
+            "rows": [asdict(row) | {"streams_per_s": row.streams_per_s} for row in rows],
         }
         (args.out / f"{args.label}.json").write_text(json.dumps(report, indent=2, default=str))
         table = markdown(rows, environment, args)
@@ -268,7 +306,9 @@ def main() -> None:
         print(f"cudagraph executor / bare helper, worst shape: {max(ratios):.3f} (target <= 1.05)")
     for row in rows:
         if row.variant != "cudagraph" and row.variant.partition(OPTION_SEPARATOR)[0] in CHECKED and row.ratio_vs_bare:
-            print(f"{row.variant} speedup over bare helper at {row.shape}: {1 / row.ratio_vs_bare:.2f}x")
+            print(
+                f"{row.variant} speedup over bare helper at {row.shape} B={row.streams}: {1 / row.ratio_vs_bare:.2f}x"
+            )
 
 
 if __name__ == "__main__":

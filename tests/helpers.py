@@ -15,6 +15,7 @@ import requests
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+PLUGINS = Path(__file__).resolve().parent / "plugins"  # the tests' own: a documented population, a CPU fused executor
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
@@ -58,10 +59,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_mlflow(verb: str, root: Path, port: int, *, own_session: bool = False) -> subprocess.Popen[bytes]:
-    """A real ``mlflow server`` or ``mlflow ui`` on 127.0.0.1:``port`` over ``root/mlflow.db``,
-    returned once it answers /health (its log is ``root/VERB.log``). ``own_session`` puts it
-    and its workers in a process group of their own, so a test can kill them all at once."""
+def start_mlflow(
+    verb: str, root: Path, port: int, *, own_session: bool = False, backend: str | None = None, workers: int = 1
+) -> subprocess.Popen[bytes]:
+    """A real ``mlflow server`` or ``mlflow ui`` on 127.0.0.1:``port`` over ``root/mlflow.db``
+    (or the ``backend`` store URI) with ``workers`` worker processes, returned once it answers
+    /health (its log is ``root/VERB.log``, appended to). ``own_session`` puts it and its
+    workers in a process group of their own, so a test can kill them all at once."""
     log = root / f"{verb}.log"
     server = subprocess.Popen(
         [
@@ -74,13 +78,13 @@ def start_mlflow(verb: str, root: Path, port: int, *, own_session: bool = False)
             "--port",
             str(port),
             "--backend-store-uri",
-            f"sqlite:///{root / 'mlflow.db'}",
+            backend or f"sqlite:///{root / 'mlflow.db'}",
             "--workers",
-            "1",
+            str(workers),
         ],
         cwd=root,
         stdout=subprocess.DEVNULL,
-        stderr=log.open("w"),
+        stderr=log.open("a"),
         start_new_session=own_session,
     )
     deadline = time.monotonic() + 120

@@ -1,5 +1,5 @@
 """The module map: acyclic, layered (no module imports one of a higher layer), and the
-read-only commands (report, sync) start without torch or the executors."""
+read-only commands (report, sync, compare) start without torch or the executors."""
 
 from __future__ import annotations
 
@@ -60,6 +60,7 @@ LAYERS = (
         "axoexp",
         "axoexp.plugins",
         "axoexp.config",
+        "axoexp.targets",
         "axoexp.lease",
         "axoexp.metadata",
         "axoexp.journal",
@@ -76,9 +77,10 @@ LAYERS = (
         "axoexp.verification",
         "axoexp.plan",
         "axoexp.sync",
+        "axoexp.job_process",
     ),
     # whole flows
-    ("axoexp.describe", "axoexp.experiment", "axoexp.sweep", "axoexp.report*"),
+    ("axoexp.describe", "axoexp.experiment", "axoexp.sweep", "axoexp.report*", "axoexp.compare", "axoexp.search"),
     # the command line
     ("axoexp.console", "axoexp.cli", "axoexp.__main__"),
 )
@@ -109,7 +111,7 @@ def test_no_module_imports_a_higher_layer() -> None:
     assert not upward, "upward imports: " + "; ".join(upward)
 
 
-@pytest.mark.parametrize("command", ["axoexp.report", "axoexp.sync"])
+@pytest.mark.parametrize("command", ["axoexp.report", "axoexp.sync", "axoexp.compare"])
 def test_read_only_commands_import_neither_torch_nor_the_executors(command: str) -> None:
     """``python -m axoexp.report --help`` (and sync) start without torch: seconds saved, nothing to break."""
     probe = (

@@ -85,8 +85,9 @@ def test_shipped_example_plugin_is_found_in_plugins_of_the_cwd(tmp_path: Path) -
         ("population.neurons=0", "invalid experiment config: population.neurons=0: must be at least 1"),
         (
             "population.time_steps=4",
-            "invalid experiment config: population.time_steps=4: a causal loss skips the first 4 warm-up steps, "
-            "so it needs more than 4 time steps; raise population.time_steps or lower loss.warmup_steps",
+            "invalid experiment config: loss=causal_mse: a causal loss skips the first 4 warm-up steps, so it needs "
+            "more than 4 time steps, and the population's predictions have 4; give the population more time steps "
+            "or lower loss.warmup_steps",
         ),
         (
             "executor=graphs",

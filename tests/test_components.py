@@ -33,7 +33,10 @@ def test_causal_mse_ignores_exactly_the_four_warmup_steps() -> None:
 
 
 def test_causal_loss_on_too_few_steps_says_what_to_change() -> None:
-    with pytest.raises(IncompatibleComponentsError, match=r"needs more than 4 time steps; raise population.time_steps"):
+    with pytest.raises(
+        IncompatibleComponentsError,
+        match=r"needs more than 4 time steps, and the population's predictions have 4; give the population more",
+    ):
         causal_mse()(torch.zeros(3, 4, 2), torch.zeros(3, 4, 2))
 
 
@@ -93,12 +96,12 @@ NO_BANK = ("population.train_behavior=false", "population.train_morphology=false
     [
         (
             ("population.time_steps=4",),
-            "population.time_steps=4: a causal loss skips the first 4 warm-up steps, so it needs more than 4 "
-            "time steps; raise population.time_steps or lower loss.warmup_steps",
+            "loss=causal_mse: a causal loss skips the first 4 warm-up steps, so it needs more than 4 time steps, "
+            "and the population's predictions have 4; give the population more time steps or lower loss.warmup_steps",
         ),
         (
             ("loss=huber", "loss.warmup_steps=12"),
-            "population.time_steps=12: a causal loss skips the first 12 warm-up steps",
+            "loss=huber: a causal loss skips the first 12 warm-up steps",
         ),
         (NO_BANK, "population trains no adaptation bank: set at least one of population.train_behavior"),
     ],

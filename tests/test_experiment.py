@@ -96,7 +96,9 @@ def test_eager_run_is_logged_to_sqlite_and_reads_back(make_config, client, tmp_p
     assert (
         0 < metrics[names.update_metric("p10")] <= metrics[names.UPDATE_MEDIAN] <= metrics[names.update_metric("p90")]
     )
-    assert metrics[names.UPDATE_MEDIAN] == pytest.approx(result.update.median)
+    assert metrics[names.UPDATE_MEDIAN] == round(result.update.median, 4), "to 0.1 microsecond"
+    series = client.get_metric_history(result.run_id, names.UPDATE_SERIES)
+    assert series and all(metric.value == round(metric.value, 4) for metric in series)
     assert names.CAPTURE not in metrics, "eager has nothing to capture"
     losses = [m.value for m in client.get_metric_history(result.run_id, names.LOSS_SERIES)]
     assert len(losses) == 9 and losses == pytest.approx(result.losses)
@@ -218,7 +220,8 @@ def test_verify_catches_a_wrong_executor_and_the_run_ends_failed(make_config, cl
 
 
 def test_failure_mid_measurement_keeps_what_was_measured(make_config, client, test_registry) -> None:
-    config = make_config("executor.name=test_fails", "run.warmup_updates=2", "run.measured_updates=10")
+    # run.threads=1: no thread calibration, whose updates would count towards the failing one
+    config = make_config("executor.name=test_fails", "run.warmup_updates=2", "run.measured_updates=10", "run.threads=1")
     with pytest.raises(RuntimeError, match="device lost on update 5"):
         run_experiment(config, registry=test_registry)
     run = only_run(client)
@@ -276,7 +279,8 @@ def test_observers_see_every_window_and_update_in_order(make_config) -> None:
 
 def test_observers_hear_a_window_end_when_an_update_fails(make_config, test_registry) -> None:
     recorder = Recorder()
-    config = make_config("executor.name=test_fails", "run.warmup_updates=2", "run.measured_updates=10")
+    # run.threads=1: no thread calibration, whose updates would count towards the failing one
+    config = make_config("executor.name=test_fails", "run.warmup_updates=2", "run.measured_updates=10", "run.threads=1")
     with pytest.raises(RuntimeError, match="device lost on update 5"):
         run_experiment(config, registry=test_registry, observers=[recorder])
     assert recorder.events[-2:] == [("update", "measured", 3), ("end", "measured", 2)]

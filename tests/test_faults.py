@@ -24,6 +24,7 @@ from axoexp.errors import CheckpointError, ConfigError, NonFiniteResultError
 from axoexp.experiment import run_experiment
 from axoexp.journal import JOURNAL_FILE, read_journal
 from axoexp.plan import plan_experiment
+from axoexp.sync import main as sync_main
 
 SLEEPY = sleepy_executor_plugin(20)
 LONG_RUN = ("executor=sleepy", "run.warmup_updates=2", "run.measured_updates=100000")
@@ -375,7 +376,7 @@ def test_float16_is_refused_while_planning_with_the_reason(make_config) -> None:
 
 
 def test_a_shape_that_cannot_fit_is_refused_before_allocating(make_config) -> None:
-    with pytest.raises(ConfigError, match=r"population lite of shape 1000000000x12x4 .* needs about \d+\.\d GiB"):
+    with pytest.raises(ConfigError, match=r"population lite needs about \d+\.\d GiB"):
         plan_experiment(make_config("population.neurons=1000000000"))
 
 
@@ -410,7 +411,7 @@ def test_the_result_key_covers_config_code_plugins_and_device(tmp_path: Path) ->
 
 @pytest.mark.slow
 def test_resume_does_not_reuse_a_run_whose_plugin_code_changed(tmp_path: Path) -> None:
-    sweep = ("-m", "executor=sleepy", "population.neurons=2,3", "run.measured_updates=2")
+    sweep = ("-m", "executor=sleepy", "population.neurons=2,3", "run.measured_updates=2", "sweep.resume_contended=true")
     first = start_cli(*sweep, cwd=tmp_path)
     assert first.wait(timeout=300) == 0
     same = run_cli(*sweep, cwd=tmp_path)
@@ -419,6 +420,8 @@ def test_resume_does_not_reuse_a_run_whose_plugin_code_changed(tmp_path: Path) -
     plugin.write_text(plugin.read_text().replace("0.02", "0.03"))
     changed = run_cli(*sweep, cwd=tmp_path)
     assert changed.returncode == 0 and "FINISHED as MLflow run" not in changed.stdout
+    assert changed.stdout.count(f": code changed: {plugin} since the earlier run ") == 2, changed.stdout
+    assert "re-measured 2 jobs: 2 code changed (each job's line says which run or file)" in changed.stdout
 
 
 # --- concurrency ------------------------------------------------------------------------------------
@@ -465,3 +468,9 @@ def test_a_checkpoint_that_would_run_code_is_refused_unless_pinned(registry, tmp
     torch.save({"config": 1}, plain)
     with pytest.raises(CheckpointError, match="is not an axosim checkpoint"):
         lite.build({"checkpoint": str(plain)}, device=torch.device("cpu"), dtype=torch.float32, seed=0)
+
+
+def test_sync_names_a_path_that_does_not_exist_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert sync_main([str(tmp_path / "nope"), "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]) == 2
+    assert capsys.readouterr().err == f"axoexp.sync: no such journal or directory: {tmp_path / 'nope'}\n"
+    assert not (tmp_path / "mlflow.db").exists(), "nothing created"

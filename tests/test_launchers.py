@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -208,6 +209,20 @@ def _sweep_runs(uri: str) -> tuple[list, list]:
     return parents, [run for run in runs if run not in parents]
 
 
+@pytest.fixture(autouse=True)
+def private_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Every launcher's process gets this test's own HOME and TMPDIR (a Ray token or a joblib
+    folder another program left in ~ or /tmp changes nothing); /tmp gains nothing from it."""
+    before = set(os.listdir(tempfile.gettempdir()))
+    for name in ("home", "tmp"):
+        (tmp_path / name).mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    yield tmp_path / "home"
+    created = set(os.listdir(tempfile.gettempdir())) - before
+    assert not [name for name in created if name.startswith(("ray", "axray", "joblib", "submitit"))], created
+
+
 def _leftovers(marker: str) -> list[str]:
     """Processes (other than this one) whose command line mentions ``marker``."""
     found = []
@@ -220,7 +235,13 @@ def _leftovers(marker: str) -> list[str]:
 
 def check_fail_then_resume(run: Callable[..., subprocess.CompletedProcess], uri: str, root: Path) -> None:
     """One sweep, twice: a failing job fails the parent but not its sibling; the rerun runs only it."""
-    sweep = ("executor=eager,fails_once", "population.neurons=2", "run.measured_updates=3", f"tracking.uri={uri}")
+    sweep = (
+        "executor=eager,fails_once",
+        "population.neurons=2",
+        "run.measured_updates=3",
+        f"tracking.uri={uri}",
+        "sweep.resume_contended=true",  # about reuse: a busy machine's runs are contended
+    )
     first = run(*sweep, f"hydra.sweep.dir={root / 'first'}")
     assert first.returncode == 1, first.stderr[-3000:]
     (parent,), children = _sweep_runs(uri)
@@ -320,16 +341,26 @@ RAY_PORT_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # Ray then keeps ever
 
 
 @pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[tuple[str, Path]]:
+def ray_cluster() -> Iterator[tuple[str, Path, dict[str, str]]]:
     """A local Ray head (2 CPUs) the tests connect to, as to an existing cluster; its workers
     load plugins from the yielded directory. Stopped by its process group, checked gone."""
     pytest.importorskip("hydra_plugins.hydra_ray_launcher")
+    before = set(os.listdir(tempfile.gettempdir()))
     root = Path(tempfile.mkdtemp(prefix="axray"))  # short: Ray's socket paths must fit 107 bytes
     plugins = root / "plugins"
-    plugins.mkdir()
+    for folder in (plugins, root / "home", root / "tmp"):
+        folder.mkdir()
     (plugins / "fails_once.py").write_text(FAILS_ONCE)
     port = free_port()
-    env = {**os.environ, **RAY_PORT_ENV, "AXOEXP_PLUGINS_DIR": str(plugins), lease.LEASE_DIR_ENV: str(root / "leases")}
+    # its own HOME and TMPDIR: another Ray's ~/.ray/auth_token once made every test here hang
+    private = {"HOME": str(root / "home"), "TMPDIR": str(root / "tmp")}
+    env = {
+        **os.environ,
+        **RAY_PORT_ENV,
+        **private,
+        "AXOEXP_PLUGINS_DIR": str(plugins),
+        lease.LEASE_DIR_ENV: str(root / "leases"),
+    }
     ray = str(Path(sys.executable).with_name("ray"))
     head = subprocess.Popen(
         [
@@ -360,18 +391,21 @@ def ray_cluster() -> Iterator[tuple[str, Path]]:
         while subprocess.run([ray, "status", "--address", address], env=env, capture_output=True).returncode:
             assert head.poll() is None and time.monotonic() < deadline, (root / "ray.log").read_text()[-3000:]
             time.sleep(1)
-        yield address, plugins
+        yield address, plugins, private
     finally:
         family = [psutil.Process(head.pid), *psutil.Process(head.pid).children(recursive=True)]
         os.killpg(head.pid, signal.SIGKILL)  # the head's process group: what this fixture started
         _, alive = psutil.wait_procs(family, timeout=30)
         assert alive == [] and _leftovers(str(root)) == [], f"Ray processes outlived the test: {alive}"
+        shutil.rmtree(root)
+        created = set(os.listdir(tempfile.gettempdir())) - before
+        assert not [name for name in created if name.startswith(("ray", "axray"))], f"left in /tmp: {created}"
 
 
 @pytest.mark.slow
-def test_sweep_through_ray(ray_cluster: tuple[str, Path], tmp_path: Path) -> None:
-    address, plugins = ray_cluster
-    env = {**RAY_PORT_ENV, "AXOEXP_PLUGINS_DIR": str(plugins)}
+def test_sweep_through_ray(ray_cluster: tuple[str, Path, dict[str, str]], tmp_path: Path) -> None:
+    address, plugins, private = ray_cluster
+    env = {**RAY_PORT_ENV, **private, "AXOEXP_PLUGINS_DIR": str(plugins)}
 
     def run(*overrides: str) -> subprocess.CompletedProcess:
         return run_cli(

@@ -148,3 +148,46 @@ def test_recurrence_refuses_trainable_neuron_weights() -> None:
         lite_recurrence.lite_recurrence(neuron, tokens, cache)
     with torch.no_grad():
         assert lite_recurrence.lite_recurrence(neuron, tokens, cache).shape == (2, 2, 8)
+
+
+@pytest.mark.parametrize(
+    ("streams", "neurons", "time_steps", "contacts", "seed", "trained", "block_n"),
+    [
+        (2, 3, 12, 4, 15, BANKS, 4),  # 6 rows: 4 + 2, a program straddles two streams
+        (3, 5, 10, 3, 16, ("behavior", "synaptic"), None),  # a partial last patch
+        (4, 1, 8, 2, 17, ("morphology",), 2),
+    ],
+)
+def test_batched_streams_match_forward_batch(
+    streams: int,
+    neurons: int,
+    time_steps: int,
+    contacts: int,
+    seed: int,
+    trained: tuple[str, ...],
+    block_n: int | None,
+) -> None:
+    """B streams: the kernel's rows are B x neurons, each stream with the population's banks."""
+    setup = lite(
+        device=DEVICE,
+        dtype=torch.float32,
+        seed=seed,
+        neurons=neurons,
+        time_steps=time_steps,
+        contacts=contacts,
+        batches=1,
+        batch_size=streams,
+        **{f"train_{bank}": bank in trained for bank in BANKS},
+    )
+    population, inputs = setup.module, setup.batches[0][0]
+    assert inputs.shape == (streams, neurons, time_steps, contacts)
+    eager_output, eager_grads = _forward_backward(population, inputs, lambda p, x: p.forward_batch(x))
+    fused_output, fused_grads = _forward_backward(
+        population, inputs, lambda p, x: fused_population_forward(p, x, block_n=block_n)
+    )
+    assert fused_output.shape == (streams, neurons, time_steps, population.neuron.config.output_dim)
+    _assert_matches(fused_output, eager_output)
+    for parameter, fused, eager in zip(population.adaptation_parameters(), fused_grads, eager_grads, strict=True):
+        assert (fused is None) == (eager is None) == (not parameter.requires_grad)
+        if eager is not None:
+            _assert_matches(fused, eager)

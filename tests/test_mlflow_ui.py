@@ -76,6 +76,8 @@ def test_the_runs_view_shows_the_sweep_its_children_and_their_medians(
                     page.get_by_role("button", name=button).first.click()
             median = page.locator(f"[col-id='metrics.`{names.UPDATE_MEDIAN}`']")
             assert median.first.inner_text().startswith("update_ms_med"), "the median column is shown"
+            for tag in (names.TIMING_CONTENTION, names.TIMING_NOISE):  # shown with the numbers they qualify
+                assert page.locator(f"[col-id='tags.`{tag}`']").count(), tag
             page.locator("[row-index='0'] [col-id='attributes.`Run Name`'] button").first.click()
             for child in children:
                 page.get_by_text(child.info.run_name, exact=True).wait_for(timeout=30_000)

@@ -49,6 +49,9 @@ def test_wheel_install_composes_configs_outside_the_checkout(tmp_path: Path) -> 
     assert {f"axoexp/conf/hydra/launcher/{preset}.yaml" for preset in ("parallel", "slurm", "ray_devices")} <= shipped
     presets = {path.name for path in (REPO / "conf" / "experiment").glob("*.yaml")}
     assert presets and {f"axoexp/conf/experiment/{name}" for name in presets} <= shipped
+    sweeper = "hydra_plugins/axoexp_optuna_sweeper"
+    assert {f"{sweeper}/{module}.py" for module in ("__init__", "config", "optuna_sweeper")} <= shipped
+    assert "hydra_plugins/__init__.py" not in shipped, "a namespace package Hydra's other plugins share"
     site = tmp_path / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],

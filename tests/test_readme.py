@@ -25,7 +25,11 @@ from axoexp.registry import Registry
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
-PAGES = [REPO / "README.md", *(REPO / "docs" / name for name in ("design.md", "sweeps.md", "troubleshooting.md"))]
+PAGES = [
+    REPO / "README.md",
+    *(REPO / "docs" / name for name in ("design.md", "sweeps.md", "troubleshooting.md", "decide.md")),
+]
+FINDS_REGRESSIONS = "axoexp.compare"  # exits 1 when it finds a regression: it still ran as written
 FEW_UPDATES = ["run.warmup_updates=1", "run.measured_updates=3", "run.progress=false"]
 NOT_RUN = {  # a pattern in the command: why a CPU test does not run it
     "hydra/launcher=": "another launcher (tests/test_launchers.py runs each)",
@@ -112,7 +116,8 @@ def test_documented_commands_work_as_written(page: Path, workdir: Path, loaded_r
                 compose("config", overrides=arguments[1:])
             continue
         result = run(arguments, workdir)
-        assert result.returncode == 0, f"{page.name}: `{command}` ({why}) failed:\n{result.stderr[-3000:]}"
+        ok = (0, 1) if arguments[0] == FINDS_REGRESSIONS else (0,)
+        assert result.returncode in ok, f"{page.name}: `{command}` ({why}) failed:\n{result.stderr[-3000:]}"
         ran.append(command)
     if page.name == "README.md":  # the first run, a preset, the sweep and its report all ran
         assert any(c.startswith("python -m axoexp executor=eager") for c in ran)

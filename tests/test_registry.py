@@ -8,9 +8,10 @@ import pytest
 import torch
 from hydra import compose, initialize_config_module
 
-from axoexp.config import node_class
-from axoexp.errors import RegistryError
+from axoexp.config import describe, first_sentence, node_class, register_configs
+from axoexp.errors import ConfigError, RegistryError
 from axoexp.executors.eager import EagerExecutor
+from axoexp.plan import plan_experiment
 from axoexp.registry import GROUPS, POSITIVE, Registry
 
 
@@ -114,3 +115,55 @@ def test_every_option_composes_to_its_factory_defaults(group: str, loaded_regist
             assert node.pop(key) == setting.default
         assert node == entry.defaults(), f"{group}={entry.name}"
         assert node_class(entry).__name__ == f"{group}_{entry.name}"
+
+
+def test_the_component_itself_registered_as_its_factory_is_refused_showing_the_factory_form() -> None:
+    registry = Registry()
+
+    def broken(prediction, target):
+        return (prediction - target).abs().mean()
+
+    with pytest.raises(RegistryError) as error:
+        registry.register("loss", "broken", broken, source="plugins/broken.py")
+    assert str(error.value) == (
+        "loss=broken from plugins/broken.py: broken(prediction, target) looks like the loss itself, not a "
+        "factory of it (no parameter has a default); register a factory that returns it: "
+        "def broken(scale: float = 1.0): return lambda prediction, target: ... "
+        "(a value the config must set is keyword-only: def broken(*, weight: float))"
+    )
+
+    def gradient_step(parameters, clip):  # the framework's argument comes first in the form shown
+        del parameters, clip
+
+    with pytest.raises(RegistryError, match=r"def gradient_step\(parameters, scale: float = 1.0\)"):
+        registry.register("gradient_transform", "bare", gradient_step, source="plugins/bare.py")
+
+    def weighted(*, weight: float):  # a mandatory config value, keyword-only: a factory
+        return lambda prediction, target: weight * (prediction - target).abs().mean()
+
+    registry.register("loss", "weighted", weighted, source="plugins/weighted.py")
+    registry.register("loss", "plain", lambda: None, source="plugins/plain.py")
+
+
+def test_a_mandatory_value_left_unset_is_refused_while_planning_naming_the_key(make_config, registry) -> None:
+    def weighted(*, weight: float):
+        raise AssertionError("the factory must not be called with '???'")
+
+    registry.register("loss", "weighted_mandatory", weighted, source="tests/test_registry.py")
+    register_configs(registry)
+    with pytest.raises(ConfigError) as error:
+        plan_experiment(make_config("loss=weighted_mandatory"), registry)
+    assert str(error.value) == (
+        "invalid experiment config: loss.weight is mandatory and not set: set it, e.g. loss.weight=VALUE"
+    )
+    plan = plan_experiment(make_config("loss=weighted_mandatory", "loss.weight=2.5"), registry)
+    assert plan.params["loss"] == {"weight": 2.5}
+
+
+def test_help_gives_each_option_its_whole_first_sentence(loaded_registry: Registry) -> None:
+    wrapped = "Compiled regions of ``n`` blocks (and the code\n    before the loop), then more.\n\nDetails."
+    assert first_sentence(wrapped) == "Compiled regions of ``n`` blocks (and the code before the loop), then more."
+    assert first_sentence("No full stop") == "No full stop" and first_sentence("") == ""
+    page = describe(loaded_registry)
+    executors = [line for line in page.splitlines() if line.startswith(("  regional", "  fused", "  compiled"))]
+    assert executors and all(line.rstrip().endswith(".") for line in executors), executors

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -12,9 +13,11 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from axoexp import names
-from axoexp.report.figure import plot, x_dimension
+from axoexp.report.__main__ import main as report_main
+from axoexp.report.figure import CONTENDED_LABEL, plot, tick_labels, x_dimension
 from axoexp.report.rows import ReportRow, build_rows, sweep_runs
 from axoexp.report.table import format_table
+from axoexp.tracking import RUNS_VIEW_COLUMNS
 
 
 def _logged_run(
@@ -26,9 +29,13 @@ def _logged_run(
     *,
     parent: str | None = None,
     status: str = "FINISHED",
+    contention: str | None = None,
     **params: str,
 ) -> str:
     tags = {names.component_tag("executor"): executor, names.SHAPE: shape}
+    if contention is not None:
+        tags[names.TIMING_CONTENTION] = contention
+        tags[names.TIMING_NOISE] = "low" if contention == "none" else "high"
     if parent:
         tags[names.PARENT_RUN_ID] = parent
     run = client.create_run(experiment_id, run_name=f"executor={executor}", tags=tags)
@@ -123,10 +130,11 @@ def _row(executor: str, neurons: int, time_steps: int, median: float, speedup: f
 
 
 ROWS = [
-    _row("eager", 3, 12, 4.0, 1.0),
-    _row("cudagraph", 3, 12, 0.4, 10.0, speedup_low=9.0, speedup_high=11.0),
-    _row("eager", 64, 12, 8.0, 1.0),
-    _row("cudagraph", 64, 12, 1.0, 8.0, reused=True),
+    _row("eager", 3, 12, 4.0, 1.0, contention="none", noise="low"),
+    _row("cudagraph", 3, 12, 0.4, 10.0, speedup_low=9.0, speedup_high=11.0, contention="none", noise="low"),
+    _row("eager", 64, 12, 8.0, 1.0, contention="none", noise="low"),
+    _row("cudagraph", 64, 12, 1.0, 8.0, reused=True, contention="none", noise="low"),
+    _row("cudagraph", 64, 12, 9.0, math.nan, contention="cpu", noise="high"),
 ]
 
 
@@ -134,20 +142,129 @@ def test_the_table_prints_as_text_markdown_csv_and_json() -> None:
     text = format_table(ROWS).splitlines()
     assert text[0].split()[:4] == ["shape", "executor", "status", "median"]
     assert "nan" not in "\n".join(text), "a missing value is blank"
-    assert text[4].split()[-4:] == ["reused", "neurons=64", "time_steps=12", "cudagraph6412"]
+    assert text[0].split()[-6:] == ["contention", "noise", "reused", "settings", "run", "id"]
+    assert text[4].split()[-6:] == ["none", "low", "reused", "neurons=64", "time_steps=12", "cudagraph6412"]
+    assert text[5].split()[-5:-3] == ["cpu", "high"]
     markdown = format_table(ROWS, "markdown").splitlines()
     assert markdown[0].startswith("| shape | executor |") and markdown[1].startswith("| --- | --- | --- | ---: |")
     assert markdown[3] == (
-        "| 3x12x4 | cudagraph | FINISHED | 0.400 | 0.360 | 0.480 | 20.0 | 10.00x | [9, 11] | 1 |  | "
+        "| 3x12x4 | cudagraph | FINISHED | 0.400 | 0.360 | 0.480 | 20.0 | 10.00x | [9, 11] | 1 | none | low |  | "
         "neurons=3 time_steps=12 | cudagraph312 |"
     )
+    assert markdown[6].split(" | ")[10:12] == ["cpu", "high"]
     records = list(csv.DictReader(io.StringIO(format_table(ROWS, "csv"))))
     assert records[1]["speedup_low"] == "9.0" and records[0]["capture_ms"] == "" and records[3]["reused"] == "True"
+    assert (records[4]["contention"], records[4]["noise"]) == ("cpu", "high")
     parsed = json.loads(format_table(ROWS, "json"))
     assert parsed[0]["capture_ms"] is None and parsed[1]["settings"] == {"neurons": "3", "time_steps": "12"}
+    assert (parsed[4]["contention"], parsed[4]["noise"]) == ("cpu", "high")
 
 
 def test_the_latency_axis_is_the_swept_numeric_setting(tmp_path: Path) -> None:
     assert x_dimension(ROWS) == "neurons", "time_steps does not vary: no panels"
     plot(ROWS, "sweep\nCPU · torch 2 · today", tmp_path / "report.png")
     assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_contended_runs_are_rows_of_their_own_without_a_speedup_unless_included(
+    client: MlflowClient, experiment: str
+) -> None:
+    parent = client.create_run(experiment, run_name="sweep").info.run_id
+    for executor, median, contention in (("eager", 10.0, "none"), ("eager", 40.0, "cpu"), ("fast", 2.0, "none")):
+        _logged_run(client, experiment, executor, "2x12x4", median, parent=parent, contention=contention)
+    _logged_run(client, experiment, "fast", "2x12x4", 30.0, parent=parent, contention="cpu,gpu-shared")
+    runs = sweep_runs(client, client.get_run(parent))
+
+    rows = {(row.executor, row.contention): row for row in build_rows(runs)}
+    assert set(rows) == {("eager", "none"), ("eager", "cpu"), ("fast", "none"), ("fast", "cpu,gpu-shared")}
+    assert rows[("fast", "none")].speedup_vs_eager == pytest.approx(5.0), "quiet against quiet only"
+    assert rows[("fast", "cpu,gpu-shared")].contended and rows[("fast", "cpu,gpu-shared")].noise == "high"
+    assert math.isnan(rows[("fast", "cpu,gpu-shared")].speedup_vs_eager)
+    assert math.isnan(rows[("eager", "cpu")].speedup_vs_eager), "a contended eager run is no baseline"
+
+    pooled = {row.executor: row for row in build_rows(runs, include_contended=True)}
+    assert pooled["fast"].repeats == 2 and pooled["fast"].contention == "cpu,gpu-shared"
+    assert pooled["fast"].speedup_vs_eager == pytest.approx(25.0 / 16.0)
+
+
+def test_the_mlflow_view_shows_contention_and_noise() -> None:
+    assert {f"tags.`{names.TIMING_CONTENTION}`", f"tags.`{names.TIMING_NOISE}`"} <= set(RUNS_VIEW_COLUMNS)
+
+
+def _labels_in_view(axes) -> tuple[list[str], list[str]]:
+    return tick_labels(axes.xaxis), tick_labels(axes.yaxis)
+
+
+@pytest.mark.parametrize(
+    ("medians", "scale"),
+    [
+        ((1.21, 1.26, 1.31, 1.74), "linear"),  # CPU medians between 1 and 2 ms: no decade inside
+        ((0.4, 1.3, 4.2, 9.6), "log"),  # a log axis whose only decade ticks were "2" and "5" above the points
+        ((0.05, 3.0, 40.0, 200.0), "log"),
+    ],
+)
+def test_every_numeric_axis_has_three_labelled_ticks_across_the_data(
+    tmp_path: Path, medians: tuple[float, ...], scale: str
+) -> None:
+    rows = [
+        _row("eager", 3, 12, medians[0] * 1.1, 1.0),
+        _row("cudagraph", 3, 12, medians[1], medians[0] * 1.1 / medians[1]),
+        _row("eager", 64, 12, medians[3], 1.0),
+        _row("cudagraph", 64, 12, medians[2], medians[3] / medians[2]),
+    ]
+    rows = [dataclasses.replace(row, p10_ms=row.median_ms, p90_ms=row.median_ms) for row in rows]
+    figure = plot(rows, "sweep", tmp_path / "report.png")
+    latency, speedup = figure.axes
+    assert latency.get_yscale() == scale
+    for axis in (latency.xaxis, latency.yaxis, speedup.yaxis):
+        labels = tick_labels(axis)
+        assert len(labels) >= 3, (axis, labels)
+        assert all(label.replace(".", "").replace("x", "").isdigit() for label in labels), labels
+    annotations = {text.get_text() for text in latency.texts}
+    assert {f"{value:.3g}" for value in (medians[1], medians[2])} <= annotations, "few points: values written"
+
+
+def test_a_speedup_near_one_has_labelled_ticks_and_contended_points_have_a_legend(tmp_path: Path) -> None:
+    rows = [
+        _row("eager", 3, 12, 1.3, 1.0),
+        _row("cudagraph", 3, 12, 1.2, 1.08, speedup_low=1.01, speedup_high=1.15),
+        _row("eager", 64, 12, 1.5, 1.0),
+        _row("cudagraph", 64, 12, 1.4, 1.07),
+        _row("cudagraph", 64, 12, 9.0, math.nan, contention="cpu", noise="high"),
+    ]
+    figure = plot(rows, "sweep", tmp_path / "report.png")
+    speedup_labels = tick_labels(figure.axes[1].yaxis)
+    assert len(speedup_labels) >= 3 and all(label.endswith("x") for label in speedup_labels), speedup_labels
+    legend = [text.get_text() for text in figure.legends[0].get_texts()]
+    assert CONTENDED_LABEL in legend
+    hollow = [line for line in figure.axes[0].lines if line.get_markerfacecolor() == "none"]
+    assert [tuple(line.get_ydata()) for line in hollow] == [(9.0,)]
+
+
+def test_a_figure_with_nothing_finished_says_so_and_long_titles_wrap(tmp_path: Path) -> None:
+    failed = [dataclasses.replace(row, status="FAILED", median_ms=math.nan) for row in ROWS[:2]]
+    heading = "sweep 12-03 18:00:00 " + " ".join(f"optimizer.option_{index}=a,b,c" for index in range(12))
+    figure = plot(failed, heading + "\nCPU x86_64 · torch 2.13 · 2026-12-03", tmp_path / "report.png")
+    texts = [text.get_text() for axes in figure.axes for text in axes.texts]
+    assert texts == [
+        "no run finished (2 FAILED): nothing to plot;\nthe table lists each run and the parent's tags say why"
+    ]
+    title = figure._suptitle.get_text().splitlines()
+    assert len(title) > 2 and max(map(len, title)) <= figure.get_figwidth() * 13
+
+
+def test_the_report_answers_a_single_run_in_one_line_and_an_unknown_parent_with_exit_2(
+    client: MlflowClient, tracking_uri: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    experiment = client.create_experiment("axoexp")
+    single = _logged_run(client, experiment, "eager", "3x12x4", 1.25, contention="none")
+    argv = ["--tracking-uri", tracking_uri, "--out", str(tmp_path / "figure.png")]
+    report_main([*argv, "--parent", single])
+    out = capsys.readouterr().out
+    assert out.startswith(f"run {single} 'executor=eager' is a single run, not a sweep: eager 3x12x4 FINISHED, ")
+    assert out.endswith("contention none, noise low\n") and out.count("\n") == 1
+    assert not (tmp_path / "figure.png").exists(), "no empty figure"
+    with pytest.raises(SystemExit) as exit_info:
+        report_main([*argv, "--parent", "nope"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == f"axoexp.report: --parent nope: no such run at {tracking_uri}\n"

@@ -6,19 +6,27 @@ import pytest
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from axoexp import names
+from axoexp import metadata, names
 from axoexp.errors import ConfigError
 from axoexp.plan import plan_experiment
-from axoexp.sweep import print_reuse, result_key, reused_run, sweep_definition
+from axoexp.sweep import print_reuse, result_key, resume_job, sweep_definition
 from axoexp.tracking import config_digest, experiment_id
 
 
 def _finished(
-    client: MlflowClient, experiment: str, config, parent: str | None = None, status: str = "FINISHED"
+    client: MlflowClient,
+    experiment: str,
+    config,
+    parent: str | None = None,
+    status: str = "FINISHED",
+    **tags: str,
 ) -> str:
     tags = {
         names.CONFIG_HASH: config_digest(OmegaConf.to_container(config, resolve=True)),
         names.RESULT_KEY: result_key(config),
+        names.TIMING_CONTENTION: "none",
+        names.TIMING_NOISE: "low",
+        **{key.replace("_", "."): value for key, value in tags.items()},
     }
     if parent:
         tags[names.PARENT_RUN_ID] = parent
@@ -26,6 +34,10 @@ def _finished(
     client.log_param(run_id, names.SWEEP_REPEAT_PARAM, str(config.sweep.repeat))
     client.set_terminated(run_id, status=status)
     return run_id
+
+
+def _reused(config, job: int):
+    return resume_job(config, job).run
 
 
 def _sweep(client: MlflowClient, experiment: str, *overrides: str) -> str:
@@ -44,36 +56,83 @@ def test_a_job_reuses_only_finished_jobs_of_earlier_sweeps_with_the_same_definit
     _finished(client, experiment, job)  # a single run with the same config
     _finished(client, experiment, job, parent=_sweep(client, experiment, "population.neurons=2,5"))
     current = _sweep(client, experiment, "population.neurons=2,3")
-    assert reused_run(make_config("population.neurons=2", f"sweep.parent_run_id={current}"), 0) is None
+    assert _reused(make_config("population.neurons=2", f"sweep.parent_run_id={current}"), 0) is None
 
     earlier = _sweep(client, experiment, "population.neurons=2,3", "sweep.resume=false", "tracking.uri=x")
     _finished(client, experiment, job, parent=earlier, status="FAILED")
     measured = _finished(client, experiment, job, parent=earlier)
     _finished(client, experiment, make_config("population.neurons=3"), parent=earlier)
-    reused = reused_run(make_config("population.neurons=2", f"sweep.parent_run_id={current}"), 4)
+    reused = _reused(make_config("population.neurons=2", f"sweep.parent_run_id={current}"), 4)
     assert reused is not None and reused.info.run_id == measured
     assert client.get_run(current).data.tags[f"{names.REUSED_PREFIX}job4"] == measured
 
     print_reuse(client, client.get_run(current), children=1)
     assert capsys.readouterr().out == (
+        "re-measured 1 job: 1 config changed (each job's line says which run or file)\n"
         f"reused 1 of 2 jobs from 'sweep population.neurons=2,3 sweep.resume=false "
         f"tracking.uri=x' ({earlier}) (sweep.resume=false re-measures)\n"
     )
     assert (
-        reused_run(make_config("population.neurons=2", f"sweep.parent_run_id={current}", "sweep.resume=false"), 4)
-        is None
+        _reused(make_config("population.neurons=2", f"sweep.parent_run_id={current}", "sweep.resume=false"), 4) is None
     )
-    assert reused_run(make_config("population.neurons=2"), 4) is None, "a single run always runs"
+    assert _reused(make_config("population.neurons=2"), 4) is None, "a single run always runs"
 
 
 def test_resume_any_reuses_a_single_run_too(make_config, client: MlflowClient) -> None:
     experiment = experiment_id(client, "axoexp")
     single = _finished(client, experiment, make_config("population.neurons=2"))
     current = _sweep(client, experiment, "population.neurons=2,3", "sweep.resume=any")
-    reused = reused_run(make_config("population.neurons=2", f"sweep.parent_run_id={current}", "sweep.resume=any"), 0)
+    reused = _reused(make_config("population.neurons=2", f"sweep.parent_run_id={current}", "sweep.resume=any"), 0)
     assert reused is not None and reused.info.run_id == single
 
 
 def test_an_unknown_resume_mode_is_refused_naming_the_choices(make_config) -> None:
     with pytest.raises(ConfigError, match="sweep.resume='maybe': choose one of same_sweep, any, false"):
         plan_experiment(make_config("sweep.resume=maybe"))
+
+
+def test_resume_measures_again_where_the_earlier_run_was_contended_and_says_why(make_config, client) -> None:
+    experiment = experiment_id(client, "axoexp")
+    earlier = _sweep(client, experiment, "population.neurons=2,3")
+    job = make_config("population.neurons=2")
+    contended = _finished(client, experiment, job, parent=earlier, timing_contention="cpu", timing_noise="high")
+    _finished(client, experiment, make_config("population.neurons=3"), parent=earlier, timing_noise="high")
+    current = _sweep(client, experiment, "population.neurons=2,3")
+
+    resume = resume_job(make_config("population.neurons=2", f"sweep.parent_run_id={current}"), 0)
+    assert resume.run is None
+    assert resume.remeasure_reason == (
+        f"contended: the earlier run {contended} was measured with contention cpu, noise high "
+        "(sweep.resume_contended=true reuses it)"
+    )
+    assert client.get_run(current).data.tags[f"{names.REMEASURED_PREFIX}job0"] == resume.remeasure_reason
+    noisy_resume = resume_job(make_config("population.neurons=3", f"sweep.parent_run_id={current}"), 1)
+    assert noisy_resume.run is None and "with noise high" in noisy_resume.remeasure_reason
+
+    allowed = make_config("population.neurons=2", f"sweep.parent_run_id={current}", "sweep.resume_contended=true")
+    assert _reused(allowed, 0).info.run_id == contended
+
+
+def test_resume_names_the_unfinished_run_and_the_changed_code_file(make_config, client) -> None:
+    experiment = experiment_id(client, "axoexp")
+    earlier = _sweep(client, experiment, "population.neurons=2,3")
+    failed = _finished(client, experiment, make_config("population.neurons=2"), parent=earlier, status="FAILED")
+    job3 = make_config("population.neurons=3")
+    files = metadata.code_state()[names.CODE_FILES].replace("sweep.py=", "sweep.py=0", 1)
+    old_code = client.create_run(
+        experiment,
+        tags={
+            names.CONFIG_HASH: config_digest(OmegaConf.to_container(job3, resolve=True)),
+            names.RESULT_KEY: "an older key",
+            names.PARENT_RUN_ID: earlier,
+            names.CODE_FILES: files,
+        },
+    ).info.run_id
+    client.log_param(old_code, names.SWEEP_REPEAT_PARAM, "0")
+    client.set_terminated(old_code)
+    current = _sweep(client, experiment, "population.neurons=2,3")
+
+    reason = resume_job(make_config("population.neurons=2", f"sweep.parent_run_id={current}"), 0).remeasure_reason
+    assert reason == f"not finished: the earlier run {failed} ended FAILED"
+    reason = resume_job(make_config("population.neurons=3", f"sweep.parent_run_id={current}"), 1).remeasure_reason
+    assert reason == f"code changed: sweep.py since the earlier run {old_code}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -57,8 +58,8 @@ def test_sweep_is_a_parent_run_with_named_children(tmp_path: Path) -> None:
     assert re.fullmatch(r"sweep \d\d-\d\d \d\d:\d\d:\d\d neurons=2,3 measured_updates=3", parent.info.run_name)
     assert parent.data.tags[names.SWEEP_OVERRIDES] == "population.neurons=2,3 run.measured_updates=3"
     assert sorted(child.info.run_name for child in children) == [
-        "00 eager 2x12x4 measured_updates=3",
-        "01 eager 3x12x4 measured_updates=3",
+        "00 eager 2x12x4 neurons=2 measured_updates=3",
+        "01 eager 3x12x4 neurons=3 measured_updates=3",
     ], "short, in sweep order"
     assert {run.data.tags[names.SOURCE_NAME] for run in runs} == {"python -m axoexp"}
     assert {child.data.tags[names.PARENT_RUN_ID] for child in children} == {parent.info.run_id}
@@ -73,6 +74,11 @@ def test_failing_job_fails_the_parent_but_keeps_the_others(tmp_path: Path) -> No
     result = run_cli("-m", "executor=eager,flaky", "population.neurons=0,2", "run.measured_updates=3", cwd=tmp_path)
     assert result.returncode == 1, "a sweep in which a job failed exits 1"
     assert "axoexp: invalid experiment config: population.neurons=0: must be at least 1" in result.stderr
+    for job, executor in ((0, "eager"), (2, "flaky")):  # every refused job is listed, not only the first
+        assert (
+            f"refused job {job} (executor={executor} population.neurons=0 run.measured_updates=3): "
+            "invalid experiment config: population.neurons=0: must be at least 1"
+        ) in result.stderr.splitlines()
     _, runs = _runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
     (parent,), children = _split(runs)
     assert parent.info.status == "FAILED"
@@ -86,14 +92,15 @@ def test_failing_job_fails_the_parent_but_keeps_the_others(tmp_path: Path) -> No
     ]
     statuses = {child.info.run_name: child.info.status for child in children}
     assert statuses == {
-        "01 eager 2x12x4 measured_updates=3": "FINISHED",
-        "03 flaky 2x12x4 measured_updates=3": "FAILED",
+        "01 eager 2x12x4 neurons=2 measured_updates=3": "FINISHED",
+        "03 flaky 2x12x4 neurons=2 measured_updates=3": "FAILED",
     }
 
 
 def test_rerunning_a_sweep_reuses_its_finished_runs_unless_told_not_to(tmp_path: Path) -> None:
     assert run_cli("population.neurons=2", "run.measured_updates=3", cwd=tmp_path).returncode == 0
-    sweep = ("-m", "population.neurons=2,3", "run.measured_updates=3")
+    # resume_contended: this test is about reuse, and on a busy machine every run is contended
+    sweep = ("-m", "population.neurons=2,3", "run.measured_updates=3", "sweep.resume_contended=true")
     first = run_cli(*sweep, cwd=tmp_path)
     assert first.returncode == 0 and "reused" not in first.stdout, "a single run is not a sweep's job"
     again = run_cli(*sweep, cwd=tmp_path)
@@ -232,3 +239,29 @@ def test_dead_tracking_server_fails_fast_and_keeps_results_locally(tmp_path: Pat
     records = [json.loads(line) for line in (result_file.parent / "journal.jsonl").read_text().splitlines()]
     summary = [r["metrics"] for r in records if r["kind"] == "metrics" and names.update_metric("count") in r["metrics"]]
     assert summary[0][names.update_metric("count")] == 3.0 and records[-1]["status"] == "FINISHED"
+
+
+def test_a_sweep_whose_every_job_is_refused_creates_no_run_and_says_why_in_one_line(tmp_path: Path) -> None:
+    result = run_cli("-m", "population.neurons=0,-1", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "axoexp: no job of the sweep can run, so it created no run: "
+        "job 0 (population.neurons=0): invalid experiment config: population.neurons=0: must be at least 1; "
+        "job 1 (population.neurons=-1): invalid experiment config: population.neurons=-1: must be at least 1"
+    )
+    assert "Traceback" not in result.stderr
+    if (tmp_path / "mlflow.db").exists():
+        assert _runs(f"sqlite:///{tmp_path / 'mlflow.db'}")[1] == [], "no empty FAILED parent"
+
+
+@pytest.mark.skipif(shutil.which("srun") is not None, reason="SLURM is installed here")
+def test_the_slurm_preset_without_slurm_is_one_line_and_no_run(tmp_path: Path) -> None:
+    result = run_cli("-m", "hydra/launcher=slurm", "population.neurons=2,3", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "axoexp: hydra/launcher=slurm needs SLURM, but 'srun' is not on PATH here; start the sweep on a "
+        "machine that has it, or use hydra/launcher=parallel or the default launcher"
+    )
+    assert "Traceback" not in result.stderr
+    if (tmp_path / "mlflow.db").exists():
+        assert _runs(f"sqlite:///{tmp_path / 'mlflow.db'}")[1] == [], "no empty FAILED parent"

@@ -6,6 +6,7 @@ statistics are checked on series whose answers are known by construction.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -29,7 +30,14 @@ from axoexp.plan import plan_experiment
 from axoexp.registry import Registry
 from axoexp.report.rows import build_rows
 from axoexp.report.table import format_table
-from axoexp.runtime import MAX_AUTO_THREADS, allowed_cpus, configure_threads, cpu_list
+from axoexp.runtime import (
+    MAX_AUTO_THREADS,
+    allowed_cpus,
+    choose_threads,
+    configure_threads,
+    cpu_list,
+    thread_candidates,
+)
 from axoexp.statistics import NOISE_THRESHOLD, median_ratio_interval, noise_verdict, rel_iqr
 from axoexp.windows import WINDOWS
 
@@ -69,15 +77,64 @@ def test_relative_iqr_and_noise_verdict() -> None:
 # --- threads
 
 
-def test_thread_count_defaults_to_the_allowed_cpus_capped_and_can_be_set() -> None:
+def test_thread_count_is_calibrated_on_the_cpu_capped_on_a_gpu_and_can_be_set() -> None:
     before = torch.get_num_threads()
     try:
-        auto = configure_threads(None)
-        assert auto.count == min(len(allowed_cpus()), MAX_AUTO_THREADS) == torch.get_num_threads()
+        on_gpu = configure_threads(None, "cuda")
+        assert on_gpu.count == min(len(allowed_cpus()), MAX_AUTO_THREADS) == torch.get_num_threads()
+        on_cpu = configure_threads(None, "cpu")
+        if len(allowed_cpus()) > 1:
+            assert on_cpu.count == 1 == torch.get_num_threads(), "one thread until calibrated"
+            assert on_cpu.candidates == thread_candidates(len(allowed_cpus()))
         assert configure_threads(1).count == 1 == torch.get_num_threads()
+        assert not configure_threads(2).candidates
     finally:
         torch.set_num_threads(before)
     assert cpu_list([0, 1, 2, 3, 8, 10, 11]) == "0-3,8,10-11"
+    assert thread_candidates(2) == (1, 2) and thread_candidates(12) == (1, 2, 4, 8, 12)
+    assert thread_candidates(64) == (1, 2, 4, 8, 16) and thread_candidates(1) == (1,)
+    # the fewest within 1.05x of the fastest mean: 2 threads oversubscribed stall, 4 barely beat 2
+    assert choose_threads({1: 1.30, 2: 7.25}) == 1
+    assert choose_threads({1: 10.0, 2: 6.0, 4: 5.8}) == 2
+    assert choose_threads({1: 10.0, 2: 6.0, 4: 5.0}) == 4
+
+
+def test_unset_threads_are_calibrated_and_logged_resolved(make_config, client) -> None:
+    if len(allowed_cpus()) < 2:
+        pytest.skip("calibration needs at least 2 allowed CPUs")
+    before = torch.get_num_threads()
+    try:
+        result = run_experiment(make_config("run.warmup_updates=1", "run.measured_updates=3"))
+    finally:
+        torch.set_num_threads(before)
+    run = client.get_run(result.run_id)
+    candidates = thread_candidates(len(allowed_cpus()))
+    means = {count: run.data.metrics[names.threads_calibration_metric(count)] for count in candidates}
+    assert run.data.params[names.RUN_THREADS_PARAM] == str(choose_threads(means)) == str(result.threads)
+    assert run.data.tags[names.RUNTIME_THREADS].startswith(f"{result.threads} (calibrated after warm-up")
+    series = client.get_metric_history(result.run_id, names.UPDATE_SERIES)
+    assert len(series) == 4, "calibration updates are not in the per-update series"
+
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+EVIDENCE = sorted(RESULTS.glob("noise-threads_h200_*.json"))
+
+
+def test_the_noise_threshold_holds_on_the_committed_evidence() -> None:
+    """Idle runs on the idle host are all low; runs whose pool shared every CPU with a busy process mostly high."""
+    assert len(EVIDENCE) == 4
+    idle, oversubscribed = [], []
+    for path in EVIDENCE:
+        record = json.loads(path.read_text())
+        cpus = int(record["machine"].split(": ")[1].split()[0])
+        for run in record["runs"]:
+            verdict = noise_verdict(rel_iqr(run["latencies_ms"]))
+            if run["condition"] == "idle":
+                idle.append(verdict)
+            elif run["threads_used"] >= cpus:
+                oversubscribed.append(verdict)
+    assert idle.count("high") == 0 and len(idle) == 75
+    assert oversubscribed.count("high") == 12 and len(oversubscribed) == 18
 
 
 # --- a quiet run's format (the machine may be busy, so no verdict is asserted)
@@ -101,16 +158,6 @@ def test_run_logs_threads_contention_noise_and_system_metrics(make_config, clien
     assert metrics[names.UPDATE_REL_IQR] >= 0
     assert tags[names.TIMING_NOISE] == noise_verdict(metrics[names.UPDATE_REL_IQR])
     assert names.TIMING_DEVICE_CLOCK not in tags and names.HOST_OVERHEAD_MEDIAN not in metrics, "CPU: no device clock"
-
-
-def test_unset_threads_are_logged_resolved(make_config, client) -> None:
-    before = torch.get_num_threads()
-    try:
-        result = run_experiment(make_config("run.warmup_updates=0", "run.measured_updates=2"))
-    finally:
-        torch.set_num_threads(before)
-    params = client.get_run(result.run_id).data.params
-    assert params[names.RUN_THREADS_PARAM] == str(min(len(allowed_cpus()), MAX_AUTO_THREADS))
 
 
 # --- adaptive measuring

@@ -1,9 +1,8 @@
-"""Losses between a population's prediction and its targets, shape (neurons, time, outputs)."""
+"""Losses between a population's prediction and its targets, shape (population, time, outputs)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated
 
 import torch
 import torch.nn.functional as F
@@ -20,27 +19,19 @@ def skip_warmup(loss: LossFn, warmup_steps: int) -> LossFn:
         raise ValueError(f"loss.warmup_steps must be non-negative, got {warmup_steps}")
 
     def causal(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        if prediction.shape[1] <= warmup_steps:  # planning refuses this where the population names time_steps
+        if prediction.shape[1] <= warmup_steps:  # planning finds it on the meta-built population
             raise IncompatibleComponentsError(_too_short(warmup_steps, prediction.shape[1]))
         return loss(prediction[:, warmup_steps:], target[:, warmup_steps:])
 
     return causal
 
 
-def _too_short(warmup_steps: int, time_steps: object) -> str:
+def _too_short(warmup_steps: int, steps: object) -> str:
     return (
-        f"population.time_steps={time_steps}: a causal loss skips the first {warmup_steps} warm-up steps, "
-        f"so it needs more than {warmup_steps} time steps; raise population.time_steps or lower loss.warmup_steps"
+        f"a causal loss skips the first {warmup_steps} warm-up steps, so it needs more than {warmup_steps} "
+        f"time steps, and the population's predictions have {steps}; give the population more time steps "
+        "or lower loss.warmup_steps"
     )
-
-
-def warmup_problems(params: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
-    """What planning refuses for a causal loss: a population with no step after the warm-up."""
-    warmup_steps, population = params.get("warmup_steps", 0), config.get("population") or {}
-    time_steps = population.get("time_steps")
-    if warmup_steps and isinstance(time_steps, int) and time_steps <= warmup_steps:
-        return [_too_short(warmup_steps, time_steps)]
-    return []
 
 
 @component("loss", "causal_mse")
@@ -69,7 +60,3 @@ def huber(
         return F.huber_loss(prediction, target, delta=delta)
 
     return skip_warmup(loss, warmup_steps) if warmup_steps else loss
-
-
-causal_mse.config_problems = warmup_problems  # type: ignore[attr-defined]
-huber.config_problems = warmup_problems  # type: ignore[attr-defined]

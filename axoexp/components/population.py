@@ -34,6 +34,31 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def checkpoint_problem(path: str | None, pinned_sha256: str | None) -> str | None:
+    """What makes ``population.checkpoint`` unusable that is found without unpickling it (so
+    while planning, before any MLflow run): not a file, unreadable, or failing its pin."""
+    if path is None:
+        return None
+    shown = path if len(path) <= 200 else f"{path[:200]}... ({len(path)} characters)"
+    try:
+        file = Path(path).expanduser()
+        if not file.is_file():
+            return f"population.checkpoint={shown!r} is not a file"
+        if pinned_sha256 is None:
+            with file.open("rb") as stream:
+                stream.read(1)
+            return None
+        actual = sha256_of(file)
+    except OSError as error:
+        return f"population.checkpoint={shown!r} cannot be read: {error.strerror or error}"
+    if actual != pinned_sha256.lower():
+        return (
+            f"population.checkpoint={shown!r} has SHA-256 {actual}, "
+            f"but population.checkpoint_sha256 pins {pinned_sha256}"
+        )
+    return None
+
+
 def load_lite_checkpoint(path: str, pinned_sha256: str | None) -> tuple[AxoSimLite, str]:
     """Load an AxoSim-Lite checkpoint; return the model and the file's SHA-256.
 
@@ -42,15 +67,11 @@ def load_lite_checkpoint(path: str, pinned_sha256: str | None) -> tuple[AxoSimLi
     unpickling is refused unless ``checkpoint_sha256`` pins it; the pin is checked before
     anything is unpickled.
     """
+    problem = checkpoint_problem(path, pinned_sha256)
+    if problem:
+        raise CheckpointError(problem)
     file = Path(path).expanduser()
-    if not file.is_file():
-        raise CheckpointError(f"population.checkpoint={path!r} is not a file")
     actual = sha256_of(file)
-    if pinned_sha256 is not None and actual != pinned_sha256.lower():
-        raise CheckpointError(
-            f"population.checkpoint={path!r} has SHA-256 {actual}, "
-            f"but population.checkpoint_sha256 pins {pinned_sha256}"
-        )
     try:
         payload = torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
@@ -116,7 +137,8 @@ def memory_estimate(params: dict[str, Any], dtype: torch.dtype) -> int:
         + params["route_features"]
     )
     itemsize = torch.empty((), dtype=dtype).element_size()
-    return int(params["neurons"]) * int(params["time_steps"]) * per_step * itemsize
+    rows = int(params["neurons"]) * int(params.get("batch_size", 1))  # B streams: B x neurons rows
+    return rows * int(params["time_steps"]) * per_step * itemsize
 
 
 def make_lite_model(
@@ -160,6 +182,9 @@ def lite(
     checkpoint: Annotated[str | None, "axosim.checkpoint file to load instead of a fresh model"] = None,
     checkpoint_sha256: Annotated[str | None, "pin: the checkpoint is refused unless its SHA-256 matches"] = None,
     batches: Annotated[int, "distinct (inputs, targets) batches, cycled", AT_LEAST_ONE] = 4,
+    batch_size: Annotated[
+        int, "independent streams per update (B), run through forward_batch; the loss is their mean", AT_LEAST_ONE
+    ] = 1,
     input_rate: Annotated[float, "Bernoulli spike probability per step and contact", Bounds(0, 1)] = 0.2,
     target_perturbation: Annotated[
         float, "std of the teacher's perturbation of every adaptation bank", Bounds(0)
@@ -168,7 +193,10 @@ def lite(
     """An ``AxoSimPopulation`` of AxoSim-Lite neurons and a teacher-generated target stream.
 
     Contact inputs are Bernoulli(``input_rate``) spikes of shape (neurons, time_steps,
-    contacts). Targets are the outputs of a *teacher*: the same population with every
+    contacts); with ``batch_size`` B > 1, B independent streams of them, (B, neurons,
+    time_steps, contacts), which the population runs through ``forward_batch`` (one set of
+    banks for all streams; the update's loss is the mean over streams of each stream's loss).
+    Targets are the outputs of a *teacher*: the same population with every
     adaptation bank perturbed by Gaussian noise of std ``target_perturbation``, so the
     targets are reachable by adapting the banks. With ``checkpoint`` the model dimensions
     come from the checkpoint and ``branches``..``morphologies`` are ignored.
@@ -209,9 +237,10 @@ def lite(
     stream = []
     with torch.no_grad():
         for _ in range(batches):
-            spikes = torch.rand(neurons, time_steps, contacts, generator=generator) < input_rate
+            streams = (batch_size,) if batch_size > 1 else ()  # B = 1: one stream, as forward takes it
+            spikes = torch.rand(*streams, neurons, time_steps, contacts, generator=generator) < input_rate
             inputs = spikes.to(device=device, dtype=dtype)
-            stream.append((inputs, teacher(inputs).detach()))
+            stream.append((inputs, (teacher.forward_batch(inputs) if streams else teacher(inputs)).detach()))
     description.update(
         branches=config.input_dim,
         route_features=config.route_feature_dim,

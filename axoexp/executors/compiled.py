@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import torch
 
 from axoexp.executors import compiler_startup
+from axoexp.executors.base import batch_loss
 from axoexp.executors.capture import release_autograd_graphs
 from axoexp.executors.cudagraph import CudaGraphExecutor, WarmupSteps
 from axoexp.interfaces import Executor
@@ -31,10 +32,32 @@ def forward_backward_without_update(
     stream = torch.cuda.Stream(inputs.device)
     stream.wait_stream(torch.cuda.current_stream(inputs.device))
     with torch.cuda.stream(stream):
-        executor.loss_fn(module(inputs), targets).backward()
+        batch_loss(module, executor.loss_fn, inputs, targets).backward()
         executor.optimizer.zero_grad(set_to_none=False)
     torch.cuda.current_stream(inputs.device).wait_stream(stream)
     release_autograd_graphs(module)
+
+
+class CompiledForward(torch.nn.Module):
+    """The population's ``forward`` and, for batched streams, ``forward_batch``, each compiled
+    with ``options`` (``torch.compile`` of a module compiles its ``forward`` only)."""
+
+    def __init__(self, population: torch.nn.Module, **options: object) -> None:
+        super().__init__()
+        self.population = population
+        self.whole = torch.compile(population, **options)  # type: ignore[call-overload]
+        batched = getattr(population, "forward_batch", None)  # compiled on its first call, if ever
+        self.batched = None if batched is None else torch.compile(batched, **options)  # type: ignore[call-overload]
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.whole(inputs)
+
+    def forward_batch(self, inputs: torch.Tensor) -> torch.Tensor:
+        if self.batched is None:
+            raise TypeError(
+                f"batched streams need the population's forward_batch; a {type(self.population).__name__} has none"
+            )
+        return self.batched(inputs)
 
 
 @component("executor", "compiled_cudagraph")
@@ -48,9 +71,7 @@ class CompiledCudaGraphExecutor(compiler_startup.StartsCompilerEarly, CudaGraphE
 
     def __init__(self, *, warmup_steps: WarmupSteps = 3, **components: object) -> None:
         super().__init__(warmup_steps=warmup_steps, **components)
-        self.compiled = cast(
-            torch.nn.Module, torch.compile(self.module, backend="inductor", dynamic=False, options=INDUCTOR_OPTIONS)
-        )
+        self.compiled = CompiledForward(self.module, backend="inductor", dynamic=False, options=INDUCTOR_OPTIONS)
 
     def prepare_includes(self) -> dict[str, tuple[str, ...]]:
         return {

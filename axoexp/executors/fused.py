@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 from axosim import AxoSimPopulation
 
 from axoexp.errors import IncompatibleComponentsError
 from axoexp.executors.base import UPDATE_STAGES
 from axoexp.executors.cudagraph import CudaGraphExecutor, WarmupSteps
-from axoexp.kernels.lite_population import fused_population_forward, unsupported_reason
+from axoexp.kernels.lite_population import fused_population_forward, fused_refusal, unsupported_reason
 from axoexp.registry import component
-
-SUPPORTED_POPULATIONS = ("lite",)
 
 
 class FusedLiteForward(torch.nn.Module):
@@ -24,6 +20,10 @@ class FusedLiteForward(torch.nn.Module):
         self.population = population
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return fused_population_forward(self.population, inputs)
+
+    def forward_batch(self, inputs: torch.Tensor) -> torch.Tensor:
+        """B streams: the kernel's rows are B x neurons."""
         return fused_population_forward(self.population, inputs)
 
 
@@ -41,23 +41,14 @@ class FusedCudaGraphExecutor(CudaGraphExecutor):
         self.fused = FusedLiteForward(self.module)
 
     @classmethod
-    def refusal(cls, *, population: str, dtype: torch.dtype) -> str | None:
-        if population not in SUPPORTED_POPULATIONS:
-            return (
-                f"the fused kernel runs AxoSim-Lite populations ({', '.join(SUPPORTED_POPULATIONS)}), "
-                f"not population={population}"
-            )
-        if dtype != torch.float32:
-            return f"the fused kernel runs float32, not dtype={str(dtype).removeprefix('torch.')}"
-        if importlib.util.find_spec("triton") is None:
-            return "Triton is not installed (pip install triton)"
-        return None
+    def refusal(cls, *, module: torch.nn.Module, dtype: torch.dtype) -> str | None:
+        return fused_refusal(module, dtype)
 
     def captured_forward(self) -> torch.nn.Module:
         return self.fused
 
     def prepare(self, example_inputs: torch.Tensor, example_targets: torch.Tensor) -> dict[str, float]:
         reason = unsupported_reason(self.module, example_inputs.dtype)
-        if reason is not None:  # what planning cannot see, e.g. a checkpoint's model
+        if reason is not None:  # what planning cannot see: where the population lives
             raise IncompatibleComponentsError(f"executor=fused_cudagraph cannot run this population: {reason}")
         return super().prepare(example_inputs, example_targets)

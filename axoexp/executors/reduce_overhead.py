@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import cast
-
 import torch
 
 from axoexp.executors import compiler_startup
-from axoexp.executors.base import eager_update
+from axoexp.executors.base import batch_loss, eager_update
+from axoexp.executors.compiled import CompiledForward
 from axoexp.interfaces import Executor
 from axoexp.registry import component
 from axoexp.timing import stopwatch, synchronizer
@@ -64,7 +63,7 @@ class ReduceOverheadExecutor(compiler_startup.StartsCompilerEarly, Executor):
 
     def __init__(self, **components: object) -> None:
         super().__init__(**components)  # type: ignore[arg-type]
-        self.compiled = cast(torch.nn.Module, torch.compile(self.module, mode="reduce-overhead", dynamic=False))
+        self.compiled = CompiledForward(self.module, mode="reduce-overhead", dynamic=False)
         self.prepared = False
 
     def prepare_includes(self) -> dict[str, tuple[str, ...]]:
@@ -78,7 +77,7 @@ class ReduceOverheadExecutor(compiler_startup.StartsCompilerEarly, Executor):
         with stopwatch(synchronizer(example_inputs.device), phases, "compile"):
             for _ in range(RECORDING_CALLS):
                 torch.compiler.cudagraph_mark_step_begin()
-                self.loss_fn(self.compiled(example_inputs), example_targets).backward()
+                batch_loss(self.compiled, self.loss_fn, example_inputs, example_targets).backward()
             self.optimizer.zero_grad(set_to_none=False)
         self.prepared = True
         return phases

@@ -30,7 +30,8 @@ from axoexp import names
 from axoexp.executors import compiler_startup, matmul_decomposition
 from axoexp.executors.compiled import COMPILE_STAGES, INDUCTOR_OPTIONS, forward_backward_without_update
 from axoexp.executors.cudagraph import CudaGraphExecutor, WarmupSteps
-from axoexp.kernels.lite_population import assemble_output, lite_tokens
+from axoexp.interfaces import STREAM_AXIS_RANK
+from axoexp.kernels.lite_population import assemble_output, lite_structure_reason, lite_tokens
 from axoexp.registry import AT_LEAST_ONE, component
 from axoexp.timing import stopwatch, synchronizer
 
@@ -68,13 +69,17 @@ class RegionalLiteForward(torch.nn.Module):
             torch.compile(lite_tokens, dynamic=False, fullgraph=True, options=options) if compile_edges else lite_tokens
         )
         self.whole = torch.compile(population.forward, backend="inductor", dynamic=False, options=options)
+        self.whole_batch = torch.compile(population.forward_batch, backend="inductor", dynamic=False, options=options)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """One stream (neurons, time, contacts), or B streams (B, neurons, time, contacts) whose
+        B x neurons rows every region runs at once."""
         if self.decompose_matmuls:  # here, not in __init__: it imports inductor, which may be starting up
             matmul_decomposition.widen_thresholds()
         neuron = self.population.neuron
-        if inputs.shape[1] // neuron.patch_size <= self.tokens_per_region:
-            return self.whole(inputs)
+        time_steps = inputs.shape[-2]
+        if time_steps // neuron.patch_size <= self.tokens_per_region:
+            return (self.whole_batch if inputs.dim() == STREAM_AXIS_RANK else self.whole)(inputs)
         tokens, cache = self.prologue(self.population, inputs)
         # A leaf that requires grad: every region then sees a state that requires grad, so one
         # graph serves the first region too (its own gradient is computed and dropped).
@@ -85,7 +90,10 @@ class RegionalLiteForward(torch.nn.Module):
         for chunk in tokens.split(self.tokens_per_region, dim=0):
             forecast, state = self.region(neuron, chunk, state, cache)
             forecasts.append(forecast)
-        return assemble_output(neuron, torch.cat(forecasts), inputs.shape[1])
+        output = assemble_output(neuron, torch.cat(forecasts), time_steps)
+        return output.reshape(*inputs.shape[:-1], neuron.config.output_dim)
+
+    forward_batch = forward
 
 
 def use_cache_dir(cache_dir: str | None) -> str:
@@ -141,10 +149,9 @@ class RegionalCudaGraphExecutor(compiler_startup.StartsCompilerEarly, CudaGraphE
         )
 
     @classmethod
-    def refusal(cls, *, population: str, dtype: torch.dtype) -> str | None:
-        if population != "lite":
-            return f"its regions are AxoSim-Lite's step_token calls, not population={population}'s"
-        return None
+    def refusal(cls, *, module: torch.nn.Module, dtype: torch.dtype) -> str | None:
+        structure = lite_structure_reason(module)
+        return None if structure is None else f"its regions are AxoSim-Lite's step_token calls: {structure}"
 
     @classmethod
     def begin_setup(cls, device: torch.device, params: Mapping[str, Any]) -> None:

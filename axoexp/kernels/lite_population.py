@@ -1,4 +1,4 @@
-"""``AxoSimPopulation.forward`` with a replaceable P4 recurrence (the fused Triton kernels, or
+"""``AxoSimPopulation.forward`` (and ``forward_batch``) with a replaceable P4 recurrence (the fused Triton kernels, or
 compiled regions of ``step_token`` calls).
 
 Everything before and after the recurrence is the population's own torch code (contact
@@ -20,29 +20,48 @@ import torch
 from axosim import AxoSimLite, AxoSimPopulation
 from torch import nn
 
+from axoexp.interfaces import STREAM_AXIS_RANK
 
-def unsupported_reason(population: nn.Module, dtype: torch.dtype) -> str | None:
-    """Why ``fused_population_forward`` cannot run ``population`` at ``dtype``; None if it can."""
-    if importlib.util.find_spec("triton") is None:
-        return "Triton is not installed"
-    # Exact types: a subclass may change the forward or the step this path reproduces.
-    if type(population) is not AxoSimPopulation:
-        return f"the fused kernel runs an AxoSimPopulation, not a {type(population).__name__}"
-    neuron = cast(nn.Module, population.neuron)
+
+def lite_structure_reason(module: nn.Module) -> str | None:
+    """Why ``module`` is not an exact ``AxoSimPopulation`` of ``AxoSimLite`` neurons (whose
+    forward, and forward_batch, this module reproduces around a replaceable recurrence); None if it is.
+    Exact types: a subclass may change the forward or the step this path reproduces."""
+    if type(module) is not AxoSimPopulation:
+        return f"it runs an axosim.AxoSimPopulation, and the population is a {type(module).__name__}"
+    neuron = cast(nn.Module, module.neuron)
     if type(neuron) is not AxoSimLite:
-        return f"the fused kernel runs AxoSim-Lite neurons, not {type(neuron).__name__}"
+        return f"it runs AxoSim-Lite (axosim.AxoSimLite) neurons, and the population's are {type(neuron).__name__}"
+    return None
+
+
+def fused_refusal(module: nn.Module, dtype: torch.dtype) -> str | None:
+    """Why the fused kernels cannot run the population ``module`` at ``dtype``, judged by what
+    it is (types, dtypes, which weights train), not where it lives; None if they can."""
+    if importlib.util.find_spec("triton") is None:
+        return "Triton is not installed (pip install triton)"
+    structure = lite_structure_reason(module)
+    if structure is not None:
+        return f"the fused kernel {structure.removeprefix('it ')}"
     if dtype != torch.float32:
-        return f"the fused kernel runs float32, not {dtype}"
+        return f"the fused kernel runs float32, not dtype={str(dtype).removeprefix('torch.')}"
     dtypes = {
-        tensor.dtype
-        for tensor in itertools.chain(population.parameters(), population.buffers())
-        if tensor.is_floating_point()
+        tensor.dtype for tensor in itertools.chain(module.parameters(), module.buffers()) if tensor.is_floating_point()
     }
     if dtypes != {torch.float32}:
         return f"the population holds {sorted(map(str, dtypes))} tensors, not only float32"
+    neuron = cast(nn.Module, module.neuron)
     trainable = [name for name, weight in neuron.named_parameters() if weight.requires_grad]
     if trainable:
         return "the fused kernel trains only adaptation banks, but neuron weights require grad: " + ", ".join(trainable)
+    return None
+
+
+def unsupported_reason(population: nn.Module, dtype: torch.dtype) -> str | None:
+    """Why ``fused_population_forward`` cannot run ``population`` at ``dtype`` where it lives; None if it can."""
+    reason = fused_refusal(population, dtype)
+    if reason is not None:
+        return reason
     from axoexp.kernels.lite_recurrence import INTERPRETED
 
     device = population.behavior_adapter.device
@@ -60,29 +79,54 @@ Recurrence = Callable[[AxoSimLite, torch.Tensor, torch.Tensor], torch.Tensor]
 cache; the result the (blocks, neurons, 4 * outputs) forecasts, time-major."""
 
 
+def summaries_and_cache(population: AxoSimPopulation, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (rows, time, route_features) contact summaries and (rows, cache_width) adaptation
+    cache the neuron runs on, by the population's own code: for one stream (neurons, time,
+    contacts) the rows are the neurons (``forward``); for B streams (B, neurons, time, contacts)
+    they are B x neurons, stream-major, each stream with the same banks (``forward_batch``'s lines)."""
+    if inputs.dim() != STREAM_AXIS_RANK:
+        return population._contact_summaries(inputs), population._runtime_coefficients()
+    streams, neurons, time_steps, contacts = inputs.shape
+    features = population.neuron.config.route_feature_dim
+    weighted = inputs * population.synaptic_efficacies().view(1, neurons, 1, contacts)
+    summaries = (
+        torch.bmm(
+            weighted.permute(1, 0, 2, 3).reshape(neurons, streams * time_steps, contacts),
+            population._contact_route_features(),
+        )
+        .reshape(neurons, streams, time_steps, features)
+        .permute(1, 0, 2, 3)
+        .reshape(streams * neurons, time_steps, features)
+    )
+    cache = (
+        population._runtime_coefficients().view(1, neurons, -1).expand(streams, -1, -1).reshape(streams * neurons, -1)
+    )
+    return summaries, cache
+
+
 def lite_tokens(population: AxoSimPopulation, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Everything before the recurrence: time-major P4 tokens and the adaptation cache.
 
-    (blocks, neurons, token_dim) tokens of the whole P4 patches (``time - time % 4`` steps;
-    ``blocks`` may be 0) and the (neurons, cache_width) cache, by the population's own code.
+    (blocks, rows, token_dim) tokens of the whole P4 patches (``time - time % 4`` steps;
+    ``blocks`` may be 0) and the (rows, cache_width) cache (:func:`summaries_and_cache`).
     """
     neuron = population.neuron
     patch = neuron.patch_size
-    summaries = population._contact_summaries(inputs)
-    neurons, time_steps, features = summaries.shape
+    summaries, cache = summaries_and_cache(population, inputs)
+    rows, time_steps, features = summaries.shape
     blocks = time_steps // patch
-    tokens = neuron.input_projection(summaries[:, : blocks * patch].reshape(neurons, blocks, patch * features))
-    return tokens.transpose(0, 1).contiguous(), population._runtime_coefficients()
+    tokens = neuron.input_projection(summaries[:, : blocks * patch].reshape(rows, blocks, patch * features))
+    return tokens.transpose(0, 1).contiguous(), cache
 
 
 def assemble_output(neuron: AxoSimLite, forecast: torch.Tensor, time_steps: int) -> torch.Tensor:
     """Everything after the recurrence, as axosim does it: four warm-up zeros, then block
     ``b``'s forecast at steps ``4 b + 4 .. 4 b + 7``, cut at ``time_steps``; the neuron keeps
-    the output's soma channel as ``base_soma_prediction``."""
+    the output's soma channel as ``base_soma_prediction``. (rows, time_steps, outputs)."""
     patch, outputs = neuron.patch_size, neuron.config.output_dim
-    blocks, neurons, _ = forecast.shape
-    forecast = forecast.transpose(0, 1).reshape(neurons, blocks * patch, outputs)
-    output = torch.cat((forecast.new_zeros(neurons, patch, outputs), forecast[:, : time_steps - patch]), dim=1)
+    blocks, rows, _ = forecast.shape
+    forecast = forecast.transpose(0, 1).reshape(rows, blocks * patch, outputs)
+    output = torch.cat((forecast.new_zeros(rows, patch, outputs), forecast[:, : time_steps - patch]), dim=1)
     neuron.base_soma_prediction = output[..., 1:2]
     return output
 
@@ -90,14 +134,17 @@ def assemble_output(neuron: AxoSimLite, forecast: torch.Tensor, time_steps: int)
 def population_forward(population: AxoSimPopulation, inputs: torch.Tensor, recurrence: Recurrence) -> torch.Tensor:
     """``population(inputs)`` with ``recurrence`` running the P4 blocks: (neurons, time,
     contacts) contact inputs to (neurons, time, outputs) predictions, differentiable in the
-    adaptation banks."""
+    adaptation banks; or ``population.forward_batch(inputs)`` for (B, neurons, time, contacts)
+    inputs, whose B x neurons rows the recurrence runs at once."""
     neuron = population.neuron
+    time_steps = inputs.shape[-2]
     tokens, cache = lite_tokens(population, inputs)
     if tokens.shape[0] == 0:  # fewer than 4 steps: all warm-up, as in axosim
-        output = inputs.new_zeros(inputs.shape[0], inputs.shape[1], neuron.config.output_dim)
+        output = inputs.new_zeros(cache.shape[0], time_steps, neuron.config.output_dim)
         neuron.base_soma_prediction = output[..., 1:2]
-        return output
-    return assemble_output(neuron, recurrence(neuron, tokens, cache), inputs.shape[1])
+    else:
+        output = assemble_output(neuron, recurrence(neuron, tokens, cache), time_steps)
+    return output.reshape(*inputs.shape[:-1], neuron.config.output_dim)
 
 
 def fused_population_forward(
@@ -106,8 +153,8 @@ def fused_population_forward(
     *,
     block_n: int | None = None,
 ) -> torch.Tensor:
-    """``population(inputs)`` with the recurrence in the fused Triton kernels (float32);
-    ``block_n`` overrides the kernel's neurons per program."""
+    """``population(inputs)`` (or ``forward_batch`` for batched streams) with the recurrence in
+    the fused Triton kernels (float32); ``block_n`` overrides the kernel's rows per program."""
     reason = unsupported_reason(population, inputs.dtype)
     if reason is not None:
         raise ValueError(reason)

@@ -7,14 +7,16 @@ import sys
 from pathlib import Path
 
 from mlflow.entities import Run
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from axoexp import names, report
 from axoexp.errors import AxoexpError, NoSweepError
 from axoexp.report.figure import FIGURE, plot, title
+from axoexp.report.pareto import PARETO_FIGURE, format_front, pareto_front, plot_front, study_objectives, study_runs
 from axoexp.report.rows import build_rows, sweep_runs
 from axoexp.report.table import FORMATS, format_table
-from axoexp.tracking import SQLITE_PREFIX, newest_run, resolve_tracking_uri
+from axoexp.tracking import SQLITE_PREFIX, UNREACHABLE, newest_run, resolve_tracking_uri
 
 
 def latest_parent(client: MlflowClient, experiment: str) -> Run:
@@ -30,13 +32,43 @@ def output_dir(parent: Run) -> Path:
     return sweep_dir if sweep_dir.is_dir() else Path(".")
 
 
+def named_run(client: MlflowClient, run_id: str, uri: str) -> Run:
+    """The run ``--parent`` names; one line if there is none."""
+    try:
+        return client.get_run(run_id)
+    except MlflowException as error:
+        if error.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            raise NoSweepError(f"--parent {run_id}: no such run at {uri}") from error
+        raise
+
+
+def single_run_line(run: Run) -> str:
+    """A run that is no sweep's parent, in one line: what it ran, its status, median and labels."""
+    tags, metrics = run.data.tags, run.data.metrics
+    median, p10, p90 = (metrics.get(names.update_metric(stat)) for stat in ("median", "p10", "p90"))
+    timing = (
+        f"median {median:.3f} ms (p10 {p10:.3f}, p90 {p90:.3f})"
+        if median is not None and p10 is not None and p90 is not None
+        else "no latency logged"
+    )
+    return (
+        f"run {run.info.run_id} '{run.info.run_name}' is a single run, not a sweep: "
+        f"{tags.get(names.component_tag('executor'), '?')} {tags.get(names.SHAPE, '?')} {run.info.status}, "
+        f"{timing}, contention {tags.get(names.TIMING_CONTENTION, '?')}, noise {tags.get(names.TIMING_NOISE, '?')}"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Print the report of a sweep; a user error exits 2 with one line."""
+    """Print the report of a sweep; a user error exits 2 with one line, a store that cannot be read 1."""
     try:
         run_report(argv)
     except AxoexpError as error:
         print(f"axoexp.report: {error}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(error.exit_code)
+    except UNREACHABLE as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        print(f"axoexp.report: the MLflow store could not be read: {reason}", file=sys.stderr)
+        sys.exit(1)
 
 
 def run_report(argv: list[str] | None = None) -> None:
@@ -53,6 +85,12 @@ def run_report(argv: list[str] | None = None) -> None:
         help="how the table prints; markdown, csv and json are also written as report.md|csv|json",
     )
     parser.add_argument(
+        "--include-contended",
+        action="store_true",
+        help="pool runs measured under contention or with high noise with the quiet ones and give them "
+        "speedups (default: rows of their own, marked, without a speedup)",
+    )
+    parser.add_argument(
         "--out", type=Path, default=None, help=f"the figure's path (default: {FIGURE} in the sweep's output directory)"
     )
     args = parser.parse_args(argv)
@@ -60,9 +98,12 @@ def run_report(argv: list[str] | None = None) -> None:
     if uri.startswith(SQLITE_PREFIX) and not Path(uri.removeprefix(SQLITE_PREFIX)).is_file():
         raise NoSweepError(f"no MLflow store at {uri}; run a sweep first: python -m axoexp -m ...")
     client = MlflowClient(tracking_uri=uri)
-    parent = client.get_run(args.parent) if args.parent else latest_parent(client, args.experiment)
+    parent = named_run(client, args.parent, uri) if args.parent else latest_parent(client, args.experiment)
     runs = sweep_runs(client, parent)
-    rows = build_rows(runs, client, parent.info.run_id)
+    if not runs and parent.data.tags.get(names.SWEEP_ROLE) != "parent":
+        print(single_run_line(parent))
+        return
+    rows = build_rows(runs, client, parent.info.run_id, include_contended=args.include_contended)
     table = format_table(rows, args.format)
     if args.format == "text":
         print(f"{parent.info.run_name} ({parent.info.status}, parent run {parent.info.run_id})")
@@ -70,6 +111,13 @@ def run_report(argv: list[str] | None = None) -> None:
     figure = args.out or output_dir(parent) / FIGURE
     plot(rows, title(parent, runs), figure)
     written = [figure]
+    objectives = study_objectives(parent)
+    if objectives:  # an Optuna search (hydra/sweeper=optuna)
+        trials = study_runs(client, parent)
+        front = pareto_front(trials, objectives)
+        print(format_front(parent, trials, front, objectives), file=sys.stdout if args.format == "text" else sys.stderr)
+        written.append(figure.with_name(PARETO_FIGURE))
+        plot_front(trials, front, objectives, title(parent, runs), written[-1])
     if args.format != "text":
         written.append(figure.with_name(f"report.{FORMATS[args.format]}"))
         written[-1].write_text(table + "\n")

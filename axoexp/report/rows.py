@@ -13,12 +13,12 @@ from mlflow.tracking import MlflowClient
 
 from axoexp import names
 from axoexp.registry import GROUPS
-from axoexp.statistics import LatencySummary, median_ratio_interval
+from axoexp.statistics import HIGH, LOW, LatencySummary, disturbance, median_ratio_interval
 from axoexp.tracking import child_runs
 
 EXECUTOR_KEY = f"{names.EXECUTOR_PARAM_PREFIX}name"
 IGNORED_FOR_PAIRING = (names.EXECUTOR_PARAM_PREFIX, *names.NOT_MEASUREMENT_PARAM_PREFIXES)
-SHAPE_KEYS = ("population.neurons", "population.time_steps", "population.contacts")
+POPULATION_PREFIX = "population."
 BASELINE = "eager"
 
 
@@ -40,6 +40,13 @@ class ReportRow:
     speedup_high: float | None = None  # (statistics.median_ratio_interval)
     repeats: int = 1  # FINISHED runs of the same config pooled into this row (sweep.repeats)
     run_ids: tuple[str, ...] = ()
+    contention: str = ""  # timing.contention of its runs: none, or what disturbed them (cpu, gpu-shared, ...)
+    noise: str = ""  # timing.noise of its runs: low, or high where any run's was
+
+    @property
+    def contended(self) -> bool:
+        """Measured under contention or with high noise: not a number to compare speeds by."""
+        return self.contention not in ("", "none") or self.noise == HIGH
 
     def setting(self, label: str) -> str:
         return dict(self.settings).get(label, "")
@@ -50,7 +57,7 @@ class ReportRow:
 
 
 def setting_label(key: str) -> str:
-    """How a param is named in the report: ``neurons``, ``gradient_transform``, ``optimizer.lr``."""
+    """How a param is named in the report: ``batch_size``, ``gradient_transform``, ``optimizer.lr``."""
     group, _, rest = key.partition(".")
     if group == "population":
         return rest
@@ -76,7 +83,7 @@ def swept_keys(runs: Sequence[Run]) -> list[str]:
     keys = [key for key, seen in values.items() if len(seen) > 1]
     # a parameter only some options of a group have (clip_norm's max_norm) follows from the option
     keys = [key for key in keys if None not in values[key] or f"{key.partition('.')[0]}.name" not in keys]
-    return sorted(keys, key=lambda key: (key not in SHAPE_KEYS, SHAPE_KEYS.index(key) if key in SHAPE_KEYS else 0, key))
+    return sorted(keys, key=lambda key: (not key.startswith(POPULATION_PREFIX), key))  # the population's own first
 
 
 def sweep_runs(client: MlflowClient, parent: Run) -> list[Run]:
@@ -110,13 +117,16 @@ class _Group:
         return float(np.median([run.data.metrics.get(names.CAPTURE, math.nan) for run in self.runs]))
 
 
-def _group(runs: list[Run], client: MlflowClient | None) -> list[_Group]:
+def _group(runs: list[Run], client: MlflowClient | None, include_contended: bool) -> list[_Group]:
+    """FINISHED runs of one config and executor pooled, those measured quietly apart from the
+    contended ones unless ``include_contended``; every other run alone."""
     executor_tag = names.component_tag("executor")
     pooled: dict[tuple[object, ...], list[Run]] = defaultdict(list)
     single = []
     for run in runs:
         if run.info.status == "FINISHED":
-            pooled[(_pairing_key(run), run.data.tags.get(executor_tag))].append(run)
+            contended = not include_contended and bool(disturbance(run.data.tags))
+            pooled[(_pairing_key(run), run.data.tags.get(executor_tag), contended)].append(run)
         else:
             single.append([run])
     groups = []
@@ -126,25 +136,48 @@ def _group(runs: list[Run], client: MlflowClient | None) -> list[_Group]:
     return groups
 
 
-def build_rows(runs: list[Run], client: MlflowClient | None = None, parent_id: str | None = None) -> list[ReportRow]:
+def _labels(runs: list[Run]) -> tuple[str, str]:
+    """The runs' ``timing.contention`` (``none``, or every kind seen) and ``timing.noise``
+    (``high`` where any run's was); blank for runs logged without them."""
+    contentions = {run.data.tags.get(names.TIMING_CONTENTION) for run in runs} - {None}
+    kinds = sorted({kind for value in contentions for kind in value.split(",") if kind and kind != "none"})
+    contention = ",".join(kinds) or ("none" if contentions else "")
+    noises = {run.data.tags.get(names.TIMING_NOISE) for run in runs} - {None}
+    return contention, HIGH if HIGH in noises else LOW if noises else ""
+
+
+def build_rows(
+    runs: list[Run],
+    client: MlflowClient | None = None,
+    parent_id: str | None = None,
+    include_contended: bool = False,
+) -> list[ReportRow]:
     """One row per config and executor, with its speedup over the FINISHED eager runs of the same
     parameters. FINISHED repeats of a config (``sweep.repeats``) are pooled into one row; other
-    runs stand alone. With ``client``, each speedup carries a 95% bootstrap interval from the
-    per-update series (:func:`axoexp.statistics.median_ratio_interval`, seeded). With
-    ``parent_id``, a run that is not that parent's child is marked ``reused``."""
+    runs stand alone. Runs measured under contention or with high noise
+    (:func:`axoexp.statistics.disturbance`) form rows of their own, marked, without a speedup,
+    and are no eager baseline, unless ``include_contended`` pools them with the rest. With
+    ``client``, each speedup carries a 95% bootstrap interval from the per-update series
+    (:func:`axoexp.statistics.median_ratio_interval`, seeded). With ``parent_id``, a run that is
+    not that parent's child is marked ``reused``."""
     executor_tag = names.component_tag("executor")
-    groups = _group(runs, client)
+    groups = _group(runs, client, include_contended)
+    quiet = {
+        id(group): include_contended or not any(disturbance(run.data.tags) for run in group.runs) for group in groups
+    }
     eager = {
         _pairing_key(group.runs[0]): group
         for group in groups
-        if group.runs[0].data.tags.get(executor_tag) == BASELINE and group.runs[0].info.status == "FINISHED"
+        if group.runs[0].data.tags.get(executor_tag) == BASELINE
+        and group.runs[0].info.status == "FINISHED"
+        and quiet[id(group)]
     }
     swept = [key for key in swept_keys(runs) if key != EXECUTOR_KEY]
     rows = []
     for group in groups:
         first = group.runs[0]
         median = group.statistic("median")
-        baseline = eager.get(_pairing_key(first))
+        baseline = eager.get(_pairing_key(first)) if quiet[id(group)] else None
         speedup = (baseline.statistic("median") if baseline else math.nan) / median
         low = high = None
         if baseline is group:
@@ -152,6 +185,7 @@ def build_rows(runs: list[Run], client: MlflowClient | None = None, parent_id: s
         elif baseline is not None and baseline.series is not None and group.series is not None:
             interval = median_ratio_interval(baseline.series, group.series)
             speedup, low, high = interval.estimate, interval.low, interval.high
+        contention, noise = _labels(group.runs)
         rows.append(
             ReportRow(
                 shape=first.data.tags.get(names.SHAPE, "?"),
@@ -170,6 +204,10 @@ def build_rows(runs: list[Run], client: MlflowClient | None = None, parent_id: s
                 speedup_high=high,
                 repeats=len(group.runs),
                 run_ids=tuple(run.info.run_id for run in group.runs),
+                contention=contention,
+                noise=noise,
             )
         )
-    return sorted(rows, key=lambda row: (names.shape_size(row.shape), row.shape, row.settings, row.executor))
+    return sorted(
+        rows, key=lambda row: (names.shape_size(row.shape), row.shape, row.settings, row.executor, row.contended)
+    )

@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import math
+from collections.abc import Container, Sequence
 from dataclasses import asdict, fields
 
 from axoexp.report.rows import ReportRow
@@ -40,6 +41,8 @@ COLUMNS = (
     "vs eager",
     "95% interval",
     "runs",
+    "contention",
+    "noise",
     "reused",
     "settings",
     "run id",
@@ -59,6 +62,8 @@ def _cells(row: ReportRow) -> tuple[str, ...]:
         _speedup(row),
         _interval(row),
         str(row.repeats),
+        row.contention,
+        row.noise,
         "reused" if row.reused else "",
         row.settings_text,
         row.run_id,
@@ -75,14 +80,18 @@ def format_table(rows: list[ReportRow], style: str = "text") -> str:
         writer.writerow([field.name for field in fields(ReportRow)])
         writer.writerows([_json_row(row).values() for row in rows])
         return out.getvalue().rstrip("\n")
-    cells = [COLUMNS, *(_cells(row) for row in rows)]
-    if style == "markdown":
-        rule = ["---:" if index in NUMERIC_COLUMNS else "---" for index in range(len(COLUMNS))]
+    return grid([COLUMNS, *(_cells(row) for row in rows)], NUMERIC_COLUMNS, markdown=style == "markdown")
+
+
+def grid(cells: Sequence[Sequence[str]], numeric: Container[int], *, markdown: bool = False) -> str:
+    """A header line and rows of cells as aligned text (``numeric`` columns right-aligned) or a markdown table."""
+    if markdown:
+        rule = ["---:" if index in numeric else "---" for index in range(len(cells[0]))]
         return "\n".join("| " + " | ".join(line) + " |" for line in [cells[0], rule, *cells[1:]])
-    widths = [max(len(line[index]) for line in cells) for index in range(len(COLUMNS))]
+    widths = [max(len(line[index]) for line in cells) for index in range(len(cells[0]))]
     return "\n".join(
         "  ".join(
-            cell.rjust(width) if index in NUMERIC_COLUMNS else cell.ljust(width)
+            cell.rjust(width) if index in numeric else cell.ljust(width)
             for index, (cell, width) in enumerate(zip(line, widths, strict=True))
         ).rstrip()
         for line in cells

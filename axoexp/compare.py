@@ -1,0 +1,327 @@
+"""``python -m axoexp.compare BASE NEW``: did a change make it slower? A regression gate for CI.
+
+BASE and NEW are MLflow run ids: a sweep's parent (its children and the runs it reused) or
+one run; ``--latest 2`` takes the two newest top-level runs of the experiment (BASE the
+older). Rows are the report's (:mod:`axoexp.report.rows`: one per config and executor,
+``sweep.repeats`` pooled), matched across the sides by their resolved config (every param
+but ``tracking.*``, ``sweep.*`` and ``run.progress``; code identity lives in tags, so it
+never splits a match). Per matched row: the median latency NEW/BASE with a seeded 95%
+bootstrap interval over both sides' per-update series (:func:`axoexp.statistics.median_ratio_interval`)
+and a verdict: ``slower`` when the whole interval lies above 1 + threshold, ``faster`` when
+it lies below 1 - threshold, else ``no change``. A row whose runs were contended
+(``timing.contention`` not none) or noisy (``timing.noise`` high) on either side is marked
+and never counted as a regression. Exit 1 when any row is a regression, 0 otherwise, 2 on
+bad input (one line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from mlflow.entities import Run
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from axoexp import names
+from axoexp.errors import AxoexpError, ComparisonError, NoSweepError
+from axoexp.report.rows import (
+    EXECUTOR_KEY,
+    ReportRow,
+    build_rows,
+    measured_series,
+    setting_label,
+    sweep_runs,
+    swept_keys,
+)
+from axoexp.report.table import FORMATS, grid
+from axoexp.statistics import CONFIDENCE, HIGH, median_ratio_interval
+from axoexp.tracking import SQLITE_PREFIX, resolve_tracking_uri
+
+DEFAULT_THRESHOLD = "5%"
+SLOWER, FASTER, NO_CHANGE, NOT_COMPARED = "slower", "faster", "no change", "not compared"
+CODE_TAGS = (names.GIT_COMMIT, names.GIT_DIRTY, names.CODE_HASH, names.PLUGINS_HASH)
+LATEST_SCAN = 1000  # newest runs looked at for --latest
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One config and executor measured on both sides."""
+
+    shape: str
+    executor: str
+    settings: str  # the settings that vary between the compared rows
+    base_median_ms: float
+    new_median_ms: float
+    ratio: float  # new / base median
+    ratio_low: float | None  # 95% bootstrap interval of ratio, where both sides have their series
+    ratio_high: float | None
+    verdict: str  # slower | faster | no change | not compared
+    caution: str  # why the verdict does not decide: "contended (cpu)", "noisy", "new FAILED", or ""
+    regression: bool  # slower, with no caution
+    base_runs: int
+    new_runs: int
+    base_run_id: str
+    new_run_id: str
+
+
+@dataclass(frozen=True)
+class Side:
+    """BASE or NEW: its name, runs and the code they ran."""
+
+    label: str
+    runs: list[Run]
+    rows: list[ReportRow]
+
+    def code(self) -> dict[str, str]:
+        """Commit, dirty, code and plugin hashes; several values of one joined by ``,``."""
+        return {tag: ",".join(sorted({run.data.tags.get(tag, "?") for run in self.runs}) or ["?"]) for tag in CODE_TAGS}
+
+
+def parse_threshold(text: str) -> float:
+    """``5%`` or ``0.05`` as a fraction; one line naming the value otherwise."""
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < 1:
+        raise ComparisonError(f"--threshold={text}: not a fraction in [0, 1) or a percentage, e.g. 5% or 0.05")
+    return value
+
+
+def verdict(low: float | None, high: float | None, threshold: float) -> str:
+    """``slower`` / ``faster`` when the interval of NEW/BASE lies wholly beyond ``1 ± threshold``."""
+    if low is None or high is None:
+        return NOT_COMPARED
+    if low > 1 + threshold:
+        return SLOWER
+    if high < 1 - threshold:
+        return FASTER
+    return NO_CHANGE
+
+
+def config_key(run: Run) -> tuple[tuple[str, str], ...]:
+    """What a run measured: its params without those that say where results went or how it was watched."""
+    return tuple(
+        sorted(
+            (key, value)
+            for key, value in run.data.params.items()
+            if not key.startswith(names.NOT_MEASUREMENT_PARAM_PREFIXES)
+        )
+    )
+
+
+def untrusted(runs: Sequence[Run]) -> str:
+    """``contended (cpu)``, ``noisy``, both, or ``""``: why these runs' timings do not decide."""
+    contention = sorted({tag for run in runs if (tag := run.data.tags.get(names.TIMING_CONTENTION, "none")) != "none"})
+    reasons = [f"contended ({', '.join(contention)})"] if contention else []
+    if any(run.data.tags.get(names.TIMING_NOISE) == HIGH for run in runs):
+        reasons.append("noisy")
+    return ", ".join(reasons)
+
+
+def load_side(client: MlflowClient, run_id: str, label: str) -> Side:
+    """A sweep parent's runs (children and reused) or the one run ``run_id`` names."""
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:
+        raise ComparisonError(
+            f"{label}={run_id}: no such run in this store; give a run id or a sweep's parent run id"
+        ) from None
+    runs = sweep_runs(client, run) if run.data.tags.get(names.SWEEP_ROLE) == "parent" else [run]
+    if not runs:
+        raise ComparisonError(f"{label}={run_id}: the sweep has no runs to compare")
+    return Side(label, runs, build_rows(runs, client))
+
+
+def latest_two(client: MlflowClient, experiment: str) -> tuple[str, str]:
+    """The two newest runs of ``experiment`` that are not a sweep's children: (older, newer)."""
+    found = client.get_experiment_by_name(experiment)
+    runs = (
+        client.search_runs([found.experiment_id], order_by=["attributes.start_time DESC"], max_results=LATEST_SCAN)
+        if found
+        else []
+    )
+    top = [run.info.run_id for run in runs if names.PARENT_RUN_ID not in run.data.tags][:2]
+    if len(top) < 2:
+        raise ComparisonError(f"--latest 2: experiment {experiment!r} has {len(top)} sweeps or single runs, not 2")
+    return top[1], top[0]
+
+
+def compare(client: MlflowClient, base: Side, new: Side, threshold: float) -> list[Comparison]:
+    """Every row of ``new`` that ``base`` has too, matched by config and executor."""
+    by_id = {run.info.run_id: run for run in [*base.runs, *new.runs]}
+    swept = [key for key in swept_keys([*base.runs, *new.runs]) if key != EXECUTOR_KEY]
+    before_rows = _by_config(base.rows, by_id)
+    comparisons = []
+    for config, row in _by_config(new.rows, by_id).items():
+        before = before_rows.get(config)
+        if before is None:
+            continue
+        base_series = [measured_series(client, by_id[run_id]) for run_id in before.run_ids]
+        new_series = [measured_series(client, by_id[run_id]) for run_id in row.run_ids]
+        low = high = None
+        ratio = row.median_ms / before.median_ms
+        unfinished = [f"{side} {r.status}" for side, r in (("base", before), ("new", row)) if r.status != "FINISHED"]
+        if not unfinished and all(base_series) and all(new_series):
+            interval = median_ratio_interval(new_series, base_series)
+            ratio, low, high = interval.estimate, interval.low, interval.high
+        timing = untrusted([by_id[run_id] for run_id in (*before.run_ids, *row.run_ids)])
+        caution = ", ".join(filter(None, [*unfinished, timing]))
+        outcome = verdict(low, high, threshold)
+        first = by_id[row.run_id]
+        comparisons.append(
+            Comparison(
+                shape=row.shape,
+                executor=row.executor,
+                settings=" ".join(f"{setting_label(name)}={first.data.params.get(name, '')}" for name in swept),
+                base_median_ms=before.median_ms,
+                new_median_ms=row.median_ms,
+                ratio=ratio,
+                ratio_low=low,
+                ratio_high=high,
+                verdict=outcome,
+                caution=caution,
+                regression=outcome == SLOWER and not caution,
+                base_runs=before.repeats,
+                new_runs=row.repeats,
+                base_run_id=before.run_id,
+                new_run_id=row.run_id,
+            )
+        )
+    return comparisons
+
+
+def _by_config(rows: list[ReportRow], by_id: dict[str, Run]) -> dict[tuple[tuple[str, str], ...], ReportRow]:
+    """Each config's row: the pooled FINISHED runs where there are any, else its first other run."""
+    chosen: dict[tuple[tuple[str, str], ...], ReportRow] = {}
+    for row in sorted(rows, key=lambda row: row.status != "FINISHED", reverse=True):
+        chosen[config_key(by_id[row.run_id])] = row
+    return chosen
+
+
+COLUMNS = (
+    "shape",
+    "executor",
+    "settings",
+    "base ms",
+    "new ms",
+    "new/base",
+    "95% interval",
+    "verdict",
+    "timing",
+    "runs",
+)
+NUMERIC_COLUMNS = range(3, 7)
+
+
+def _number(value: float | None, digits: int) -> str:
+    return "" if value is None or math.isnan(value) else f"{value:.{digits}f}"
+
+
+def _cells(comparison: Comparison) -> tuple[str, ...]:
+    interval = (
+        ""
+        if comparison.ratio_low is None or comparison.ratio_high is None
+        else f"[{comparison.ratio_low:.3f}, {comparison.ratio_high:.3f}]"
+    )
+    verdict_text = comparison.verdict.upper() if comparison.regression else comparison.verdict
+    return (
+        comparison.shape,
+        comparison.executor,
+        comparison.settings,
+        _number(comparison.base_median_ms, 3),
+        _number(comparison.new_median_ms, 3),
+        _number(comparison.ratio, 3),
+        interval,
+        verdict_text,
+        comparison.caution,
+        f"{comparison.base_runs}/{comparison.new_runs}",
+    )
+
+
+def _record(comparison: Comparison) -> dict[str, object]:
+    return {
+        key: None if isinstance(value, float) and math.isnan(value) else value
+        for key, value in asdict(comparison).items()
+    }
+
+
+def format_comparison(comparisons: list[Comparison], base: Side, new: Side, style: str, threshold: float) -> str:
+    """The comparison as ``text``, ``markdown``, ``csv`` (rows only) or ``json`` (sides' code and rows)."""
+    if style == "json":
+        sides = {
+            side.label.lower(): {"run_ids": [run.info.run_id for run in side.runs], "code": side.code()}
+            for side in (base, new)
+        }
+        return json.dumps({**sides, "threshold": threshold, "rows": [_record(c) for c in comparisons]}, indent=2)
+    if style == "csv":
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow([field.name for field in fields(Comparison)])
+        writer.writerows([_record(c).values() for c in comparisons])
+        return out.getvalue().rstrip("\n")
+    lines = [
+        f"{side.label}: {len(side.runs)} runs; "
+        + ", ".join(f"{tag} {value[:12] if tag.endswith('sha256') else value}" for tag, value in side.code().items())
+        for side in (base, new)
+    ]
+    lines.append(
+        f"{len(comparisons)} rows matched; verdict from the {CONFIDENCE:.0%} interval of new/base "
+        f"against 1 ± {threshold:.0%}; regressions in capitals"
+    )
+    table = grid([COLUMNS, *(_cells(c) for c in comparisons)], NUMERIC_COLUMNS, markdown=style == "markdown")
+    if style == "markdown":
+        return "\n".join(f"- {line}" for line in lines) + "\n\n" + table
+    return "\n".join(lines) + "\n" + table
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Compare; exit 1 on a regression, 2 with one line on bad input."""
+    try:
+        regressions = run_compare(argv)
+    except AxoexpError as error:
+        print(f"axoexp.compare: {error}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(1 if regressions else 0)
+
+
+def run_compare(argv: list[str] | None = None) -> int:
+    """Print the comparison; return the number of regressions."""
+    parser = argparse.ArgumentParser(
+        prog="python -m axoexp.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("runs", nargs="*", metavar="BASE NEW", help="run ids or sweep parent run ids")
+    parser.add_argument("--latest", type=int, default=None, metavar="2", help="the experiment's two newest runs")
+    parser.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
+    parser.add_argument("--experiment", default="axoexp")
+    parser.add_argument("--threshold", default=DEFAULT_THRESHOLD, help="smallest change that counts (default 5%%)")
+    parser.add_argument("--format", choices=FORMATS, default="text")
+    args = parser.parse_args(argv)
+    threshold = parse_threshold(args.threshold)
+    if args.latest is not None and args.latest != 2:
+        raise ComparisonError(f"--latest={args.latest}: only --latest 2 (BASE the older, NEW the newer) is supported")
+    if (args.latest is None) == (len(args.runs) != 2) or (args.latest is not None and args.runs):
+        raise ComparisonError(f"runs={' '.join(args.runs) or '(none)'}: give BASE NEW (two run ids) or --latest 2")
+    uri = resolve_tracking_uri(args.tracking_uri)
+    if uri.startswith(SQLITE_PREFIX) and not Path(uri.removeprefix(SQLITE_PREFIX)).is_file():
+        raise NoSweepError(f"no MLflow store at {uri}; give --tracking-uri or run something first")
+    client = MlflowClient(tracking_uri=uri)
+    base_id, new_id = latest_two(client, args.experiment) if args.latest else args.runs
+    base, new = load_side(client, base_id, "BASE"), load_side(client, new_id, "NEW")
+    comparisons = compare(client, base, new, threshold)
+    if not comparisons:
+        raise ComparisonError(f"BASE={base_id} NEW={new_id}: no config and executor was measured on both sides")
+    print(format_comparison(comparisons, base, new, args.format, threshold))
+    return sum(c.regression for c in comparisons)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""The README's cluster recipe, for real: an ``mlflow server --workers 4`` on PostgreSQL, and a
+parallel sweep of 8 jobs against it in which one job is killed -9 and the server is restarted
+once mid-sweep. PostgreSQL is Debian's (``apt-get install -y postgresql``; .ci/run installs it),
+started as the ``postgres`` user on a data directory of the test's own, never the system's."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from helpers import free_port, start_mlflow
+from mlflow.tracking import MlflowClient
+from test_faults import assert_everything_measured_is_in, journals, start_cli, sync, updates_in
+from test_job_deaths import LONG, _journal_of_long_job, _start_record
+from test_launchers import _leftovers, _sweep_runs
+
+from axoexp import lease, names
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+SHORT = tuple(range(30, 37))  # measured updates of the seven jobs that finish
+
+
+def _as_postgres(command: list[str]) -> list[str]:
+    """``command`` as the ``postgres`` user when this is root (PostgreSQL refuses to run as root)."""
+    return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else command
+
+
+@pytest.fixture
+def postgres() -> Iterator[str]:
+    """A PostgreSQL 15 server of its own on 127.0.0.1 with an empty database; its store URI."""
+    if not (PG_BIN / "initdb").is_file():
+        pytest.skip(f"PostgreSQL 15 is not installed ({PG_BIN}/initdb is absent): apt-get install -y postgresql")
+    pytest.importorskip("psycopg2", reason="MLflow needs psycopg2 for PostgreSQL: pip install -e '.[dev]'")
+    root = Path(tempfile.mkdtemp(prefix="axpg"))
+    root.chmod(0o755)  # the postgres user reaches its data directory and socket through it
+    data, sockets = root / "data", root / "sockets"
+    for directory in (data, sockets):
+        directory.mkdir()
+        if os.geteuid() == 0:
+            shutil.chown(directory, "postgres", "postgres")
+    port = free_port()
+    pg_ctl = _as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(data), "-w", "-t", "120"])
+    try:
+        subprocess.run(
+            _as_postgres([str(PG_BIN / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync"]),
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+        options = f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c fsync=off"
+        subprocess.run(
+            [*pg_ctl, "-l", str(sockets / "postgres.log"), "-o", options, "start"],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+        subprocess.run(
+            _as_postgres([str(PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "mlflow"]),
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/mlflow"  # SQLAlchemy 2.1 defaults to psycopg 3
+    finally:
+        subprocess.run([*pg_ctl, "-m", "immediate", "stop"], capture_output=True, timeout=300)
+        assert _leftovers(str(data)) == [], "PostgreSQL outlived the test"
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _stop(server: subprocess.Popen[bytes]) -> None:
+    os.killpg(server.pid, signal.SIGKILL)  # its own session: the server and its workers
+    server.wait(timeout=60)
+
+
+@pytest.mark.slow
+def test_a_parallel_sweep_on_a_postgres_backed_server_survives_a_killed_job_and_a_server_restart(
+    tmp_path: Path, postgres: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(lease.LEASE_DIR_ENV, str(tmp_path / "leases"))
+    (tmp_path / "server").mkdir()
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    server = start_mlflow("server", tmp_path / "server", port, own_session=True, backend=postgres, workers=4)
+    process = None
+    try:
+        process = start_cli(
+            "-m",
+            "hydra/launcher=parallel",
+            "hydra.launcher.n_jobs=2",
+            "run.lease_cpus=1",
+            "executor=sleepy",
+            "run.warmup_updates=2",
+            f"run.measured_updates={LONG},{','.join(map(str, SHORT))}",
+            f"tracking.uri={uri}",
+            "tracking.http_max_retries=8",  # rides out a server restart: 1+2+4+... s between tries
+            cwd=tmp_path,
+        )
+        victim_journal = _journal_of_long_job(tmp_path / "outputs", process, 10)
+        _stop(server)  # mid-sweep: the long job still runs
+        server = start_mlflow("server", tmp_path / "server", port, own_session=True, backend=postgres, workers=4)
+        victim = int(_start_record(victim_journal)["tags"][names.PROCESS_PID])
+        os.kill(victim, signal.SIGKILL)
+        _, stderr = process.communicate(timeout=600)
+        assert process.returncode == 1, stderr[-3000:]
+        assert f"axoexp: the job's process {victim} was killed by SIGKILL; synced to run" in stderr, stderr[-3000:]
+
+        client = MlflowClient(tracking_uri=uri)
+        (parent,), children = _sweep_runs(uri)
+        assert len(children) == 8
+        assert parent.info.status == "FAILED" and "job0 died: " in parent.data.tags[names.FAILURE]
+        by_journal = {path.parent: path for path in journals(tmp_path / "outputs")}
+        for child in children:
+            journal = by_journal[Path(child.data.tags[names.OUTPUT_DIR])]
+            measured = int(child.data.params["run.measured_updates"])
+            history = client.get_metric_history(child.info.run_id, names.UPDATE_SERIES)
+            assert len(history) == len({metric.step for metric in history}), "a metric was logged twice"
+            assert_everything_measured_is_in(client, child, journal)
+            if measured == LONG:
+                assert child.info.status == "KILLED" and len(updates_in(journal)) >= 10
+                assert f"the job's process {victim} was killed by SIGKILL" in child.data.tags[names.FAILURE]
+            else:
+                assert child.info.status == "FINISHED", child.data.tags.get(names.FAILURE)
+                assert len(history) == 2 + measured and child.data.metrics[names.update_metric("count")] == measured
+
+        again = sync(str(tmp_path / "outputs"), "--tracking-uri", uri, cwd=tmp_path)
+        assert again.returncode == 0 and "synced to run" not in again.stdout.replace("already synced", ""), again.stdout
+        for child in _sweep_runs(uri)[1]:  # a second sync changed nothing
+            history = client.get_metric_history(child.info.run_id, names.UPDATE_SERIES)
+            assert len(history) == len(updates_in(by_journal[Path(child.data.tags[names.OUTPUT_DIR])]))
+    finally:
+        if process is not None and process.poll() is None:
+            process.kill()
+        _stop(server)
+    assert psutil.Process().children(recursive=True) == []
+    assert _leftovers(str(tmp_path)) == []

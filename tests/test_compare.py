@@ -1,0 +1,166 @@
+"""``python -m axoexp.compare``: verdicts on real sqlite stores whose runs have known per-update series."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
+
+from axoexp import names
+from axoexp.compare import main, parse_threshold, verdict
+from axoexp.errors import ComparisonError
+
+UPDATES = [10.0 + 0.01 * (index % 10) for index in range(60)]  # median 10.045 ms, tight
+
+
+def _run(
+    client: MlflowClient,
+    experiment: str,
+    parent: str | None,
+    lr: str,
+    scale: float,
+    *,
+    commit: str = "aaaa",
+    repeat: int = 0,
+    status: str = "FINISHED",
+    **tags: str,
+) -> str:
+    """A FINISHED run of eager at 2x12x4 and ``optimizer.lr=lr`` whose updates take ``scale`` x UPDATES."""
+    all_tags = {
+        names.component_tag("executor"): "eager",
+        names.SHAPE: "2x12x4",
+        names.GIT_COMMIT: commit,
+        names.GIT_DIRTY: "false",
+        names.CODE_HASH: commit * 16,
+        names.PLUGINS_HASH: "p" * 64,
+        names.TIMING_CONTENTION: "none",
+        names.TIMING_NOISE: "low",
+        **tags,
+    }
+    if parent:
+        all_tags[names.PARENT_RUN_ID] = parent
+    run_id = client.create_run(experiment, tags=all_tags).info.run_id
+    params = {
+        "executor.name": "eager",
+        "population.neurons": "2",
+        "population.time_steps": "12",
+        "population.contacts": "4",
+        "optimizer.lr": lr,
+        "run.warmup_updates": "5",
+        "sweep.repeat": str(repeat),
+        "tracking.uri": f"somewhere-{commit}",
+    }
+    for key, value in params.items():
+        client.log_param(run_id, key, value)
+    series = [value * scale for value in UPDATES]
+    client.log_batch(run_id, metrics=[Metric(names.UPDATE_SERIES, v, 0, step) for step, v in enumerate(series)])
+    client.log_metric(run_id, names.UPDATE_MEDIAN, sorted(series[5:])[len(series[5:]) // 2])
+    client.set_terminated(run_id, status)
+    return run_id
+
+
+def _sweep(client: MlflowClient, experiment: str, scales: dict[str, float], **kwargs) -> str:
+    parent = client.create_run(experiment, tags={names.SWEEP_ROLE: "parent"}).info.run_id
+    for lr, scale in scales.items():
+        _run(client, experiment, parent, lr, scale, **kwargs)
+    client.set_terminated(parent, "FINISHED")
+    return parent
+
+
+@pytest.fixture
+def experiment(client: MlflowClient) -> str:
+    return client.create_experiment("axoexp")
+
+
+def _compare(tracking_uri: str, *args: str) -> int:
+    with pytest.raises(SystemExit) as ended:
+        main(["--tracking-uri", tracking_uri, *args])
+    return int(ended.value.code or 0)
+
+
+def test_verdicts_of_known_medians_and_a_contended_slowdown_is_no_regression(
+    client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = _sweep(client, experiment, {"0.1": 1.0, "0.2": 1.0, "0.3": 1.0, "0.4": 1.0, "0.5": 1.0})
+    new = client.create_run(experiment, tags={names.SWEEP_ROLE: "parent"}).info.run_id
+    _run(client, experiment, new, "0.1", 1.02, commit="bbbb")  # within 5%: no change
+    _run(client, experiment, new, "0.2", 0.8, commit="bbbb")  # faster
+    _run(client, experiment, new, "0.3", 1.5, commit="bbbb", **{names.TIMING_CONTENTION: "cpu"})
+    _run(client, experiment, new, "0.4", 1.5, commit="bbbb", **{names.TIMING_NOISE: "high"})
+    _run(client, experiment, new, "0.5", 1.5, commit="bbbb", status="FAILED")
+
+    assert _compare(tracking_uri, base, new, "--format", "json") == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = {row["settings"]: row for row in report["rows"]}
+    assert {key: row["verdict"] for key, row in rows.items()} == {
+        "optimizer.lr=0.1": "no change",
+        "optimizer.lr=0.2": "faster",
+        "optimizer.lr=0.3": "slower",
+        "optimizer.lr=0.4": "slower",
+        "optimizer.lr=0.5": "not compared",
+    }
+    assert rows["optimizer.lr=0.2"]["ratio"] == pytest.approx(0.8)
+    assert rows["optimizer.lr=0.2"]["ratio_low"] <= 0.8 <= rows["optimizer.lr=0.2"]["ratio_high"]
+    assert rows["optimizer.lr=0.3"]["caution"] == "contended (cpu)" and not rows["optimizer.lr=0.3"]["regression"]
+    assert rows["optimizer.lr=0.4"]["caution"] == "noisy" and not rows["optimizer.lr=0.4"]["regression"]
+    assert rows["optimizer.lr=0.5"]["caution"] == "new FAILED" and rows["optimizer.lr=0.5"]["ratio_low"] is None
+    assert report["base"]["code"][names.GIT_COMMIT] == "aaaa" and report["new"]["code"][names.GIT_COMMIT] == "bbbb"
+
+
+def test_a_regression_exits_1_and_is_shown_in_capitals(
+    client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = _sweep(client, experiment, {"0.1": 1.0, "0.2": 1.0})
+    new = _sweep(client, experiment, {"0.1": 1.0, "0.2": 1.2}, commit="bbbb")
+
+    assert _compare(tracking_uri, base, new) == 1
+    text = capsys.readouterr().out
+    assert "BASE: 2 runs; git.commit aaaa, git.dirty false" in text and "NEW: 2 runs; git.commit bbbb" in text
+    slower = next(line for line in text.splitlines() if "optimizer.lr=0.2" in line)
+    assert "SLOWER" in slower and " 1.200 " in slower
+    assert "no change" in next(line for line in text.splitlines() if "optimizer.lr=0.1" in line)
+    # a 25% threshold tolerates it
+    assert _compare(tracking_uri, base, new, "--threshold", "25%", "--format", "markdown") == 0
+    assert "| slower |" not in capsys.readouterr().out
+
+
+def test_repeats_pool_and_latest_2_compares_the_two_newest_sweeps(
+    client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = client.create_run(experiment, tags={names.SWEEP_ROLE: "parent"}).info.run_id
+    for repeat in (0, 1):
+        _run(client, experiment, base, "0.1", 1.0 + 0.1 * repeat, repeat=repeat)
+    _sweep(client, experiment, {"0.1": 1.3}, commit="bbbb")
+
+    assert _compare(tracking_uri, "--latest", "2", "--format", "csv") == 1
+    header, row = capsys.readouterr().out.splitlines()
+    record = dict(zip(header.split(","), row.split(","), strict=True))
+    assert record["base_runs"] == "2" and record["new_runs"] == "1" and record["verdict"] == "slower"
+
+
+def test_bad_input_is_one_line_and_exit_2(
+    client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = _sweep(client, experiment, {"0.1": 1.0})
+    other = _run(client, experiment, None, "0.9", 1.0)
+    for args, message in (
+        ((run, "nosuchrun"), "axoexp.compare: NEW=nosuchrun: no such run in this store"),
+        ((run,), "axoexp.compare: runs=" + run + ": give BASE NEW (two run ids) or --latest 2"),
+        ((run, run, "--threshold", "lots"), "axoexp.compare: --threshold=lots: not a fraction"),
+        ((run, other), f"axoexp.compare: BASE={run} NEW={other}: no config and executor was measured on both sides"),
+    ):
+        assert _compare(tracking_uri, *args) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(message) and err.count("\n") == 1, err
+
+
+def test_verdict_needs_the_whole_interval_beyond_the_threshold() -> None:
+    assert verdict(1.06, 1.2, 0.05) == "slower"
+    assert verdict(1.04, 1.2, 0.05) == "no change"
+    assert verdict(0.8, 0.94, 0.05) == "faster"
+    assert verdict(None, None, 0.05) == "not compared"
+    assert parse_threshold("5%") == pytest.approx(0.05) == parse_threshold("0.05")
+    with pytest.raises(ComparisonError, match="--threshold=120%"):
+        parse_threshold("120%")

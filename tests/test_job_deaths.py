@@ -1,0 +1,196 @@
+"""A job's death is its own: kill -9 of one job of a sweep, in every launcher, ends that job's
+run KILLED with everything it journaled, lets its siblings and later jobs finish, fails the
+parent naming the dead job, and leaves nothing running; a sweep's main process killed -9 takes
+its workers with it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from mlflow.tracking import MlflowClient
+from test_faults import SLEEPY, assert_everything_measured_is_in, journals, start_cli, updates_in
+from test_launchers import RAY_PORT_ENV, _leftovers, _sweep_runs, ray_cluster  # noqa: F401 (a fixture)
+
+from axoexp import lease, names
+from axoexp.journal import read_journal
+
+JOBS = ("executor=sleepy", "run.warmup_updates=2", "run.lease_cpus=1")
+LONG, SHORT = 100000, 30  # measured updates of the job that is killed, and of its siblings
+LAUNCHERS = {
+    "basic": (),  # jobs one after another in the sweep's own process: the killed job is the first
+    "parallel": ("hydra/launcher=parallel", "hydra.launcher.n_jobs=2"),  # the third job waits for a worker
+    "submitit_local": ("hydra/launcher=submitit_local",),
+}
+
+
+def _start_record(journal: Path) -> dict:
+    return next(record for record in read_journal(journal) if record["kind"] == "start")
+
+
+def _journal_of_long_job(root: Path, process: subprocess.Popen[str], updates: int, timeout: float = 300) -> Path:
+    """The journal of the job with LONG measured updates, once it holds ``updates`` updates."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for journal in journals(root):
+            planned = [r for r in read_journal(journal) if r["kind"] == "window" and r["window"] == "measured"]
+            if planned and planned[0]["planned"] == LONG and len(updates_in(journal)) >= updates:
+                return journal
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.2)
+    pytest.fail(f"the long job journaled no {updates} updates within {timeout} s")
+
+
+def _gone(pids: list[int], timeout: float = 60) -> list[int]:
+    """Those of ``pids`` still alive after waiting up to ``timeout`` seconds for them to exit."""
+    deadline = time.monotonic() + timeout
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [pid for pid in alive if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+        time.sleep(0.2)
+    return alive
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+def test_kill_9_of_one_job_is_its_own_death(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launcher: str) -> None:
+    monkeypatch.setenv(lease.LEASE_DIR_ENV, str(tmp_path / "leases"))
+    check_one_job_killed(tmp_path, *LAUNCHERS[launcher])
+
+
+@pytest.mark.slow
+def test_kill_9_of_one_ray_job_is_its_own_death(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    address, plugins = request.getfixturevalue("ray_cluster")  # test_launchers' local Ray instance
+    (plugins / "sleepy.py").write_text(SLEEPY)  # the cluster's workers load their plugins from there
+    for key, value in {**RAY_PORT_ENV, "AXOEXP_PLUGINS_DIR": str(plugins)}.items():
+        monkeypatch.setenv(key, value)
+    check_one_job_killed(tmp_path, "hydra/launcher=ray_devices", f"hydra.launcher.ray.init.address={address}")
+
+
+def check_one_job_killed(tmp_path: Path, *launcher: str) -> None:
+    """Three jobs, the first long: it is killed -9 once it measured; the others finish."""
+    before = {child.pid for child in psutil.Process().children(recursive=True)}  # a Ray instance, its workers
+    process = start_cli(
+        "-m",
+        *launcher,
+        *JOBS,
+        f"run.measured_updates={LONG},{SHORT},{SHORT}",
+        f"hydra.sweep.dir={tmp_path / 'outputs' / 'sweep'}",  # absolute: Ray's workers run elsewhere
+        f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
+        cwd=tmp_path,
+    )
+    try:
+        victim_journal = _journal_of_long_job(tmp_path / "outputs", process, 10)
+        victim = int(_start_record(victim_journal)["tags"][names.PROCESS_PID])
+        os.kill(victim, signal.SIGKILL)
+        stdout, stderr = process.communicate(timeout=400)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 1, stderr[-3000:]
+    assert f"axoexp: the job's process {victim} was killed by SIGKILL; synced to run" in stderr, stderr[-3000:]
+    assert "Traceback" not in stderr and "TerminatedWorkerError" not in stderr
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    (parent,), children = _sweep_runs(uri)
+    by_length = sorted(children, key=lambda run: -int(run.data.params["run.measured_updates"]))
+    dead, siblings = by_length[0], by_length[1:]
+    assert dead.info.status == "KILLED", dead.data.tags.get(names.FAILURE)
+    assert f"the job's process {victim} was killed by SIGKILL" in dead.data.tags[names.FAILURE]
+    assert_everything_measured_is_in(client, dead, victim_journal)
+    assert len(updates_in(victim_journal)) >= 10
+    assert [(run.info.status, run.data.metrics[names.update_metric("count")]) for run in siblings] == [
+        ("FINISHED", SHORT),
+        ("FINISHED", SHORT),
+    ], "the siblings and the later job finished, every update kept"
+    assert parent.info.status == "FAILED"
+    assert "1 of 3 child runs did not finish; job0 died: " in parent.data.tags[names.FAILURE]
+    assert f"run.measured_updates={LONG}" in parent.data.tags[names.FAILURE]
+    assert "was killed by SIGKILL" in parent.data.tags[names.FAILURE]
+    ours = [  # below this test's process, but not below what ran before it (a Ray instance starts workers)
+        child
+        for child in psutil.Process().children(recursive=True)
+        if not {child.pid, *(ancestor.pid for ancestor in child.parents())} & before
+    ]
+    assert ours == [] and _leftovers(str(tmp_path)) == [], "a process of the sweep was left behind"
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_parallel_sweeps_main_process_takes_its_workers_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(lease.LEASE_DIR_ENV, str(tmp_path / "leases"))
+    process = start_cli(
+        "-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", *JOBS, f"run.measured_updates={LONG}",
+        "population.neurons=2,3", cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while len(found := journals(tmp_path / "outputs")) < 2 or not all(len(updates_in(j)) >= 5 for j in found):
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            time.sleep(0.2)
+        family = psutil.Process(process.pid).children(recursive=True)
+        process.kill()
+        process.communicate(timeout=60)
+        assert _gone([member.pid for member in family]) == [], "workers outlived the sweep's main process"
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert _leftovers(str(tmp_path)) == []
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    _, children = _sweep_runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert len(children) == 2
+    for child in children:  # each job's process got SIGTERM as its worker went, and ended its run
+        assert child.info.status == "KILLED" and child.data.tags[names.FAILURE] == "interrupted by SIGTERM"
+        assert_everything_measured_is_in(client, child, Path(child.data.tags[names.JOURNAL]))
+
+
+# --- the fork itself, in this process
+
+
+@pytest.mark.slow
+def test_an_isolated_job_hands_back_what_it_returned_or_raised() -> None:
+    from axoexp.errors import ConfigError
+    from axoexp.job_process import run_isolated
+
+    def never(pid: int, how: str) -> str:
+        raise AssertionError(f"{pid} {how}")
+
+    assert run_isolated(lambda: 1.5, never) == 1.5
+    assert run_isolated(lambda: None, never) is None
+
+    def refuse() -> None:
+        raise ConfigError("population.neurons=0: must be at least 1")
+
+    with pytest.raises(ConfigError, match=r"^population.neurons=0: must be at least 1$"):
+        run_isolated(refuse, never)
+    with pytest.raises(ZeroDivisionError) as raised:
+        run_isolated(lambda: 1 / 0, never)
+    assert "in the job's process" in raised.value.__notes__[0], "the child's traceback comes along"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGUSR1])
+def test_an_isolated_job_killed_by_a_signal_is_reported_as_such(signum: int) -> None:
+    from axoexp.errors import JobKilledError
+    from axoexp.job_process import run_isolated
+
+    seen: list[tuple[int, str]] = []
+
+    def on_killed(pid: int, how: str) -> str:
+        seen.append((pid, how))
+        return "its run was completed"
+
+    name = signal.Signals(signum).name
+    with pytest.raises(JobKilledError, match=rf"^the job's process (\d+) was killed by {name}; its run was completed$"):
+        run_isolated(lambda: os.kill(os.getpid(), signum), on_killed)
+    ((pid, how),) = seen
+    assert how == f"was killed by {name}" and not psutil.pid_exists(pid), "the child was reaped"

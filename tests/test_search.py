@@ -1,0 +1,241 @@
+"""hydra/sweeper=optuna: the search space, what Optuna is told, a study that resumes, and its Pareto front."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+from helpers import run_cli
+from mlflow.tracking import MlflowClient
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from test_faults import LONG_RUN, start_cli, wait_for_updates
+
+from axoexp import names
+from axoexp.errors import ConfigError
+from axoexp.report.pareto import pareto_front
+from axoexp.search import Outcome, check_settings, make_sampler, search_space, study_name, study_storage, trial_outcome
+from axoexp.tracking import runs_view
+
+
+def test_search_space_from_overrides_and_params() -> None:
+    space = search_space(
+        ["run.measured_updates=5", "gradient_transform=none,clip_norm", "sweep.parent_run_id=abc"],
+        {
+            "optimizer.lr": "tag(log, interval(1e-4, 1e-1))",
+            "population.neurons": "range(2, 9, 2)",
+            "run.warmup_updates": "tag(int, interval(1, 4))",
+            "population.input_rate": "interval(0.1, 0.5)",
+        },
+    )
+    assert space.fixed == ["run.measured_updates=5", "sweep.parent_run_id=abc"]
+    assert space.distributions == {
+        "gradient_transform": CategoricalDistribution(["none", "clip_norm"]),
+        "optimizer.lr": FloatDistribution(1e-4, 1e-1, log=True),
+        "population.neurons": IntDistribution(2, 8, step=2),
+        "run.warmup_updates": IntDistribution(1, 4),
+        "population.input_rate": FloatDistribution(0.1, 0.5),
+    }
+
+
+@pytest.mark.parametrize(
+    ("arguments", "params", "message"),
+    [
+        (["run.measured_updates=5"], {}, "hydra.sweeper.params: nothing to search"),
+        ([], {"optimizer.lr": "tag(log, interval(0, 1))"}, "optimizer.lr=interval(0.0, 1.0): need start < end"),
+        (["sweep.repeat=0,1"], {}, "sweep.repeats: repeats are not supported"),
+    ],
+)
+def test_search_space_refuses_what_it_cannot_search(arguments: list[str], params: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        search_space(arguments, params)
+
+
+def test_settings_errors_name_key_value_and_choices() -> None:
+    with pytest.raises(ConfigError) as error:
+        check_settings({"loss_final": "lowest"}, "cmaes", "ignore", 0, 1)
+    assert str(error.value) == (
+        "hydra.sweeper.objectives.loss_final=lowest: valid directions: minimize, maximize; "
+        "hydra.sweeper.sampler=cmaes: valid samplers: tpe, nsga2, random; "
+        "hydra.sweeper.contended=ignore: valid: fail, keep; hydra.sweeper.n_trials=0: must be at least 1"
+    )
+
+
+def test_the_study_lives_beside_the_store_under_a_name_of_what_it_measures(tmp_path: Path) -> None:
+    assert study_storage(None, f"sqlite:///{tmp_path}/mlflow.db") == f"sqlite:///{tmp_path}/optuna.db"
+    assert study_storage("sqlite:///elsewhere.db", "http://host:5000") == "sqlite:///elsewhere.db"
+    objectives = {"loss_final": "minimize"}
+    name = study_name(None, search_space(["a=1", "b=1,2", "sweep.parent_run_id=x"], {}), objectives)
+    assert name == study_name(None, search_space(["b=1,2", "a=1", "tracking.uri=y"], {}), objectives)
+    assert name != study_name(None, search_space(["a=2", "b=1,2"], {}), objectives)
+    assert name != study_name(None, search_space(["a=1", "b=1,2"], {}), {"update_ms_median": "minimize"})
+
+
+def test_samplers_are_seeded() -> None:
+    def first_draws(sampler: str) -> list[float]:
+        study = optuna.create_study(sampler=make_sampler(sampler, 7), directions=["minimize", "minimize"])
+        return [study.ask({"x": FloatDistribution(0, 1)}).params["x"] for _ in range(3)]
+
+    for sampler in ("tpe", "nsga2", "random"):
+        assert first_draws(sampler) == first_draws(sampler)
+
+
+def _trial_run(client: MlflowClient, experiment: str, status: str = "FINISHED", **tags: str):
+    run_id = client.create_run(experiment, tags={names.TIMING_CONTENTION: "none", **tags}).info.run_id
+    client.log_metric(run_id, "loss_final", 0.25)
+    client.log_metric(run_id, names.UPDATE_MEDIAN, 3.0)
+    client.set_terminated(run_id, status)
+    return client.get_run(run_id)
+
+
+def test_failed_killed_and_contended_trials_are_told_as_failures(client: MlflowClient) -> None:
+    experiment = client.create_experiment("axoexp")
+    objectives = {"loss_final": "minimize", names.UPDATE_MEDIAN: "minimize"}
+    assert trial_outcome(_trial_run(client, experiment), objectives, "fail") == Outcome([0.25, 3.0])
+    failed = _trial_run(client, experiment, "FAILED", **{names.FAILURE: "boom"})
+    assert trial_outcome(failed, objectives, "fail") == Outcome(None, "its run ended FAILED: boom")
+    assert trial_outcome(_trial_run(client, experiment, "KILLED"), objectives, "fail").values is None
+    contended = _trial_run(client, experiment, **{names.TIMING_CONTENTION: "cpu"})
+    outcome = trial_outcome(contended, objectives, "fail")
+    assert outcome.values is None and outcome.disturbed and outcome.reason.startswith("timing.contention=cpu")
+    assert trial_outcome(contended, objectives, "keep") == Outcome([0.25, 3.0])
+    outcome = trial_outcome(_trial_run(client, experiment), {"eval_loss_after": "minimize"}, "fail")
+    assert outcome.values is None and not outcome.disturbed
+    assert outcome.reason.startswith("no finite eval_loss_after in its run; valid metrics: loss_final")
+    assert trial_outcome(None, objectives, "fail").values is None
+
+
+def test_the_runs_view_shows_trial_numbers() -> None:
+    assert f"tags.`{names.TRIAL}`" in json.loads(runs_view())["selectedColumns"]
+
+
+SEARCH = (
+    "-m",
+    "hydra/sweeper=optuna",
+    "run.measured_updates=4",
+    "run.warmup_updates=1",
+    "optimizer.lr=tag(log,interval(1e-3,3e-1))",
+    "gradient_transform=none,clip_norm",
+    "+hydra.sweeper.objectives.loss_final=minimize",  # after the default update_ms_median: minimize
+    "hydra.sweeper.seed=3",
+    # this 2-core machine is shared, so nearly every timing here is contended: keep their values
+    "hydra.sweeper.contended=keep",
+)
+
+
+@pytest.mark.slow
+def test_a_multi_objective_study_resumes_and_the_report_names_its_pareto_front(tmp_path: Path) -> None:
+    env = {"AXOEXP_LEASE_DIR": str(tmp_path / "leases")}
+    first = run_cli(*SEARCH, "hydra.sweeper.n_trials=8", cwd=tmp_path, env=env, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert (tmp_path / "optuna.db").is_file(), "the study lives beside the MLflow store"
+    second = run_cli(*SEARCH, "hydra.sweeper.n_trials=12", cwd=tmp_path, env=env, timeout=600)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "8 of 12 trials done" in second.stdout + second.stderr
+
+    (summary,) = optuna.get_all_study_summaries(f"sqlite:///{tmp_path / 'optuna.db'}")
+    study = optuna.load_study(study_name=summary.study_name, storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    assert [trial.number for trial in study.trials] == list(range(12))
+    assert all(trial.state == optuna.trial.TrialState.COMPLETE for trial in study.trials)
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
+    parents = sorted(
+        (run for run in runs if run.data.tags.get(names.SWEEP_ROLE) == "parent"), key=lambda r: r.info.start_time
+    )
+    assert [parent.data.tags[names.STUDY] for parent in parents] == [study.study_name] * 2
+    for parent, numbers in zip(parents, (range(8), range(8, 12)), strict=True):
+        children = [run for run in runs if run.data.tags.get(names.PARENT_RUN_ID) == parent.info.run_id]
+        assert sorted(int(run.data.tags[names.TRIAL]) for run in children) == list(numbers)
+    trials = {int(run.data.tags[names.TRIAL]): run for run in runs if names.TRIAL in run.data.tags}
+    for trial in study.trials:  # each trial's run holds what Optuna was told and the sampled values
+        run = trials[trial.number]
+        assert run.data.params["optimizer.lr"] == run.data.tags[names.trial_param_tag("optimizer.lr")]
+        assert float(run.data.params["optimizer.lr"]) == trial.params["optimizer.lr"]
+        assert trial.values == [run.data.metrics[names.UPDATE_MEDIAN], run.data.metrics["loss_final"]]
+
+    # the newest sweep (the resumed one) and the front over the whole study
+    report = subprocess.run([sys.executable, "-m", "axoexp.report"], cwd=tmp_path, capture_output=True, text=True)
+    assert report.returncode == 0, report.stderr
+    front = pareto_front(list(trials.values()), [(names.UPDATE_MEDIAN, "minimize"), ("loss_final", "minimize")])
+    assert {trial.number for trial in study.best_trials} == {int(run.data.tags[names.TRIAL]) for run in front}
+    listed = re.findall(r"^  trial +(\d+) .* run (\w+)$", report.stdout, re.MULTILINE)
+    assert sorted(listed) == sorted((run.data.tags[names.TRIAL], run.info.run_id) for run in front)
+    assert f"{len(front)} of 12 complete trials (12 in all)" in report.stdout
+    assert (Path(parents[1].data.tags[names.SWEEP_DIR]) / "pareto.png").is_file()
+    assert not any(math.isnan(run.data.metrics["loss_final"]) for run in front)
+
+
+FLAKY_EXECUTOR = '''
+from axoexp import component
+from axoexp.executors.eager import EagerExecutor
+
+@component("executor", "flaky")
+class Flaky(EagerExecutor):
+    """Fails on its second update: a run that starts, measures a little, then fails."""
+    calls = 0
+
+    def step(self, inputs, targets):
+        self.calls += 1
+        if self.calls == 2:
+            raise RuntimeError("flaky executor failed on purpose")
+        return super().step(inputs, targets)
+'''
+
+
+@pytest.mark.slow
+def test_failed_trials_are_told_fail_and_n_jobs_trials_run_side_by_side(tmp_path: Path) -> None:
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "flaky.py").write_text(FLAKY_EXECUTOR)
+    result = run_cli(
+        "-m",
+        "hydra/sweeper=optuna",
+        "hydra/launcher=parallel",
+        "run.lease_cpus=1",
+        "hydra.launcher.n_jobs=2",
+        "hydra.sweeper.n_jobs=2",
+        "hydra.sweeper.n_trials=2",
+        "executor=flaky",
+        "run.measured_updates=3",
+        "optimizer.lr=tag(log,interval(1e-3,1e-1))",
+        cwd=tmp_path,
+        env={"AXOEXP_LEASE_DIR": str(tmp_path / "leases")},
+    )
+    assert result.returncode == 1, "a search in which trials failed exits 1"
+    assert "is launching 2 jobs" in result.stdout + result.stderr, "both trials in one batch of the parallel launcher"
+    assert "axoexp: 2 trials failed (trials 0, 1), told to Optuna as FAIL" in result.stderr
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    assert [trial.state for trial in study.trials] == [optuna.trial.TrialState.FAIL] * 2
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
+    trials = sorted((run for run in runs if names.TRIAL in run.data.tags), key=lambda run: run.data.tags[names.TRIAL])
+    assert [(run.info.status, run.data.tags[names.TRIAL_STATE]) for run in trials] == [("FAILED", "FAIL")] * 2
+    assert all(run.data.tags[names.TRIAL_FAILURE].startswith("its run ended FAILED") for run in trials)
+
+
+@pytest.mark.slow
+def test_a_stopped_search_tells_its_trial_fail_and_ends_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AXOEXP_LEASE_DIR", str(tmp_path / "leases"))
+    search = ("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "optimizer.lr=tag(log,interval(1e-3,1e-1))")
+    process = start_cli(*search, *LONG_RUN, cwd=tmp_path)
+    try:
+        wait_for_updates(tmp_path / "outputs", 5, process)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    assert [trial.state for trial in study.trials] == [optuna.trial.TrialState.FAIL], "the second trial never started"
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
+    (parent,) = [run for run in runs if run.data.tags.get(names.SWEEP_ROLE) == "parent"]
+    (trial,) = [run for run in runs if run is not parent]
+    assert parent.info.status == "KILLED" and trial.info.status == "KILLED"
+    assert trial.data.tags[names.TRIAL] == "0" and trial.data.tags[names.TRIAL_STATE] == "FAIL"
+    assert trial.data.tags[names.TRIAL_FAILURE] == "the search was stopped: SIGTERM"

@@ -1,0 +1,114 @@
+"""Overrides instantiate only what axoexp ships: a foreign ``_target_`` anywhere in the composed
+config, and the removal of axoexp's sweep callback, are refused before Hydra instantiates anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from helpers import run_cli
+from hydra import compose, initialize_config_module
+from mlflow.tracking import MlflowClient
+from omegaconf import open_dict
+
+from axoexp import names
+from axoexp.targets import check_targets
+
+
+def composed(*overrides: str):
+    with initialize_config_module(config_module="axoexp.conf", version_base="1.3"):
+        return compose("config", overrides=list(overrides), return_hydra_config=True)
+
+
+@pytest.mark.parametrize("launcher", ["basic", "parallel", "submitit_local", "slurm", "ray_devices"])
+def test_every_shipped_launcher_preset_passes(loaded_registry, launcher: str) -> None:
+    assert check_targets(composed(f"hydra/launcher={launcher}")) is None
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["+hydra.callbacks.x._target_=builtins.open", "+hydra.callbacks.x.file=F", "+hydra.callbacks.x.mode=w"],
+            "hydra.callbacks.x._target_=builtins.open: refused: only Callback classes from axoexp.*, hydra.*",
+        ),
+        (
+            ["hydra.callbacks.mlflow_sweep._target_=builtins.print"],
+            "hydra.callbacks.mlflow_sweep._target_=builtins.print: axoexp's sweep callback cannot be removed",
+        ),
+        (
+            ["hydra.callbacks.mlflow_sweep._target_=hydra.experimental.callbacks.LogJobReturnCallback"],
+            "hydra.callbacks.mlflow_sweep._target_=hydra.experimental.callbacks.LogJobReturnCallback: axoexp's sweep "
+            "callback cannot be removed or replaced; it must be axoexp.sweep.MlflowSweepCallback",
+        ),
+        (["~hydra.callbacks.mlflow_sweep"], "hydra.callbacks.mlflow_sweep._target_: axoexp's sweep callback"),
+        (
+            ["+hydra.callbacks.y._target_=axoexp.sync.main"],
+            "hydra.callbacks.y._target_=axoexp.sync.main: refused: not a class",
+        ),
+        (
+            ["+hydra.callbacks.y._target_=axoexp.experiment.ExperimentResult"],
+            "hydra.callbacks.y._target_=axoexp.experiment.ExperimentResult: refused: only Callback classes",
+        ),
+        (["hydra.launcher._target_=builtins.exec"], "hydra.launcher._target_=builtins.exec: refused: only Launcher"),
+        (["hydra.sweeper._target_=os.system"], "hydra.sweeper._target_=os.system: refused: only Sweeper"),
+        (
+            ["+hydra.job_logging.handlers.x.class=builtins.open"],
+            "hydra.job_logging.handlers.x.class=builtins.open: refused: only Formatter or Handler or Filter",
+        ),
+        (["+population.x._target_=os.system"], "population.x._target_=os.system: refused: only classes from axoexp"),
+        (["+run.x.y._target_=subprocess.Popen"], "run.x.y._target_=subprocess.Popen: refused"),
+    ],
+)
+def test_a_foreign_target_is_refused_naming_the_key(loaded_registry, overrides: list[str], message: str) -> None:
+    problem = check_targets(composed(*overrides))
+    assert problem is not None and problem.startswith(message), problem
+
+
+def test_a_logging_factory_from_a_config_file_is_checked_too(loaded_registry) -> None:
+    """``()`` cannot be written as an override, but a config directory's logging option can hold it."""
+    config = composed()
+    with open_dict(config):
+        config.hydra.hydra_logging.formatters.colorlog["()"] = "os.system"
+    assert (check_targets(config) or "").startswith("hydra.hydra_logging.formatters.colorlog.()=os.system: refused")
+
+
+def test_a_key_named_class_outside_logging_is_data(loaded_registry) -> None:
+    assert check_targets(composed("+population.x.class=builtins.open")) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", [[], ["-m"]])
+def test_the_cli_refuses_an_injected_callback_before_calling_it(tmp_path: Path, mode: list[str]) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("kept")
+    result = run_cli(
+        *mode,
+        "+hydra.callbacks.x._target_=builtins.open",
+        f"+hydra.callbacks.x.file={victim}",
+        "+hydra.callbacks.x.mode=w",
+        "run.measured_updates=2",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        "axoexp: hydra.callbacks.x._target_=builtins.open: refused: only Callback classes from axoexp.*, hydra.* "
+        "may be named here"
+    ]
+    assert victim.read_text() == "kept"
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "outputs").exists(), "nothing ran"
+
+
+@pytest.mark.slow
+def test_a_sweep_value_naming_a_foreign_target_refuses_that_job(tmp_path: Path) -> None:
+    result = run_cli(
+        "-m", "+run.x._target_=os.system,axoexp.sweep.MlflowSweepCallback", "run.measured_updates=2", cwd=tmp_path
+    )
+    assert result.returncode == 1
+    assert "axoexp: run.x._target_=os.system: refused" in result.stderr
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
+    (parent,) = [run for run in runs if run.data.tags.get(names.SWEEP_ROLE) == "parent"]
+    assert [run.info.status for run in runs if run is not parent] == ["FINISHED"], "the other job ran"
+    assert parent.data.tags[f"{names.REFUSED_PREFIX}job0"].startswith(
+        "+run.x._target_=os.system,run.measured_updates=2: run.x._target_=os.system: refused"
+    )
