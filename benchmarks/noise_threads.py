@@ -18,11 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -114,12 +112,9 @@ def main() -> None:
                 "threads_used": sorted(run["threads_used"] for run in mine),
             }
     record = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "commit": metadata.git_state(metadata.PACKAGE_DIR).get("git.commit"),
-        "command": " ".join(["python", *sys.argv]),
-        "machine": f"{platform.node()}: {len(os.sched_getaffinity(0))} CPUs allowed, {platform.processor()}",
+        "provenance": metadata.provenance("cpu"),
+        "cpus_allowed": len(os.sched_getaffinity(0)),
         "note": "other sessions share this machine: 'idle' means no busy process of ours; load_1min says the rest",
-        "torch": torch.__version__,
         "summary": summary,
         "runs": runs,
     }
