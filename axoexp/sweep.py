@@ -422,8 +422,7 @@ def _decide(client: MlflowClient, config: DictConfig, parent_id: str, mode: str)
         run = same_key[0]
         how = f"ended {run.info.status}" if run.info.status != "FINISHED" else "logged a non-finite metric"
         return Resume(None, f"not finished: the earlier run {run.info.run_id} {how}")
-    container = OmegaConf.to_container(config, resolve=True)
-    assert isinstance(container, dict)
+    container = cast(dict[str, Any], OmegaConf.to_container(config, resolve=True))
     same_config = search(f"tags.`{names.CONFIG_HASH}` = '{config_digest(container)}'")
     if same_config:
         earlier = same_config[0]
