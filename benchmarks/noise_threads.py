@@ -22,7 +22,6 @@ import platform
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -114,9 +113,7 @@ def main() -> None:
                 "threads_used": sorted(run["threads_used"] for run in mine),
             }
     record = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "commit": metadata.git_state(metadata.PACKAGE_DIR).get("git.commit"),
-        "command": " ".join(["python", *sys.argv]),
+        "provenance": metadata.provenance("cpu"),
         "machine": f"{platform.node()}: {len(os.sched_getaffinity(0))} CPUs allowed, {platform.processor()}",
         "note": "other sessions share this machine: 'idle' means no busy process of ours; load_1min says the rest",
         "torch": torch.__version__,
