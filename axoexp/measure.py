@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from axoexp import names
+from axoexp.executors.capture import state_preserved
 from axoexp.interfaces import Batch, Executor, RunLog
 from axoexp.runtime import CALIBRATION_TOLERANCE, choose_threads
 from axoexp.statistics import STABLE_THRESHOLD, rel_iqr
@@ -107,16 +108,18 @@ def calibrate_threads(
     """Time the updates with each candidate thread count, in two rounds (ascending, then
     descending, so drift hits all alike), keep :func:`axoexp.runtime.choose_threads`'s choice and
     log it: param ``run.threads``, tag ``runtime.threads`` with every candidate's mean, and
-    metrics ``threads_calibration/<n>_threads_mean_ms``. Not part of the per-update series."""
+    metrics ``threads_calibration/<n>_threads_mean_ms``. Not part of the per-update series, and
+    consumes no update: the module and the optimizer are restored as they were after warm-up."""
     scored: dict[int, list[float]] = {count: [] for count in candidates}
     index = first
-    for order in (list(candidates), list(reversed(candidates))):
-        for count in order:
-            torch.set_num_threads(count)
-            trace = UpdateTrace()
-            run_updates(executor, batches, 1 + CALIBRATION_UPDATES, index, trace)
-            index += 1 + CALIBRATION_UPDATES
-            scored[count] += trace.latencies_ms[1:]  # the first pays for the pool's change
+    with state_preserved(executor.module, executor.optimizer):
+        for order in (list(candidates), list(reversed(candidates))):
+            for count in order:
+                torch.set_num_threads(count)
+                trace = UpdateTrace()
+                run_updates(executor, batches, 1 + CALIBRATION_UPDATES, index, trace)
+                index += 1 + CALIBRATION_UPDATES
+                scored[count] += trace.latencies_ms[1:]  # the first pays for the pool's change
     means = {count: float(np.mean(values)) for count, values in scored.items()}
     chosen = choose_threads(means)
     torch.set_num_threads(chosen)

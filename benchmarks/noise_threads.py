@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -114,9 +113,8 @@ def main() -> None:
             }
     record = {
         "provenance": metadata.provenance("cpu"),
-        "machine": f"{platform.node()}: {len(os.sched_getaffinity(0))} CPUs allowed, {platform.processor()}",
+        "cpus_allowed": len(os.sched_getaffinity(0)),
         "note": "other sessions share this machine: 'idle' means no busy process of ours; load_1min says the rest",
-        "torch": torch.__version__,
         "summary": summary,
         "runs": runs,
     }

@@ -168,10 +168,7 @@ def _old_update_losses(seed: int, updates: int) -> list[float]:
 
 
 def test_one_stream_gives_exactly_the_numbers_of_the_update_before_batching(make_config) -> None:
-    # run.threads=1: the thread calibration's updates would advance the model between warm-up and measuring
-    config = make_config(
-        "seed=5", "population.batch_size=1", "run.warmup_updates=1", "run.measured_updates=4", "run.threads=1"
-    )
+    config = make_config("seed=5", "population.batch_size=1", "run.warmup_updates=1", "run.measured_updates=4")
     result = run_experiment(config)
     assert result.streams == 1
     assert result.losses == _old_update_losses(5, 5)

@@ -12,6 +12,8 @@ autograd reports as "The AccumulateGrad node's stream does not match ..." on eve
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +64,20 @@ def _restore(optimizer: torch.optim.Optimizer, snapshot: OptimizerSnapshot) -> N
                 state[key] = copy.deepcopy(saved[key])
 
 
+@contextmanager
+def state_preserved(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[None]:
+    """Updates run inside leave the module and the optimizer as they were (in place: a captured
+    graph keeps pointing at the same tensors), gradients zeroed."""
+    module_state = {key: value.detach().clone() for key, value in module.state_dict().items()}
+    optimizer_state = _snapshot(optimizer)
+    try:
+        yield
+    finally:
+        module.load_state_dict(module_state, strict=True)
+        _restore(optimizer, optimizer_state)
+        optimizer.zero_grad(set_to_none=False)
+
+
 @dataclass
 class CapturedUpdate:
     """A captured update: copy the batch into static buffers, replay, return a copy of the loss."""
@@ -102,24 +118,20 @@ def capture_update(
     warmup_steps: int,
 ) -> CapturedUpdate:
     """Capture one whole update for these shapes; module and optimizer end as they began."""
-    module_state = {key: value.detach().clone() for key, value in module.state_dict().items()}
-    optimizer_state = _snapshot(optimizer)
     static_inputs, static_targets = example_inputs.clone(), example_targets.clone()
-    release_autograd_graphs(module)
-    stream = torch.cuda.Stream(example_inputs.device)
-    stream.wait_stream(torch.cuda.current_stream(example_inputs.device))
-    with torch.cuda.stream(stream):
-        for _ in range(warmup_steps):
-            eager_update(module, optimizer, loss_fn, transform, static_inputs, static_targets)
-            release_autograd_graphs(module)  # no warm-up graph (nor its accumulators) outlives its update
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        static_loss = eager_update(module, optimizer, loss_fn, transform, static_inputs, static_targets)
-    release_autograd_graphs(module)
-    torch.cuda.current_stream(example_inputs.device).wait_stream(stream)
-    torch.cuda.synchronize(example_inputs.device)
-    module.load_state_dict(module_state, strict=True)
-    _restore(optimizer, optimizer_state)
-    optimizer.zero_grad(set_to_none=False)
+    with state_preserved(module, optimizer):
+        release_autograd_graphs(module)
+        stream = torch.cuda.Stream(example_inputs.device)
+        stream.wait_stream(torch.cuda.current_stream(example_inputs.device))
+        with torch.cuda.stream(stream):
+            for _ in range(warmup_steps):
+                eager_update(module, optimizer, loss_fn, transform, static_inputs, static_targets)
+                release_autograd_graphs(module)  # no warm-up graph (nor its accumulators) outlives its update
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            static_loss = eager_update(module, optimizer, loss_fn, transform, static_inputs, static_targets)
+        release_autograd_graphs(module)
+        torch.cuda.current_stream(example_inputs.device).wait_stream(stream)
+        torch.cuda.synchronize(example_inputs.device)
     torch.cuda.synchronize(example_inputs.device)
     return CapturedUpdate(graph, static_inputs, static_targets, static_loss)

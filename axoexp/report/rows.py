@@ -139,10 +139,10 @@ def _group(runs: list[Run], client: MlflowClient | None, include_contended: bool
 def _labels(runs: list[Run]) -> tuple[str, str]:
     """The runs' ``timing.contention`` (``none``, or every kind seen) and ``timing.noise``
     (``high`` where any run's was); blank for runs logged without them."""
-    contentions = {run.data.tags[names.TIMING_CONTENTION] for run in runs if names.TIMING_CONTENTION in run.data.tags}
+    contentions = {tag for run in runs if (tag := run.data.tags.get(names.TIMING_CONTENTION)) is not None}
     kinds = sorted({kind for value in contentions for kind in value.split(",") if kind and kind != "none"})
     contention = ",".join(kinds) or ("none" if contentions else "")
-    noises = {run.data.tags[names.TIMING_NOISE] for run in runs if names.TIMING_NOISE in run.data.tags}
+    noises = {run.data.tags.get(names.TIMING_NOISE) for run in runs} - {None}
     return contention, HIGH if HIGH in noises else LOW if noises else ""
 
 
