@@ -35,6 +35,16 @@ def format_result(result: ExperimentResult) -> str:
         f"contention {result.contention}, {result.threads} threads"
     )
     lines.append(f"{'loss':<14}{result.losses[0]:10.4g} -> {result.losses[-1]:.4g}")
+    if result.eval_loss_before is not None and result.eval_loss_after is not None:
+        lines.append(
+            f"{'eval loss':<14}{result.eval_loss_before:10.4g} -> {result.eval_loss_after:.4g}  "
+            f"(held-out, {result.eval_batches} batches never adapted on)"
+        )
+    if result.banks is not None:
+        lines.append(
+            f"{'banks':<14}{result.banks.artifact}  sha256 {result.banks.sha256[:16]}...  "
+            f"(population.init_from={result.run_id} starts from them)"
+        )
     if result.verification is not None:
         check = result.verification
         lines.append(

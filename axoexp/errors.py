@@ -72,6 +72,13 @@ class NonFiniteResultError(AxoexpError):
     """An update produced a non-finite loss or parameter: the run's results are invalid."""
 
 
+class BanksError(AxoexpError, ValueError):
+    """``population.init_from`` names banks that cannot start this run: no such file or run, not a
+    banks file, another population kind, other shapes or dtypes, or a SHA-256 other than the pin."""
+
+    exit_code = 2
+
+
 class JobKilledError(AxoexpError):
     """A sweep's job process died of a signal; its run was ended KILLED from its journal."""
 

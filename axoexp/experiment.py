@@ -15,6 +15,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from axoexp import describe, metadata, names, signals, wallclock
+from axoexp.banks import SavedBanks, UpdateCount, eval_loss, keep_banks
 from axoexp.contention import ContentionGuard
 from axoexp.guard import FiniteGuard
 from axoexp.interfaces import RunLog
@@ -54,6 +55,10 @@ class ExperimentResult:
     threads: int = 0  # torch intra-op threads (run.threads, resolved)
     streams: int = 1  # independent streams per update (B)
     process_ms: dict[str, float] | None = None  # process_<phase>_ms of a run started from the command line
+    eval_loss_before: float | None = None  # loss on the held-out batches before the first update
+    eval_loss_after: float | None = None  # and after the last
+    eval_batches: int = 0
+    banks: SavedBanks | None = None  # the adapted banks, the run's artifact
 
     @property
     def streams_per_s(self) -> float:
@@ -127,7 +132,7 @@ def run_experiment(
             if not threads.candidates:  # else logged once calibrated
                 tracker.log_params({names.RUN_THREADS_PARAM: threads.count})
             tracker.set_tags({**lease.tags(), **threads.tags()})  # held alone from build through verify
-            result = _execute(plan, tracker, tracking_uri, [tracker, *observers], threads.candidates)
+            result = _execute(plan, tracker, tracking_uri, [tracker, *observers], output_dir, threads.candidates)
             result.threads = torch.get_num_threads()
         tracker.set_tags(lease.tags())
         if output_dir is not None:
@@ -150,62 +155,79 @@ def _execute(
     tracker: RunLog,
     tracking_uri: str,
     observers: Sequence[Observer],
+    output_dir: Path | None,
     thread_candidates: Sequence[int] = (),
 ) -> ExperimentResult:
-    """Build, prepare, time, verify; log each as it completes."""
+    """Build, evaluate, prepare, time, verify, evaluate and keep the adapted banks; log each as it
+    completes. A run interrupted after an update keeps its banks too (not evaluated: it is stopping)."""
     config = plan.config
     setup = plan.build_population()
     tracker.set_tags(describe.workload_tags(setup, plan))
+    if plan.initial_banks is not None:
+        tracker.set_tags(plan.initial_banks.tags())
     tracker.log_dataset(describe.workload_dataset(setup, plan), names.WORKLOAD_CONTEXT)
+    loss_fn, population = plan.build_loss(), plan.components["population"].name
+    eval_before = eval_loss(setup.module, loss_fn, setup.eval_batches)  # not timed: no window is open
+    if eval_before is not None:
+        tracker.log_metrics({names.EVAL_LOSS_BEFORE: eval_before})
     pristine = copy.deepcopy(setup.module) if config.verify.enabled else None
     executor = plan.build_executor(setup.module)
     tracker.set_tags(describe.timing_tags(executor, plan.device))
     wallclock.mark("build")
-    guard = ContentionGuard(plan.device)
-    observers = (*observers, FiniteGuard(setup.module, tracker), guard)  # the guard last: its samples
-    # lie closest to the timed updates
+    guard, adapted = ContentionGuard(plan.device), UpdateCount()
+    observers = (*observers, adapted, FiniteGuard(setup.module, tracker), guard)  # the guard last: its
+    # samples lie closest to the timed updates
     try:
-        with window(observers, PREPARE):
-            prepare_ms = executor.prepare(*setup.batches[0])
-        tracker.log_metrics({names.phase_metric(phase): value for phase, value in prepare_ms.items()})
-        tracker.set_tags(executor.prepared_tags)
-        if prepare_ms:
-            log.info("prepare: %s", ", ".join(f"{phase} {ms:.1f} ms" for phase, ms in prepare_ms.items()))
-        wallclock.mark("prepare")
-        warmup, measured = measure_updates(
-            executor,
-            setup.batches,
-            config.run.warmup_updates,
-            config.run.measured_updates,
-            tracker,
-            observers,
-            config.run.min_time_s,
-            config.run.max_time_s,
-            thread_candidates,
-        )
-    finally:
-        guard.log_to(tracker)
-    update = LatencySummary.of(measured.latencies_ms)
-    tracker.log_metrics({names.STREAMS_PER_S: streams_per_s(setup.streams, update.median)})
-    wallclock.mark("measure")
-    if config.run.require_quiet:
-        guard.raise_if_contended()
-
-    verification = None
-    if pristine is not None:
-        with window(observers, VERIFY):
-            verification = verify_parity(
-                plan.build_executor,
-                plan.components["executor"].name,
-                pristine,
+        try:
+            with window(observers, PREPARE):
+                prepare_ms = executor.prepare(*setup.batches[0])
+            tracker.log_metrics({names.phase_metric(phase): value for phase, value in prepare_ms.items()})
+            tracker.set_tags(executor.prepared_tags)
+            if prepare_ms:
+                log.info("prepare: %s", ", ".join(f"{phase} {ms:.1f} ms" for phase, ms in prepare_ms.items()))
+            wallclock.mark("prepare")
+            warmup, measured = measure_updates(
+                executor,
                 setup.batches,
-                config.verify.updates,
-                config.verify.loss_atol,
-                config.verify.param_atol,
+                config.run.warmup_updates,
+                config.run.measured_updates,
+                tracker,
+                observers,
+                config.run.min_time_s,
+                config.run.max_time_s,
+                thread_candidates,
             )
-        tracker.log_metrics(verification.metrics())
-        verification.raise_if_failed()
-        wallclock.mark("verify")
+        finally:
+            guard.log_to(tracker)
+        update = LatencySummary.of(measured.latencies_ms)
+        tracker.log_metrics({names.STREAMS_PER_S: streams_per_s(setup.streams, update.median)})
+        wallclock.mark("measure")
+        if config.run.require_quiet:
+            guard.raise_if_contended()
+
+        verification = None
+        if pristine is not None:
+            with window(observers, VERIFY):
+                verification = verify_parity(
+                    plan.build_executor,
+                    plan.components["executor"].name,
+                    pristine,
+                    setup.batches,
+                    config.verify.updates,
+                    config.verify.loss_atol,
+                    config.verify.param_atol,
+                )
+            tracker.log_metrics(verification.metrics())
+            verification.raise_if_failed()
+            wallclock.mark("verify")
+    except KeyboardInterrupt:  # ends KILLED: what the updates made is kept, as everything measured is
+        if adapted.updates:
+            keep_banks(setup.module, population, adapted.updates, tracker, output_dir)
+        raise
+    eval_after = eval_loss(setup.module, loss_fn, setup.eval_batches)
+    if eval_after is not None:
+        tracker.log_metrics({names.EVAL_LOSS_AFTER: eval_after})
+    banks = keep_banks(setup.module, population, adapted.updates, tracker, output_dir)
     return ExperimentResult(
         run_id=tracker.run_id,
         tracking_uri=tracking_uri,
@@ -222,4 +244,8 @@ def _execute(
         if measured.device_ms
         else None,
         contention=guard.verdict(),
+        eval_loss_before=eval_before,
+        eval_loss_after=eval_after,
+        eval_batches=len(setup.eval_batches),
+        banks=banks,
     )

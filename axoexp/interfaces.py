@@ -43,11 +43,14 @@ def adaptation_parameters(module: torch.nn.Module) -> list[torch.nn.Parameter]:
 
 @dataclass
 class PopulationSetup:
-    """What a ``population`` factory returns: a module to adapt and fixed-shape batches."""
+    """What a ``population`` factory returns: a module to adapt, fixed-shape batches, and
+    held-out batches of the same workload (same teacher) that no update adapts on, on which
+    the run logs ``eval_loss_before`` and ``eval_loss_after`` (none given: no evaluation)."""
 
     module: torch.nn.Module
     batches: list[Batch]
     description: dict[str, object] = field(default_factory=dict)
+    eval_batches: list[Batch] = field(default_factory=list)
 
     @property
     def streams(self) -> int:

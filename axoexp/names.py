@@ -16,6 +16,7 @@ HTTP_MAX_RETRIES_ENV = "MLFLOW_HTTP_REQUEST_MAX_RETRIES"
 HTTP_TIMEOUT_ENV = "MLFLOW_HTTP_REQUEST_TIMEOUT"
 HTTP_BACKOFF_FACTOR_ENV = "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"
 HTTP_BACKOFF_JITTER_ENV = "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER"
+ARTIFACTS_PROGRESS_BAR_ENV = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 SOURCE_NAME = "mlflow.source.name"
 SOURCE_GIT_COMMIT = "mlflow.source.git.commit"
 MLFLOW_GIT_PREFIX = "mlflow.source.git."
@@ -59,6 +60,14 @@ JOURNAL_LOST = "axoexp.journal_lost"  # why the local journal stopped (e.g. disk
 TRACKING_LOST = "axoexp.tracking_lost"  # why the store stopped answering mid-run; the journal has the rest
 SYNCED = "axoexp.synced"  # set by python -m axoexp.sync when it completed the run from a journal
 NON_FINITE_UPDATE = "axoexp.non_finite_update"  # the first update whose loss or parameters were not finite
+
+# --- tags: the adapted banks, the run's result (axoexp.banks)
+BANKS_ARTIFACT = "banks.artifact"  # the artifact holding them, e.g. banks.safetensors
+BANKS_SHA256 = "banks.sha256"  # SHA-256 of that file: what population.init_from_sha256 pins
+BANKS_SHAPES = "banks.shapes"  # name=shape of each bank saved, e.g. behavior_adapter=(3, 44)
+BANKS_UPDATES = "banks.updates"  # adaptation updates (warm-up and measured) the saved banks went through
+BANKS_INIT_FROM = "banks.init_from"  # population.init_from as given: the run or file the run started from
+BANKS_INIT_SHA256 = "banks.init_sha256"  # SHA-256 of the banks file the run started from
 
 # --- tags: an Optuna search (hydra/sweeper=optuna, axoexp.search)
 STUDY = "axoexp.study"  # on the search's parent run: the Optuna study's name
@@ -157,6 +166,9 @@ FIRST_UPDATE = "first_update_ms"
 MEASURED_COMPLETED = "measured_updates_completed"
 LOSS_INITIAL = "loss_initial"
 LOSS_FINAL = "loss_final"
+# the loss on held-out batches (never adapted on), before the first update and after the last
+EVAL_LOSS_BEFORE = "eval_loss_before"
+EVAL_LOSS_AFTER = "eval_loss_after"
 UPDATE_STATS = ("count", "median", "p10", "p90", "mean", "min", "max", "rel_iqr")
 
 

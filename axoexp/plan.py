@@ -3,7 +3,8 @@
 Every problem that can be found before the work (unknown names, parameters a factory does
 not take, out-of-range values, a CUDA-only executor on the CPU, a non-capturable optimizer
 under capture, what a factory's ``config_problems`` refuses, a population an executor cannot
-run) is collected into one :class:`ConfigError`, raised before any MLflow run exists.
+run, banks to start from that do not fit) is collected into one :class:`ConfigError`, raised
+before any MLflow run exists.
 
 The population is built once while planning, on the meta device (:func:`probe_population`):
 its factory runs as it will in the run, but no tensor holds memory or data. What it builds
@@ -22,15 +23,16 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from axoexp import names
+from axoexp.banks import InitialBanks, read_initial_banks
 from axoexp.components.population import checkpoint_problem
 from axoexp.config import bounded_keys
-from axoexp.errors import ConfigError, IncompatibleComponentsError, RegistryError
+from axoexp.errors import BanksError, ConfigError, IncompatibleComponentsError, RegistryError
 from axoexp.executors.base import batch_loss
-from axoexp.interfaces import Executor, PopulationSetup, adaptation_parameters
+from axoexp.interfaces import Executor, LossFn, PopulationSetup, adaptation_parameters
 from axoexp.nvml import gpu_probe
-from axoexp.registry import GROUPS, REGISTRY, Component, Registry
+from axoexp.registry import GROUPS, INIT_FROM, INIT_FROM_SHA256, REGISTRY, Component, Registry
 from axoexp.runtime import allowed_cpus
-from axoexp.tracking import resolve_tracking_uri, store_problem
+from axoexp.tracking import configure_tracking, resolve_tracking_uri, store_problem
 
 log = logging.getLogger(__name__)
 META = torch.device("meta")
@@ -62,6 +64,8 @@ class Plan:
     registry: Registry
     probe: PopulationSetup | None = None
     """The population built on the meta device while planning (None where its factory cannot build there)."""
+    initial_banks: InitialBanks | None = None
+    """The adapted banks ``population.init_from`` names, read and checked; loaded once built."""
 
     @property
     def shape(self) -> str:
@@ -75,9 +79,18 @@ class Plan:
         return self.probe.streams if self.probe is not None else 1
 
     def build_population(self) -> PopulationSetup:
-        return self.components["population"].build(
+        """The population as its factory builds it, then (``population.init_from``) given the
+        initial banks, after its teacher and batches were made from the freshly built one."""
+        population = self.components["population"]
+        setup = population.build(
             self.params["population"], device=self.device, dtype=self.dtype, seed=int(self.config.seed)
         )
+        if self.initial_banks is not None:
+            self.initial_banks.load_into(population.name, setup.module, self.dtype)
+        return setup
+
+    def build_loss(self) -> LossFn:
+        return self.components["loss"].build(self.params["loss"])
 
     def begin_executor_setup(self) -> None:
         """Let the planned executor start its population-independent one-off work now."""
@@ -105,7 +118,7 @@ class Plan:
             self.params["executor"] if entry is chosen else {},
             module=module,
             optimizer=optimizer,
-            loss_fn=self.components["loss"].build(self.params["loss"]),
+            loss_fn=self.build_loss(),
             gradient_transform=transform,
         )
 
@@ -204,13 +217,37 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
             )
     if probe is not None and "loss" in components and not problems:
         problems += loss_problems(components["loss"], params["loss"], probe)
+    initial_banks = None
+    if settings["population"][INIT_FROM] is not None and not problems:
+        try:
+            initial_banks = read_initial_banks(
+                str(settings["population"][INIT_FROM]),
+                settings["population"][INIT_FROM_SHA256],
+                configure_tracking(config.tracking),  # bounded retries: a dead server fails in seconds
+            )
+        except BanksError as error:
+            problems.append(str(error))
+        else:
+            problems += banks_problems(initial_banks, components["population"], probe, dtype)
     if problems:
         raise ConfigError(
             "invalid experiment config: "
             + (problems[0] if len(problems) == 1 else "".join(f"\n  - {problem}" for problem in problems))
         )
     assert device is not None and dtype is not None
-    return Plan(config, device, dtype, components, params, capturable, registry, probe)
+    return Plan(config, device, dtype, components, params, capturable, registry, probe, initial_banks)
+
+
+def banks_problems(
+    banks: InitialBanks, population: Component, probe: PopulationSetup | None, dtype: torch.dtype | None
+) -> list[str]:
+    """Why ``banks`` cannot start this population: another population option, or (judged on the
+    population built on the meta device) other bank names, shapes or dtype. A population that
+    cannot be built there is judged on the real module once built, inside the run."""
+    kind = banks.kind_problem(population.name)
+    if kind or probe is None or dtype is None:
+        return [kind] if kind else []
+    return banks.problems(population.name, probe.module, dtype)
 
 
 def loss_problems(loss: Component, params: dict[str, Any], probe: PopulationSetup) -> list[str]:

@@ -21,6 +21,8 @@ from axoexp.errors import RegistryError
 from axoexp.interfaces import Executor
 
 BUILTIN = "builtin"
+INIT_FROM = "init_from"  # population.init_from: the framework loads another run's adapted banks
+INIT_FROM_SHA256 = "init_from_sha256"
 CONFIG_VALUE_TYPES = (type(None), bool, int, float, str)
 """What a parameter's default may be: a value a YAML config can hold."""
 
@@ -134,7 +136,17 @@ class GroupSpec:
 GROUPS: dict[str, GroupSpec] = {
     spec.name: spec
     for spec in (
-        GroupSpec("population", ("device", "dtype", "seed"), "a callable returning axoexp.interfaces.PopulationSetup"),
+        GroupSpec(
+            "population",
+            ("device", "dtype", "seed"),
+            "a callable returning axoexp.interfaces.PopulationSetup",
+            settings={
+                INIT_FROM: Setting(
+                    None, "start from the adapted banks of this MLflow run id or banks file (docs/banks.md)"
+                ),
+                INIT_FROM_SHA256: Setting(None, "pin: init_from is refused unless its banks file has this SHA-256"),
+            },
+        ),
         GroupSpec("loss", (), "a callable returning loss_fn(prediction, target) -> scalar tensor"),
         GroupSpec(
             "optimizer",

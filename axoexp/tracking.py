@@ -155,6 +155,8 @@ def _ui_column(kind: str, key: str) -> str:
 RUNS_VIEW_COLUMNS = (
     *(_ui_column("metrics", names.update_metric(stat)) for stat in ("median", "p10", "p90")),
     _ui_column("metrics", names.CAPTURE),
+    _ui_column("metrics", names.EVAL_LOSS_BEFORE),
+    _ui_column("metrics", names.EVAL_LOSS_AFTER),
     _ui_column("tags", names.TIMING_CONTENTION),  # contention and noise travel with the numbers
     _ui_column("tags", names.TIMING_NOISE),
     _ui_column("tags", names.component_tag("executor")),

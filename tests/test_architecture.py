@@ -76,6 +76,7 @@ LAYERS = (
         "axoexp.progress",
         "axoexp.verification",
         "axoexp.plan",
+        "axoexp.banks",
         "axoexp.sync",
         "axoexp.job_process",
     ),

@@ -134,7 +134,7 @@ def test_eager_run_is_logged_to_sqlite_and_reads_back(make_config, client, tmp_p
     assert '"shape": [4, 3, 12, 4]' in workload.dataset.schema
 
     logged = {a.path for a in client.list_artifacts(result.run_id)}
-    assert logged == {"config.yaml", "result.json"}
+    assert logged == {"banks.safetensors", "config.yaml", "result.json"}
     config_text = client.download_artifacts(result.run_id, "config.yaml", str(tmp_path / "dl"))
     assert yaml.safe_load(Path(config_text).read_text())["run"]["measured_updates"] == 7
     assert json.loads((tmp_path / "result.json").read_text())["run_id"] == result.run_id

@@ -254,7 +254,12 @@ def test_server_killed_mid_run_switches_to_the_journal_then_sync(tmp_path: Path)
         client, run = only_run(uri)
         assert run.info.status == "FINISHED" and run.data.metrics[names.update_metric("count")] == 300
         assert_everything_measured_is_in(client, run, journal)
-        assert {a.path for a in client.list_artifacts(run.info.run_id)} == {".hydra", "config.yaml", "result.json"}
+        assert {a.path for a in client.list_artifacts(run.info.run_id)} == {
+            ".hydra",
+            "banks.safetensors",
+            "config.yaml",
+            "result.json",
+        }
     finally:
         _kill_server(server)
 

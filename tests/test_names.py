@@ -14,6 +14,7 @@ def test_mlflow_names_match_mlflow_constants() -> None:
     assert names.HTTP_TIMEOUT_ENV == environment_variables.MLFLOW_HTTP_REQUEST_TIMEOUT.name
     assert names.HTTP_BACKOFF_FACTOR_ENV == environment_variables.MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR.name
     assert names.HTTP_BACKOFF_JITTER_ENV == environment_variables.MLFLOW_HTTP_REQUEST_BACKOFF_JITTER.name
+    assert names.ARTIFACTS_PROGRESS_BAR_ENV == environment_variables.MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR.name
     assert names.SOURCE_NAME == mlflow_tags.MLFLOW_SOURCE_NAME
     assert names.SOURCE_GIT_COMMIT == mlflow_tags.MLFLOW_GIT_COMMIT
     assert names.SOURCE_GIT_COMMIT.startswith(names.MLFLOW_GIT_PREFIX)

@@ -215,7 +215,12 @@ def test_sweep_logs_to_an_http_tracking_server(mlflow_server: str, tmp_path: Pat
     assert parent.info.status == "FINISHED" and len(children) == 2
     child = children[0]
     assert child.data.metrics[names.update_metric("count")] == 3
-    assert {a.path for a in client.list_artifacts(child.info.run_id)} == {".hydra", "config.yaml", "result.json"}
+    assert {a.path for a in client.list_artifacts(child.info.run_id)} == {
+        ".hydra",
+        "banks.safetensors",
+        "config.yaml",
+        "result.json",
+    }
     assert {a.path for a in client.list_artifacts(child.info.run_id, ".hydra")} == {
         ".hydra/config.yaml",
         ".hydra/hydra.yaml",

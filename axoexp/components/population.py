@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import pickle
 from collections.abc import Mapping
@@ -114,31 +115,53 @@ def _lite_from_payload(path: str, payload: Any) -> torch.nn.Module | None:
     return model
 
 
+OUTPUTS = next(item.default for item in dataclasses.fields(SupportP4Config) if item.name == "output_dim")
+"""Outputs per neuron and step of a fresh AxoSim-Lite model (a checkpoint's may differ)."""
+EVAL_SEED_OFFSET = 2**32
+"""The held-out batches are drawn from a generator seeded ``seed + EVAL_SEED_OFFSET``: none of
+them is an adapted batch, and they stay the same whatever ``batches`` is."""
+BYTES_PER_BATCH = 1536
+"""Bookkeeping of one held (inputs, targets) pair beyond its data: two tensors, their storages and
+allocations (measured: 1-1.5 KiB at 3x12x4, CPU, float32)."""
+BATCH_SLACK = 1.2
+"""What the allocator keeps beyond the batches' data while they are generated between the
+teacher's temporaries (measured: up to 10 % at 200x12x4; 20 % leaves a margin)."""
+
+
 def config_problems(params: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
-    """What planning refuses in ``lite``'s settings (``params``, defaults included)."""
-    if any(params.get(bank, True) for bank in ("train_behavior", "train_morphology", "train_synaptic")):
-        return []
-    return [
-        "population trains no adaptation bank: set at least one of "
-        "population.train_behavior, train_morphology, train_synaptic to true"
-    ]
+    """What planning refuses in ``lite``'s settings (``params``, defaults included): no bank to
+    train, or an update shorter than AxoSim-Lite's 4-step warm-up (its outputs then have no
+    gradient) under a loss that does not already refuse it for its own warm-up."""
+    problems = []
+    if not any(params.get(bank, True) for bank in ("train_behavior", "train_morphology", "train_synaptic")):
+        problems.append(
+            "population trains no adaptation bank: set at least one of "
+            "population.train_behavior, train_morphology, train_synaptic to true"
+        )
+    time_steps, loss = params.get("time_steps"), config.get("loss") or {}
+    if isinstance(time_steps, int) and time_steps < WARMUP_STEPS and not loss.get("warmup_steps"):
+        problems.append(
+            f"population.time_steps={time_steps}: AxoSim-Lite's first {WARMUP_STEPS} outputs are warm-up, "
+            f"with no gradient to adapt on; use at least {WARMUP_STEPS} (more than that for a causal loss)"
+        )
+    return problems
 
 
 def memory_estimate(params: dict[str, Any], dtype: torch.dtype) -> int:
-    """Bytes the lite workload needs on its device: batches, model activations and gradients,
-    linear in neurons x time_steps. Fitted to the peak memory of CPU float32 runs (within
-    ~20 % from 2,000 to 100,000 neurons, across the model dimensions); the checkpoint's own
-    dimensions are not known before loading, so the configured ones are used."""
-    per_step = (
-        64
-        + (params["batches"] + 3) * params["contacts"]
-        + 3 * params["token_dim"]
-        + 6 * params["state_dim"]
-        + params["route_features"]
-    )
+    """Bytes the lite workload needs on its device: every batch it holds (the inputs and the
+    teacher's targets of the adapted and the held-out batches), and the model's activations and
+    gradients during an update, linear in (batch_size x) neurons x time_steps. The update's part was fitted to
+    the peak memory of CPU float32 runs (within ~20 % from 2,000 to 100,000 neurons, across the
+    model dimensions); tests/test_refuse_early.py checks the whole against measured peak memory over
+    batch counts. A checkpoint's own dimensions are not known before loading, so the configured
+    ones are used."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     rows = int(params["neurons"]) * int(params.get("batch_size", 1))  # B streams: B x neurons rows
-    return rows * int(params["time_steps"]) * per_step * itemsize
+    steps = rows * int(params["time_steps"])
+    batch = steps * (params["contacts"] + OUTPUTS) * itemsize * BATCH_SLACK + BYTES_PER_BATCH
+    held = (params["batches"] + params["eval_batches"]) * batch
+    update = 64 + 3 * params["contacts"] + 3 * params["token_dim"] + 6 * params["state_dim"] + params["route_features"]
+    return int(held + steps * update * itemsize)
 
 
 def make_lite_model(
@@ -182,6 +205,9 @@ def lite(
     checkpoint: Annotated[str | None, "axosim.checkpoint file to load instead of a fresh model"] = None,
     checkpoint_sha256: Annotated[str | None, "pin: the checkpoint is refused unless its SHA-256 matches"] = None,
     batches: Annotated[int, "distinct (inputs, targets) batches, cycled", AT_LEAST_ONE] = 4,
+    eval_batches: Annotated[
+        int, "held-out batches, never adapted on: eval_loss_before and eval_loss_after", AT_LEAST_ONE
+    ] = 2,
     batch_size: Annotated[
         int, "independent streams per update (B), run through forward_batch; the loss is their mean", AT_LEAST_ONE
     ] = 1,
@@ -198,8 +224,10 @@ def lite(
     banks for all streams; the update's loss is the mean over streams of each stream's loss).
     Targets are the outputs of a *teacher*: the same population with every
     adaptation bank perturbed by Gaussian noise of std ``target_perturbation``, so the
-    targets are reachable by adapting the banks. With ``checkpoint`` the model dimensions
-    come from the checkpoint and ``branches``..``morphologies`` are ignored.
+    targets are reachable by adapting the banks. ``eval_batches`` more batches of the same
+    teacher, drawn from a generator of their own, are held out for evaluation. With
+    ``checkpoint`` the model dimensions come from the checkpoint and
+    ``branches``..``morphologies`` are ignored.
     """
     problems = config_problems(
         {"train_behavior": train_behavior, "train_morphology": train_morphology, "train_synaptic": train_synaptic}, {}
@@ -234,13 +262,19 @@ def lite(
             parameter.add_(target_perturbation * torch.randn(parameter.shape, generator=generator))
     module.to(device=device, dtype=dtype)
     teacher.to(device=device, dtype=dtype)
-    stream = []
-    with torch.no_grad():
-        for _ in range(batches):
-            streams = (batch_size,) if batch_size > 1 else ()  # B = 1: one stream, as forward takes it
-            spikes = torch.rand(*streams, neurons, time_steps, contacts, generator=generator) < input_rate
-            inputs = spikes.to(device=device, dtype=dtype)
-            stream.append((inputs, (teacher.forward_batch(inputs) if streams else teacher(inputs)).detach()))
+    streams = (batch_size,) if batch_size > 1 else ()  # B = 1: one stream, as forward takes it
+
+    def draw(count: int, generator: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        drawn = []
+        with torch.no_grad():
+            for _ in range(count):
+                spikes = torch.rand(*streams, neurons, time_steps, contacts, generator=generator) < input_rate
+                inputs = spikes.to(device=device, dtype=dtype)
+                drawn.append((inputs, (teacher.forward_batch(inputs) if streams else teacher(inputs)).detach()))
+        return drawn
+
+    stream = draw(batches, generator)
+    held_out = draw(eval_batches, torch.Generator().manual_seed(seed + EVAL_SEED_OFFSET))
     description.update(
         branches=config.input_dim,
         route_features=config.route_feature_dim,
@@ -250,7 +284,7 @@ def lite(
         outputs=config.output_dim,
         trainable_parameters=sum(p.numel() for p in module.trainable_adaptation_parameters()),
     )
-    return PopulationSetup(module=module, batches=stream, description=description)
+    return PopulationSetup(module=module, batches=stream, description=description, eval_batches=held_out)
 
 
 lite.memory_estimate = memory_estimate  # type: ignore[attr-defined]

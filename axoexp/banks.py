@@ -1,0 +1,246 @@
+"""The adapted banks, a run's result: saved weights-only, evaluated on held-out batches, and
+loaded again to start another run (``population.init_from``).
+
+The banks are the population's trainable adaptation parameters
+(``module.trainable_adaptation_parameters()``, by their names in ``module.named_parameters()``).
+They are saved as ``banks.safetensors`` (no code can run when it is read), with the population
+option that made them in the file's metadata; the run's tags hold the file's SHA-256 and the
+banks' shapes. ``docs/banks.md`` says when a run keeps them and how to start from them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
+from mlflow.tracking import MlflowClient
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from axoexp import names
+from axoexp.components.population import sha256_of
+from axoexp.errors import BanksError
+from axoexp.executors.base import batch_loss
+from axoexp.interfaces import Batch, LossFn, RunLog, adaptation_parameters
+from axoexp.registry import INIT_FROM, INIT_FROM_SHA256
+from axoexp.tracking import UNREACHABLE, sqlite_path
+from axoexp.windows import Observer
+
+BANKS_FILE = "banks.safetensors"
+FORMAT = "axoexp-banks-1"
+POPULATION_KEY = "population"  # metadata: the population option whose module the banks belong to
+FORMAT_KEY = "format"
+RUN_ID = re.compile(r"[0-9a-f]{32}")
+
+
+def adapted_banks(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The module's trainable adaptation banks by parameter name, in the module's order."""
+    trainable = {id(parameter) for parameter in adaptation_parameters(module)}
+    return {name: parameter for name, parameter in module.named_parameters() if id(parameter) in trainable}
+
+
+def shapes_text(shapes: Mapping[str, tuple[int, ...]]) -> str:
+    """``behavior_adapter=(3, 44) synaptic_log_efficacy=(3, 4)``: tag ``banks.shapes``."""
+    return " ".join(f"{name}={tuple(shape)}" for name, shape in shapes.items())
+
+
+class UpdateCount(Observer):
+    """Counts the adaptation updates that completed (warm-up and measured)."""
+
+    def __init__(self) -> None:
+        self.updates = 0
+
+    def update_finished(self, window: str, index: int, latency_ms: float, loss: float) -> None:
+        self.updates += 1
+
+
+@dataclass(frozen=True)
+class SavedBanks:
+    """Where a run's banks went and what identifies them."""
+
+    artifact: str
+    sha256: str
+    shapes: dict[str, tuple[int, ...]]
+    updates: int
+
+    def tags(self) -> dict[str, str]:
+        return {
+            names.BANKS_ARTIFACT: self.artifact,
+            names.BANKS_SHA256: self.sha256,
+            names.BANKS_SHAPES: shapes_text(self.shapes),
+            names.BANKS_UPDATES: str(self.updates),
+        }
+
+
+def keep_banks(
+    module: torch.nn.Module, population: str, updates: int, tracker: RunLog, directory: Path | None
+) -> SavedBanks:
+    """Save the module's adapted banks to ``directory/banks.safetensors`` (a temporary file where
+    there is no directory or it cannot be written, e.g. a full disk), log the file as the run's
+    artifact and its SHA-256 and shapes as tags."""
+    tensors = {name: bank.detach().cpu().contiguous() for name, bank in adapted_banks(module).items()}
+    metadata = {FORMAT_KEY: FORMAT, POPULATION_KEY: population}
+    with tempfile.TemporaryDirectory(prefix="axoexp-banks-") as scratch:
+        path = None
+        if directory is not None:
+            with suppress(SafetensorError, OSError):  # e.g. a full disk: MLflow still gets a temporary copy
+                save_file(tensors, str(directory / BANKS_FILE), metadata=metadata)
+                path = directory / BANKS_FILE
+        if path is None:
+            path = Path(scratch) / BANKS_FILE
+            save_file(tensors, str(path), metadata=metadata)
+        saved = SavedBanks(BANKS_FILE, sha256_of(path), {name: tuple(t.shape) for name, t in tensors.items()}, updates)
+        tracker.log_artifact(str(path))
+    tracker.set_tags(saved.tags())
+    return saved
+
+
+@dataclass(frozen=True)
+class InitialBanks:
+    """Banks to start a run from (``population.init_from``), read and checked while planning."""
+
+    origin: str  # as population.init_from gave it
+    sha256: str
+    population: str
+    tensors: dict[str, torch.Tensor]  # on the CPU
+
+    def tags(self) -> dict[str, str]:
+        return {names.BANKS_INIT_FROM: self.origin, names.BANKS_INIT_SHA256: self.sha256}
+
+    def kind_problem(self, population: str) -> str | None:
+        """Why these banks cannot start a population of option ``population`` whatever it builds."""
+        if self.population == population:
+            return None
+        given = f"population.{INIT_FROM}={self.origin}"
+        return f"{given} holds banks of population {self.population}, not of population={population}"
+
+    def problems(self, population: str, module: torch.nn.Module, dtype: torch.dtype) -> list[str]:
+        """Why these banks cannot start ``population``'s ``module`` at ``dtype`` (empty when they can).
+        ``module`` may live on the meta device: only names, shapes and dtypes are compared."""
+        given = f"population.{INIT_FROM}={self.origin}"
+        kind = self.kind_problem(population)
+        if kind:
+            return [kind]
+        banks = {name: bank for name, bank in module.named_parameters() if name in self.tensors}
+        missing = sorted(set(self.tensors) - set(banks))
+        if missing:
+            return [f"{given} holds banks this population lacks: {', '.join(missing)}"]
+        saved = {name: tuple(tensor.shape) for name, tensor in self.tensors.items()}
+        planned = {name: tuple(bank.shape) for name, bank in banks.items()}
+        if saved != planned:
+            return [
+                f"{given} holds banks of shapes {shapes_text(saved)}, but this population's are "
+                f"{shapes_text(planned)}; start from banks of the same population settings"
+            ]
+        other = sorted({_dtype_name(tensor.dtype) for tensor in self.tensors.values()} - {_dtype_name(dtype)})
+        if other:
+            return [f"{given} holds {', '.join(other)} banks, but this run is dtype={_dtype_name(dtype)}"]
+        return []
+
+    def load_into(self, population: str, module: torch.nn.Module, dtype: torch.dtype) -> None:
+        """Copy the banks into ``module``'s parameters exactly (after checking them again against
+        the real module; planning may have judged a module built on the meta device)."""
+        problems = self.problems(population, module, dtype)
+        if problems:
+            raise BanksError(problems[0])
+        parameters = dict(module.named_parameters())
+        with torch.no_grad():
+            for name, tensor in self.tensors.items():
+                parameters[name].copy_(tensor)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def read_initial_banks(origin: str, pinned_sha256: str | None, tracking_uri: str) -> InitialBanks:
+    """The banks ``population.init_from`` names: a banks file, or the MLflow run id of a run that
+    kept its banks (read from ``tracking_uri``; its file must match the run's tag ``banks.sha256``).
+    A pin (``population.init_from_sha256``) must match the file's SHA-256."""
+    file = Path(origin).expanduser()
+    if file.is_file():
+        return _read(origin, file, pinned_sha256, recorded_sha256=None)
+    if not RUN_ID.fullmatch(origin):
+        raise BanksError(f"population.{INIT_FROM}={origin!r} is neither a file nor an MLflow run id (32 hex digits)")
+    store = sqlite_path(tracking_uri)
+    if store is not None and not store.is_file():
+        raise BanksError(f"population.{INIT_FROM}={origin}: no such run, the store {tracking_uri} does not exist")
+    client = MlflowClient(tracking_uri=tracking_uri)
+    try:
+        run = client.get_run(origin)
+    except UNREACHABLE as error:
+        missing = isinstance(error, MlflowException) and error.error_code == ErrorCode.Name(RESOURCE_DOES_NOT_EXIST)
+        raise BanksError(
+            f"population.{INIT_FROM}={origin}: no such run in {tracking_uri}"
+            if missing
+            else f"population.{INIT_FROM}={origin}: the run cannot be read from {tracking_uri}: "
+            + str(error).splitlines()[0][:300]
+        ) from error
+    recorded = run.data.tags.get(names.BANKS_SHA256)
+    if recorded is None:
+        raise BanksError(
+            f"population.{INIT_FROM}={origin}: the run kept no adapted banks (it ended {run.info.status}; "
+            "runs keep them when they end FINISHED, or KILLED after an update)"
+        )
+    with tempfile.TemporaryDirectory(prefix="axoexp-init-") as scratch:
+        artifact = run.data.tags.get(names.BANKS_ARTIFACT, BANKS_FILE)
+        try:
+            with _no_progress_bar():
+                path = Path(client.download_artifacts(origin, artifact, scratch))
+        except UNREACHABLE as error:
+            raise BanksError(
+                f"population.{INIT_FROM}={origin}: its banks artifact {artifact} cannot be read: {error}"
+            ) from error
+        return _read(origin, path, pinned_sha256, recorded_sha256=recorded)
+
+
+@contextmanager
+def _no_progress_bar() -> Iterator[None]:
+    """MLflow draws a download progress bar on stderr; planning prints nothing but refusals."""
+    previous = os.environ.get(names.ARTIFACTS_PROGRESS_BAR_ENV)
+    os.environ[names.ARTIFACTS_PROGRESS_BAR_ENV] = "false"
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ[names.ARTIFACTS_PROGRESS_BAR_ENV]
+        else:
+            os.environ[names.ARTIFACTS_PROGRESS_BAR_ENV] = previous
+
+
+def _read(origin: str, path: Path, pinned_sha256: str | None, recorded_sha256: str | None) -> InitialBanks:
+    actual = sha256_of(path)
+    given = f"population.{INIT_FROM}={origin}"
+    if pinned_sha256 is not None and actual != str(pinned_sha256).lower():
+        raise BanksError(
+            f"{given}: its banks file has SHA-256 {actual}, but population.{INIT_FROM_SHA256} pins {pinned_sha256}"
+        )
+    if recorded_sha256 is not None and actual != recorded_sha256:
+        raise BanksError(f"{given}: the banks artifact has SHA-256 {actual}, but the run recorded {recorded_sha256}")
+    try:
+        with safe_open(str(path), framework="pt") as opened:
+            metadata = opened.metadata() or {}
+            tensors = {name: opened.get_tensor(name) for name in opened.keys()}
+    except (SafetensorError, OSError) as error:
+        raise BanksError(f"{given} is not a banks file (safetensors): {str(error).splitlines()[0][:200]}") from error
+    if metadata.get(FORMAT_KEY) != FORMAT or POPULATION_KEY not in metadata:
+        raise BanksError(f"{given} is a safetensors file, but not one of axoexp's banks files ({FORMAT})")
+    return InitialBanks(origin, actual, metadata[POPULATION_KEY], tensors)
+
+
+def eval_loss(module: torch.nn.Module, loss_fn: LossFn, batches: list[Batch]) -> float | None:
+    """The mean loss over held-out batches, without gradients (``None`` without any); a batch of
+    B streams counts as the update counts it (:func:`axoexp.executors.base.batch_loss`)."""
+    if not batches:
+        return None
+    with torch.no_grad():
+        losses = [batch_loss(module, loss_fn, inputs, targets) for inputs, targets in batches]
+        return float(torch.stack(losses).double().mean())
