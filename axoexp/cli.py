@@ -25,7 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from axoexp import targets, wallclock
 from axoexp.config import describe, register_configs
-from axoexp.errors import AxoexpError, ConfigError, RefusedTargetError
+from axoexp.errors import AxoexpError, ConfigError, RefusedTargetError, shown
 from axoexp.plugins import load_plugins
 from axoexp.signals import Interrupted
 
@@ -135,6 +135,14 @@ def main() -> None:
         if isinstance(error, AxoexpError):  # in a sweep, a job's error (but a refusal before any job)
             _exit_with(str(error), 1 if multirun and not isinstance(error, RefusedTargetError) else error.exit_code)
         _exit_with(one_line(error), 1 if multirun else 2)
+    except OSError as error:  # Hydra creating the output folder or writing its files there
+        if _tracebacks_wanted:
+            raise
+        _exit_with(
+            f"cannot write {shown(str(error.filename))}: {error.strerror or error}; choose a writable output "
+            "folder (hydra.run.dir=DIR, or hydra.sweep.dir=DIR with -m)",
+            2,
+        )
 
 
 def one_line(error: BaseException) -> str:

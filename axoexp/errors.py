@@ -3,6 +3,17 @@
 from __future__ import annotations
 
 
+def shown(path: str, limit: int = 200) -> str:
+    """A path as a message shows it: quoted, and cut to ``limit`` characters if longer."""
+    return repr(path) if len(path) <= limit else f"{path[:limit]!r}... ({len(path)} characters)"
+
+
+def first_line(error: BaseException) -> str:
+    """An error as one short line: its type and the first line of its message."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0][:200]}" if text else type(error).__name__
+
+
 class AxoexpError(Exception):
     """A problem the user can fix; the CLI prints its message, without a traceback."""
 
@@ -44,6 +55,11 @@ class VerificationError(AxoexpError):
 
 class TrackingUnavailableError(AxoexpError):
     """The tracking store could not be reached; what was measured is in the output dir."""
+
+
+class StoreError(AxoexpError):
+    """The MLflow store cannot be used: a damaged or half-built sqlite file, or one that could
+    not be created (e.g. its disk is full). The message names the file and what to do."""
 
 
 class SweepRefusedError(ConfigError):

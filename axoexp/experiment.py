@@ -22,6 +22,7 @@ from axoexp.interfaces import RunLog
 from axoexp.journal import journaled_run
 from axoexp.lease import device_lease
 from axoexp.measure import length_metrics, measure_updates
+from axoexp.outputs import write_atomically
 from axoexp.plan import Plan, plan_experiment
 from axoexp.registry import REGISTRY, Registry
 from axoexp.runtime import configure_determinism, configure_threads
@@ -138,9 +139,9 @@ def run_experiment(
         if output_dir is not None:
             path = output_dir / RESULT_FILE
             try:
-                path.write_text(result.to_json())
+                write_atomically(path, result.to_json())
             except OSError as error:  # e.g. a full disk: MLflow and the printed summary still have it
-                tracker.set_tags({names.JOURNAL_LOST: f"writing {path} failed: {error}"})
+                tracker.output_lost(f"writing {path} failed: {error}")
             else:
                 tracker.log_artifact(str(path))
         wallclock.mark("logging")

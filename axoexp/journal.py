@@ -7,6 +7,11 @@ its end. A process that is killed, a store that dies mid-run or a full disk else
 therefore loses nothing measured: ``python -m axoexp.sync`` uploads the journal later
 (:mod:`axoexp.sync`). Records carry their own timestamps, so uploading one twice logs
 nothing twice.
+
+Each line is ``<crc32 of the JSON, 8 hex digits> <JSON>`` and each record names its journal
+(``"journal": <id>``), so a reader can tell a damaged or cut line from a good one and the
+records of one run from another's (:func:`read_journal_lines`). Lines of older journals,
+plain JSON, are read unverified.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import json
 import os
 import socket
 import uuid
+import zlib
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,6 +33,7 @@ from mlflow.utils.time import get_current_time_millis
 
 from axoexp import names, processes
 from axoexp.errors import TrackingUnavailableError
+from axoexp.outputs import write_atomically
 from axoexp.tracking import UNREACHABLE, StoreOpening, Tracker, metric_value, store_lock, with_mlflow_context
 from axoexp.windows import Observer
 
@@ -56,7 +63,7 @@ class Journal:
     def append(self, kind: str, **fields: Any) -> None:
         if self._stream is None:
             return
-        line = json.dumps({"kind": kind, "time": get_current_time_millis(), **fields}, default=str)
+        line = encode_record({"kind": kind, "time": get_current_time_millis(), "journal": self.id, **fields})
         try:
             self._stream.write(line + "\n")
             self._stream.flush()
@@ -92,15 +99,63 @@ class Journal:
         self._stream = None
 
 
+def encode_record(record: Mapping[str, Any]) -> str:
+    """One journal line: the record's JSON after its CRC-32, so damage is found on reading."""
+    text = json.dumps(record, default=str)
+    return f"{zlib.crc32(text.encode()):08x} {text}"
+
+
+@dataclass
+class JournalLines:
+    """What a journal holds: its good records (each with its ``line`` number, from 1) and the
+    numbers of the lines that failed their checksum or do not parse."""
+
+    records: list[dict[str, Any]]
+    damaged: list[int]
+    cut_at_end: bool  # the last line is damaged and lacks its newline: the write was cut off
+
+    def damage(self) -> str:
+        """The damaged lines in words ("" when none)."""
+        if not self.damaged:
+            return ""
+        lines = ", ".join(map(str, self.damaged[:20])) + (" ..." if len(self.damaged) > 20 else "")
+        cut = " (the last one cut off mid-write)" if self.cut_at_end else ""
+        return f"damaged journal lines skipped: {lines}{cut}"
+
+
+def read_journal_lines(path: Path) -> JournalLines:
+    """Every record of a journal that passes its checksum; the others by line number."""
+    records, damaged = [], []
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    for number, raw in enumerate(lines, start=1):
+        record = _decode(raw.decode("utf-8", errors="replace"))
+        if record is None:
+            damaged.append(number)
+        else:
+            records.append({**record, "line": number})
+    cut = bool(damaged) and damaged[-1] == len(lines) and not data.endswith(b"\n")
+    return JournalLines(records, damaged, cut)
+
+
+def _decode(line: str) -> dict[str, Any] | None:
+    checksum, _, text = line.partition(" ")
+    if line.startswith("{"):  # an older journal's line, without a checksum
+        text = line
+    elif len(checksum) != 8 or checksum != f"{zlib.crc32(text.encode()):08x}":
+        return None
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("kind"), str) else None
+
+
 def read_journal(path: Path) -> list[dict[str, Any]]:
-    """The records of a journal; a last line cut off by a crash or a full disk is skipped."""
-    records = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
+    """The good records of a journal (:func:`read_journal_lines` says which lines were not)."""
+    return read_journal_lines(path).records
 
 
 @dataclass
@@ -148,11 +203,18 @@ class JournaledLog(Observer):
         if self.journal is not None and self.journal.lost is None:
             path = self.journal.path.parent / artifact_file
             try:
-                path.write_text(text)
+                write_atomically(path, text)
                 self._record(ARTIFACT, path=str(path))
             except OSError as error:
-                self.journal.lost = f"writing {path} failed: {error}"
+                self.output_lost(f"writing {path} failed: {error}")
         self._deliver(lambda remote: remote.log_text(text, artifact_file))
+
+    def output_lost(self, reason: str) -> None:
+        """A file of the output folder could not be written: tag ``axoexp.journal_lost`` says so,
+        unless an earlier failure already did (the first reason is the one kept)."""
+        if self.journal is not None and self.journal.lost is None:
+            self.journal.lost = reason
+        self._report_journal_loss()
 
     def log_artifact(self, path: str) -> None:
         self._record(ARTIFACT, path=str(Path(path).resolve()))

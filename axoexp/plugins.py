@@ -89,6 +89,8 @@ def _import_as_plugin(
                 module = load()
             except RegistryError:
                 raise
+            except SystemExit as error:  # a plugin must not end the program, nor silently
+                raise PluginLoadError(f"plugin {source} called sys.exit({error.code!r}) while importing") from error
             except Exception as error:
                 raise PluginLoadError(f"plugin {source} failed to import: {error!r}") from error
     except (RegistryError, PluginLoadError) as error:

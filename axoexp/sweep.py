@@ -45,9 +45,10 @@ from omegaconf.errors import OmegaConfBaseException
 
 from axoexp import metadata, names, processes, signals
 from axoexp.describe import sweep_run_name
-from axoexp.errors import ConfigError, SweepRefusedError
+from axoexp.errors import ConfigError, StoreError, SweepRefusedError
 from axoexp.job_process import SWEEP_PROCESS_ENV, sweep_process_marker
 from axoexp.journal import JOURNAL_FILE, START, process_tags, read_journal
+from axoexp.outputs import claim_directory
 from axoexp.plan import plan_experiment, resume_mode
 from axoexp.statistics import disturbance
 from axoexp.sync import end_dead_run, process_gone, sync_journal
@@ -59,6 +60,7 @@ from axoexp.tracking import (
     experiment_id,
     open_client,
     store_lock,
+    store_problem,
     with_mlflow_context,
 )
 
@@ -100,6 +102,10 @@ class MlflowSweepCallback(Callback):
         sweep_dir = claim_sweep_dir(config)
         with read_write(config.hydra.overrides), open_dict(config.hydra.overrides):
             add_repeats(config)  # also without a parent run
+        problem = store_problem(uri)
+        if problem:  # each job then refuses to run, naming it too
+            log.error("the sweep has no parent run: %s", problem)
+            return
         try:
             client = open_client(uri)
             with store_lock(uri):
@@ -118,6 +124,9 @@ class MlflowSweepCallback(Callback):
                         }
                     ),
                 )
+        except StoreError as error:  # e.g. a fresh store on a full disk; each job then says so too
+            log.error("the sweep has no parent run: %s", error)
+            return
         except UNREACHABLE as error:
             log.error("MLflow tracking at %s is unreachable, so the sweep has no parent run: %s", uri, error)
             return
@@ -247,15 +256,7 @@ def claim_sweep_dir(config: DictConfig) -> Path:
     """Create the sweep's directory, or a ``-2``, ``-3``... sibling if another sweep has it
     (two sweeps started in one second would otherwise overwrite each other's files)."""
     base = Path(str(config.hydra.sweep.dir))
-    base.parent.mkdir(parents=True, exist_ok=True)
-    candidate, number = base, 1
-    while True:
-        try:
-            candidate.mkdir()
-            break
-        except FileExistsError:
-            number += 1
-            candidate = base.with_name(f"{base.name}-{number}")
+    candidate = claim_directory(base)
     if candidate != base:  # the launcher composes each job from these overrides
         with read_write(config.hydra), open_dict(config.hydra):
             config.hydra.sweep.dir = str(candidate)

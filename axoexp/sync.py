@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlflow.entities import Run
+from mlflow.entities import Metric, Run
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.time import get_current_time_millis
@@ -40,34 +40,13 @@ from axoexp.journal import (
     TRACKING_LOST,
     UPDATE,
     WINDOW,
-    read_journal,
+    read_journal_lines,
 )
 from axoexp.tracking import UNREACHABLE, Tracker, experiment_id, open_client, resolve_tracking_uri, store_problem
 from axoexp.windows import MEASURED, WARMUP, UpdateTrace, log_traces
 
 RUNNING = "RUNNING"
 MEASURED_PARAM = "run.measured_updates"
-
-
-@dataclass
-class _AtTime:
-    """A tracker whose metrics all carry one timestamp, so logging them again is a no-op."""
-
-    tracker: Tracker
-    timestamp_ms: int
-
-    @property
-    def run_id(self) -> str:
-        return self.tracker.run_id
-
-    def log_series(self, name: str, values: list[float], first_step: int = 0) -> None:
-        self.tracker.log_series(name, values, first_step, self.timestamp_ms)
-
-    def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
-        self.tracker.log_metrics(metrics, step, self.timestamp_ms)
-
-    def set_tags(self, tags: Mapping[str, Any]) -> None:
-        self.tracker.set_tags(tags)
 
 
 def find_journals(paths: Iterable[Path]) -> Iterator[Path]:
@@ -93,43 +72,83 @@ def process_gone(tags: Mapping[str, str]) -> bool | None:
     return not processes.alive(int(pid), tags.get(names.PROCESS_START))
 
 
-def _run(client: MlflowClient, start: Mapping[str, Any]) -> Run | None:
-    if start.get("run_id"):
+def _run(client: MlflowClient, start: Mapping[str, Any] | None, journal_id: str | None) -> Run | None:
+    """The journal's run in the store: by the start record's run id, else by its journal id."""
+    if start is not None and start.get("run_id"):
         try:
             return client.get_run(start["run_id"])
         except MlflowException:
             pass
-    found = client.get_experiment_by_name(start["experiment"])
-    if found is None:
+    if journal_id is None:
         return None
-    runs = client.search_runs(
-        [found.experiment_id], filter_string=f"tags.`{names.JOURNAL_ID}` = '{start['journal_id']}'", max_results=1
-    )
+    if start is not None:
+        found = client.get_experiment_by_name(start["experiment"])
+        experiments = [found.experiment_id] if found is not None else []
+    else:  # the start record is damaged: look in every experiment
+        experiments = [experiment.experiment_id for experiment in client.search_experiments()]
+    if not experiments:
+        return None
+    runs = client.search_runs(experiments, filter_string=f"tags.`{names.JOURNAL_ID}` = '{journal_id}'", max_results=1)
     return runs[0] if runs else None
 
 
+def _journal_ids(records: list[dict[str, Any]]) -> list[str]:
+    """The journals whose records these are (a record of an older journal names none, its start does)."""
+    ids = [record.get("journal") or (record["journal_id"] if record["kind"] == START else None) for record in records]
+    return list(dict.fromkeys(journal_id for journal_id in ids if journal_id))
+
+
+def _processes(records: list[dict[str, Any]]) -> str:
+    starts = [record["tags"] for record in records if record["kind"] == START]
+    return ", ".join(f"{tags.get(names.PROCESS_PID)} on {tags.get(names.HOSTNAME)}" for tags in starts) or "unknown"
+
+
+def stored_updates(client: MlflowClient, run_id: str) -> int:
+    """How many updates of the run the store holds (steps of its per-update latency series)."""
+    return len({metric.step for metric in client.get_metric_history(run_id, names.UPDATE_SERIES)})
+
+
 def sync_journal(client: MlflowClient, path: Path) -> str:
-    """Upload one journal; return what was done, in words."""
-    records = read_journal(path)
-    starts = [record for record in records if record["kind"] == START]
-    if not starts:
-        return "skipped: not a journal (no start record)"
-    start = starts[0]
-    ends = [record for record in records if record["kind"] == END]
-    run = _run(client, start)
-    if run is not None and names.SYNCED in run.data.tags:
-        return f"already synced to run {run.info.run_id}"
-    stopped_mid_run = any(record["kind"] == TRACKING_LOST for record in records)
-    if run is not None and run.info.status != RUNNING and not stopped_mid_run:
-        return f"already complete in the store (run {run.info.run_id}, {run.info.status})"
-    gone = process_gone(start["tags"])
-    if not ends and not gone:
-        where = start["tags"].get(names.HOSTNAME, "an unknown host")
+    """Put one journal into its run, whatever state the store left the run in; return what was
+    done, in words (damaged lines named by number).
+
+    The run is created if the store lacks it; completed if the store holds fewer of its
+    updates than the journal, or it stopped answering mid-run; ended if it is still RUNNING
+    and its process is gone. Everything is logged with the journal's own timestamps and
+    update indices, so syncing again logs nothing twice.
+    """
+    contents = read_journal_lines(path)
+    records, damage = contents.records, contents.damage()
+    said = f"; {damage}" if damage else ""
+    ids = _journal_ids(records)
+    if len(ids) > 1:
         return (
-            f"skipped: its process {start['tags'].get(names.PROCESS_PID)} on {where} "
-            f"{'still runs' if gone is False else 'cannot be checked from this host'}"
+            f"refused: it holds the records of {len(ids)} runs (processes {_processes(records)}) that shared one "
+            f"output folder; they are not merged{said}"
+        )
+    starts = [record for record in records if record["kind"] == START]
+    start = starts[0] if starts else None
+    run = _run(client, start, ids[0] if ids else None)
+    if start is None and run is None:
+        return f"skipped: no readable start record, and no run in the store has its journal id{said}"
+    tags = start["tags"] if start is not None else run.data.tags  # type: ignore[union-attr]
+    updates = [record for record in records if record["kind"] == UPDATE]
+    ends = [record for record in records if record["kind"] == END]
+    stopped_mid_run = any(record["kind"] == TRACKING_LOST for record in records)
+    if run is not None and run.info.status != RUNNING:
+        complete = stored_updates(client, run.info.run_id) >= len(updates)
+        if complete and (names.SYNCED in run.data.tags or not stopped_mid_run):
+            already = "already synced to" if names.SYNCED in run.data.tags else "already complete in the store:"
+            return f"{already} run {run.info.run_id} ({run.info.status}, {len(updates)} updates){said}"
+    gone = process_gone(tags)
+    if not ends and not gone and (run is None or run.info.status == RUNNING):
+        where = tags.get(names.HOSTNAME, "an unknown host")
+        return (
+            f"skipped: its process {tags.get(names.PROCESS_PID)} on {where} "
+            f"{'still runs' if gone is False else 'cannot be checked from this host'}{said}"
         )
     if run is None:
+        assert start is not None
         run = client.create_run(
             experiment_id(client, start["experiment"]),
             start_time=start["start_time"],
@@ -137,28 +156,78 @@ def sync_journal(client: MlflowClient, path: Path) -> str:
             tags=start["tags"],
         )
     missing = _replay(Tracker(client, run.info.run_id), records)
-    if ends:
-        status, reason, end_time = ends[-1]["status"], ends[-1]["reason"], ends[-1]["end_time"]
-    else:
-        status, end_time = "KILLED", records[-1]["time"]
-        reason = (
-            f"process {start['tags'][names.PROCESS_PID]} on {start['tags'][names.HOSTNAME]} ended without "
-            "ending its run (killed); completed from its journal by axoexp.sync"
-        )
-    tags = {names.SYNCED: f"from {path} at {get_current_time_millis()} ms"}
+    cut_line = contents.damaged[-1] if contents.cut_at_end else None
+    status, reason, end_time = _ending(run, records, ends, cut_line, tags)
+    synced = {names.SYNCED: f"from {path} at {get_current_time_millis()} ms{said}"}
+    if start is None:
+        synced[names.SYNCED] += "; its start record was damaged: the run was found by its journal id"
     if missing:
-        tags[names.SYNCED] += f"; missing artifact files: {', '.join(missing)}"
-    if reason:
-        tags[names.FAILURE] = reason[:5000]
-    Tracker(client, run.info.run_id).set_tags(tags)
+        synced[names.SYNCED] += f"; missing artifact files: {', '.join(missing)}"
+    if reason and names.FAILURE not in run.data.tags:  # the first failure's reason is the one kept
+        synced[names.FAILURE] = reason[:5000]
+    Tracker(client, run.info.run_id).set_tags(synced)
     client.set_terminated(run.info.run_id, status=status, end_time=end_time)
-    updates = sum(record["kind"] == UPDATE for record in records)
-    return f"synced to run {run.info.run_id} ({status}, {updates} updates)"
+    return f"synced to run {run.info.run_id} ({status}, {len(updates)} updates){said}"
+
+
+def _ending(
+    run: Run, records: list[dict[str, Any]], ends: list[dict[str, Any]], cut_line: int | None, tags: Mapping[str, str]
+) -> tuple[str, str | None, int | None]:
+    """The run's end status, reason and time: the journal's end record where it has one; else
+    what the store says where something (a sweep) already ended the run; else KILLED, or, where
+    the journal stops in a cut line (a full disk, a crash), FAILED with the end unknown: a run
+    that may have finished is never called killed."""
+    if ends:
+        return ends[-1]["status"], ends[-1]["reason"], ends[-1]["end_time"]
+    if run.info.status != RUNNING:
+        return run.info.status, None, run.info.end_time
+    process = f"process {tags.get(names.PROCESS_PID)} on {tags.get(names.HOSTNAME)}"
+    last_time = records[-1]["time"] if records else None
+    if cut_line is not None:
+        return (
+            "FAILED",
+            f"its journal stops at line {cut_line}, cut off mid-write (a full disk or a crash), and "
+            f"{process} is gone: how the run ended is not known; completed from its journal by axoexp.sync",
+            last_time,
+        )
+    return (
+        "KILLED",
+        f"{process} ended without ending its run (killed); completed from its journal by axoexp.sync",
+        last_time,
+    )
+
+
+@dataclass
+class _AtIndices:
+    """A tracker for rebuilding per-update series from journal records: every metric carries
+    one timestamp (logging it again is a no-op) and the i-th value of a series is logged at
+    the i-th update's own index, so a damaged record never shifts the updates after it."""
+
+    tracker: Tracker
+    timestamp_ms: int
+    steps: list[int]
+
+    @property
+    def run_id(self) -> str:
+        return self.tracker.run_id
+
+    def log_series(self, name: str, values: list[float], first_step: int = 0) -> None:
+        metrics = [
+            Metric(name, float(value), self.timestamp_ms, self.steps[first_step + offset])
+            for offset, value in enumerate(values)
+        ]
+        self.tracker.log_metric_objects(metrics)
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int = 0) -> None:
+        self.tracker.log_metrics(metrics, step, self.timestamp_ms)
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        self.tracker.set_tags(tags)
 
 
 def _replay(tracker: Tracker, records: list[dict[str, Any]]) -> list[str]:
     """Log every journaled call again (the store drops what it already has); rebuild the
-    update series if the run died before logging them. Returns artifact files not found."""
+    update series if the run died before logging them. Returns artifact paths not found."""
     missing, series = [], set()
     for record in records:
         kind = record["kind"]
@@ -176,17 +245,24 @@ def _replay(tracker: Tracker, records: list[dict[str, Any]]) -> list[str]:
         elif kind == DATASET:
             tracker.log_dataset_record(record["dataset"], record["context"])
         elif kind == ARTIFACT:
-            if Path(record["path"]).is_file():
+            if Path(record["path"]).exists():  # a file, or a folder such as .hydra/
                 tracker.log_artifact(record["path"])
             else:
                 missing.append(record["path"])
-    updates = [record for record in records if record["kind"] == UPDATE]
+    updates = sorted(
+        {record["index"]: record for record in records if record["kind"] == UPDATE}.values(),
+        key=lambda record: record["index"],
+    )
     if updates and names.UPDATE_SERIES not in series:
         traces = {WARMUP: UpdateTrace(), MEASURED: UpdateTrace()}
-        for update in sorted(updates, key=lambda record: record["index"]):
-            traces[update["window"]].latencies_ms.append(update["ms"])
-            traces[update["window"]].losses.append(update["loss"])
-        log_traces(_AtTime(tracker, updates[-1]["time"]), traces[WARMUP], traces[MEASURED], _planned_measured(records))
+        for window in (WARMUP, MEASURED):
+            for update in updates:
+                if update["window"] == window:
+                    traces[window].latencies_ms.append(update["ms"])
+                    traces[window].losses.append(update["loss"])
+        steps = [update["index"] for window in (WARMUP, MEASURED) for update in updates if update["window"] == window]
+        at = _AtIndices(tracker, max(update["time"] for update in updates), steps)
+        log_traces(at, traces[WARMUP], traces[MEASURED], _planned_measured(records))
     return missing
 
 
@@ -218,18 +294,18 @@ def end_dead_runs(client: MlflowClient) -> list[str]:
         tags = run.data.tags
         if not process_gone(tags):
             continue
+        reason = (
+            f"process {tags[names.PROCESS_PID]} on {tags[names.HOSTNAME]} is gone and never ended this run "
+            "(killed, or its machine failed); ended by axoexp.sync"
+        )
         journal = Path(tags[names.JOURNAL]) if names.JOURNAL in tags else None
         if journal is not None and journal.is_file():
-            done.append(
-                f"run {run.info.run_id}: its process is gone; journal {journal}: {sync_journal(client, journal)}"
-            )
-            continue
-        end_dead_run(
-            client,
-            run.info.run_id,
-            f"process {tags[names.PROCESS_PID]} on {tags[names.HOSTNAME]} is gone and never ended this run "
-            "(killed, or its machine failed); ended by axoexp.sync",
-        )
+            outcome = sync_journal(client, journal)
+            done.append(f"run {run.info.run_id}: its process is gone; journal {journal}: {outcome}")
+            if client.get_run(run.info.run_id).info.status != RUNNING:
+                continue
+            reason += f"; its journal could not complete it ({outcome})"
+        end_dead_run(client, run.info.run_id, reason)
         done.append(f"run {run.info.run_id} ({run.info.run_name}): its process is gone; ended KILLED")
     return done
 

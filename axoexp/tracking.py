@@ -1,4 +1,4 @@
-"""MLflow: clients, bounded retries, one serialized store creation, and logging to one run.
+"""MLflow: clients, bounded retries, one serialized and atomic store creation, and logging to one run.
 
 The run's context, with its local journal and honest end status, is :mod:`axoexp.journal`.
 """
@@ -9,10 +9,11 @@ import fcntl
 import hashlib
 import json
 import os
+import sqlite3
 import tempfile
 import threading
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,8 +30,11 @@ from mlflow.utils.time import get_current_time_millis
 from omegaconf import DictConfig
 
 from axoexp import names
+from axoexp.errors import StoreError
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+CREATING_SUFFIX = ".creating"  # a store being created: <name>.creating-<pid>, renamed into place when complete
+SQLITE_COMPANIONS = ("-journal", "-wal", "-shm")  # files sqlite keeps beside a database
 SQLITE_PREFIX = "sqlite:///"
 MAX_BATCH = 1000  # MLflow's limit on metrics per log_batch call
 MAX_PARAM_LENGTH = 500
@@ -105,13 +109,15 @@ class Tracker:
 
     def log_metrics(self, metrics: Mapping[str, float], step: int = 0, timestamp_ms: int | None = None) -> None:
         now = timestamp_ms or get_current_time_millis()
-        self._log([Metric(key, float(value), now, step) for key, value in metrics.items()])
+        self.log_metric_objects([Metric(key, float(value), now, step) for key, value in metrics.items()])
 
     def log_series(self, name: str, values: list[float], first_step: int = 0, timestamp_ms: int | None = None) -> None:
         """One metric value per step, e.g. the loss of every update. An explicit timestamp
         makes logging the same values again a no-op (the store drops identical metrics)."""
         now = timestamp_ms or get_current_time_millis()
-        self._log([Metric(name, float(value), now, first_step + index) for index, value in enumerate(values)])
+        self.log_metric_objects(
+            [Metric(name, float(value), now, first_step + index) for index, value in enumerate(values)]
+        )
 
     def log_text(self, text: str, artifact_file: str) -> None:
         self.client.log_text(self.run_id, text, artifact_file)
@@ -143,7 +149,8 @@ class Tracker:
             some_metrics, metric_items = metric_items[:room], metric_items[room:]
             self.client.log_batch(self.run_id, metrics=some_metrics, params=some_params, tags=some_tags)
 
-    def _log(self, metrics: list[Metric]) -> None:
+    def log_metric_objects(self, metrics: list[Metric]) -> None:
+        """MLflow metrics as they are (key, value, timestamp, step), in batches of MLflow's limit."""
         for start in range(0, len(metrics), MAX_BATCH):
             self.client.log_batch(self.run_id, metrics=metrics[start : start + MAX_BATCH])
 
@@ -202,6 +209,46 @@ def store_problem(tracking_uri: str) -> str | None:
         return f"tracking.uri={tracking_uri}: {path} is not writable; choose a writable path"
     if not _can_create_files_in(directory):  # sqlite writes its journal beside the database
         return f"tracking.uri={tracking_uri}: no file can be created in {directory}; choose a writable path"
+    damage = store_damage(path) if _holds_data(path) else None
+    return f"tracking.uri={tracking_uri}: {damage}" if damage else None
+
+
+def _holds_data(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except OSError:
+        return False
+
+
+def store_damage(path: Path) -> str | None:
+    """Why the sqlite file at ``path`` is not a usable MLflow store, with the command that
+    repairs it or moves it aside; ``None`` when it is one. Reads only its schema (milliseconds)."""
+    from mlflow.store.db.utils import _get_latest_schema_revision
+
+    aside = f"mv {path} {path}.broken"
+    try:
+        with closing(sqlite3.connect(path, timeout=30)) as database:
+            tables = {row[0] for row in database.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            version = None
+            if "alembic_version" in tables:
+                row = database.execute("SELECT version_num FROM alembic_version").fetchone()
+                version = row[0] if row else None
+            runs = database.execute("SELECT count(*) FROM runs").fetchone()[0] if "runs" in tables else 0
+    except sqlite3.DatabaseError as error:
+        return f"{path} is damaged, not a readable MLflow store ({error}); move it aside: {aside}"
+    head = _get_latest_schema_revision()
+    leftovers = [table for table in tables if table.startswith("_alembic_tmp_")]
+    # an empty store not at the newest schema is taken for a half-built one (an upgrade could fail on it)
+    if version is None or leftovers or "runs" not in tables or (version != head and runs == 0):
+        return (
+            f"{path} is a half-built MLflow store (its creation or upgrade was cut off, e.g. by a signal to an "
+            f"older axoexp; {runs} runs in it); move it aside and a new store is created: {aside}"
+        )
+    if version != head:
+        return (
+            f"{path} has MLflow schema {version}, this MLflow expects {head}; back it up, then upgrade it: "
+            f"mlflow db upgrade {SQLITE_PREFIX}{path}"
+        )
     return None
 
 
@@ -232,13 +279,46 @@ def store_lock(tracking_uri: str) -> Iterator[None]:
 
 
 def open_client(tracking_uri: str) -> MlflowClient:
-    """A client whose store exists: a fresh sqlite store is created under :func:`store_lock`."""
-    if sqlite_path(tracking_uri) is None:
+    """A client whose store exists: a fresh sqlite store is created under :func:`store_lock`,
+    atomically (:func:`create_store`)."""
+    path = sqlite_path(tracking_uri)
+    if path is None or str(path) == ":memory:":
         return MlflowClient(tracking_uri=tracking_uri)
     with store_lock(tracking_uri):
+        if not _holds_data(path):
+            create_store(path)
         client = MlflowClient(tracking_uri=tracking_uri)
         client.search_experiments(max_results=1)
     return client
+
+
+def create_store(path: Path) -> None:
+    """Create and migrate a sqlite MLflow store under a temporary name in its directory, and
+    rename it to ``path`` only when complete: a signal, a crash or a full disk during the
+    migrations (about a second) leaves no half-built store. Call it under :func:`store_lock`,
+    which also makes any temporary file left by a killed process safe to remove."""
+    from mlflow.store.db.utils import _initialize_tables, create_sqlalchemy_engine
+
+    for stale in path.parent.iterdir():
+        if stale.name.startswith(f"{path.name}{CREATING_SUFFIX}-"):
+            stale.unlink(missing_ok=True)
+    temporary = path.with_name(f"{path.name}{CREATING_SUFFIX}-{os.getpid()}")
+    try:
+        engine = create_sqlalchemy_engine(f"{SQLITE_PREFIX}{temporary}")
+        try:
+            _initialize_tables(engine)
+        finally:
+            engine.dispose()
+        os.replace(temporary, path)
+    except Exception as error:  # e.g. a full disk; a signal's KeyboardInterrupt passes, after the clean-up
+        reason = str(getattr(error, "orig", None) or error).strip().splitlines()[0][:300]
+        raise StoreError(
+            f"the MLflow store {path} could not be created: {reason}; free space on its disk "
+            "or choose another tracking.uri"
+        ) from error
+    finally:
+        for leftover in (temporary, *(temporary.with_name(temporary.name + end) for end in SQLITE_COMPANIONS)):
+            leftover.unlink(missing_ok=True)
 
 
 def experiment_id(client: MlflowClient, name: str) -> str:

@@ -39,7 +39,7 @@ def process_start_s() -> float:
             pass
     import psutil
 
-    return psutil.Process().create_time() - time.time() + now_s()
+    return float(psutil.Process().create_time()) - time.time() + now_s()
 
 
 class PhaseClock:

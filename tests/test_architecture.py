@@ -46,11 +46,12 @@ LAYERS = (
         "axoexp.signals",
         "axoexp.lengths",
     ),
-    # the registry, the store, the process's runtime, the windows of a run, the kernels
+    # the registry, the store, the output folders, the process's runtime, the windows of a run, the kernels
     (
         "axoexp.registry",
         "axoexp.runtime",
         "axoexp.tracking",
+        "axoexp.outputs",
         "axoexp.windows",
         "axoexp.kernels*",
         "axoexp.executors.matmul_decomposition",

@@ -145,6 +145,19 @@ def test_seeded_runs_repeat_their_losses_exactly(make_config) -> None:
     assert run_experiment(config).losses == run_experiment(config).losses
 
 
+def test_thread_calibration_consumes_no_update(make_config, client) -> None:
+    """run.threads=null times updates with each candidate thread count after warm-up, then restores
+    the module and optimizer: the measured updates continue from the warm-up's state."""
+    common = ("seed=5", "run.warmup_updates=2", "run.measured_updates=4", "run.lease_cpus=2")
+    fixed = run_experiment(make_config(*common, "run.threads=1"))
+    calibrated = run_experiment(make_config(*common))
+    metrics = client.get_run(calibrated.run_id).data.metrics
+    if not any(key.startswith("threads_calibration/") for key in metrics):
+        pytest.skip("no thread calibration here (one CPU allowed)")
+    # a different thread count may reorder float sums, never move the model
+    assert calibrated.losses == pytest.approx(fixed.losses, rel=1e-5, abs=1e-9)
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [

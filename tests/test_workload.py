@@ -168,7 +168,11 @@ def _old_update_losses(seed: int, updates: int) -> list[float]:
 
 
 def test_one_stream_gives_exactly_the_numbers_of_the_update_before_batching(make_config) -> None:
-    config = make_config("seed=5", "population.batch_size=1", "run.warmup_updates=1", "run.measured_updates=4")
+    # run.threads fixed: with run.threads=null the thread calibration changes the losses after the first update
+    # (seen at main cbfa51b; reported, not fixed here)
+    config = make_config(
+        "seed=5", "population.batch_size=1", "run.threads=1", "run.warmup_updates=1", "run.measured_updates=4"
+    )
     result = run_experiment(config)
     assert result.streams == 1
     assert result.losses == _old_update_losses(5, 5)

@@ -15,7 +15,7 @@ from axosim import AxoSimLite, AxoSimPopulation
 from axosim.checkpoint import load_checkpoint
 from axosim.support_surrogate import SupportP4Config
 
-from axoexp.errors import CheckpointError, ConfigError
+from axoexp.errors import CheckpointError, ConfigError, first_line
 from axoexp.interfaces import PopulationSetup
 from axoexp.lengths import LENGTHS_SYNTAX, parse_lengths
 from axoexp.registry import AT_LEAST_ONE, Bounds, component
@@ -83,9 +83,17 @@ def load_lite_checkpoint(path: str, pinned_sha256: str | None) -> tuple[AxoSimLi
                 f"code stored in the file ({str(error).splitlines()[0][:200]}). If you trust the file, pin it: "
                 f"population.checkpoint_sha256={actual}"
             ) from error
-        model, _ = load_checkpoint(file, map_location="cpu")  # pinned: the user vouches for this exact file
+        try:
+            model, _ = load_checkpoint(file, map_location="cpu")  # pinned: the user vouches for this exact file
+        except Exception as pinned_error:
+            raise CheckpointError(
+                f"population.checkpoint={path!r} is pinned, but loading it as an axosim checkpoint failed: "
+                f"{first_line(pinned_error)}"
+            ) from pinned_error
     except Exception as error:  # not a torch file at all
-        raise CheckpointError(f"population.checkpoint={path!r} cannot be read as a checkpoint: {error}") from error
+        raise CheckpointError(
+            f"population.checkpoint={path!r} cannot be read as a checkpoint: {first_line(error)}"
+        ) from error
     else:
         model = _lite_from_payload(path, payload)
     if not isinstance(model, AxoSimLite):

@@ -11,12 +11,12 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from axoexp import names, report
-from axoexp.errors import AxoexpError, NoSweepError
+from axoexp.errors import AxoexpError, NoSweepError, StoreError
 from axoexp.report.figure import FIGURE, plot, title
 from axoexp.report.pareto import PARETO_FIGURE, format_front, pareto_front, plot_front, study_objectives, study_runs
 from axoexp.report.rows import build_rows, sweep_runs
 from axoexp.report.table import FORMATS, format_table
-from axoexp.tracking import SQLITE_PREFIX, UNREACHABLE, newest_run, resolve_tracking_uri
+from axoexp.tracking import SQLITE_PREFIX, UNREACHABLE, newest_run, resolve_tracking_uri, store_problem
 
 
 def latest_parent(client: MlflowClient, experiment: str) -> Run:
@@ -97,6 +97,9 @@ def run_report(argv: list[str] | None = None) -> None:
     uri = resolve_tracking_uri(args.tracking_uri)
     if uri.startswith(SQLITE_PREFIX) and not Path(uri.removeprefix(SQLITE_PREFIX)).is_file():
         raise NoSweepError(f"no MLflow store at {uri}; run a sweep first: python -m axoexp -m ...")
+    problem = store_problem(uri)
+    if problem:
+        raise StoreError(problem)
     client = MlflowClient(tracking_uri=uri)
     parent = named_run(client, args.parent, uri) if args.parent else latest_parent(client, args.experiment)
     runs = sweep_runs(client, parent)

@@ -1,0 +1,360 @@
+"""Faults stay contained: the store, the output folders, the journals, one-line errors.
+
+Signals during store creation, damaged and half-built stores, same-second runs, damaged
+journals (first, middle and last line), journals of two processes in one file, a sweep's
+KILLED run completed from its journal, full and read-only disks, over-long and unloadable
+checkpoints, a plugin exiting at import. Each runs the real thing and reads the result back.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import run_cli
+from mlflow.tracking import MlflowClient
+from test_faults import assert_everything_measured_is_in, killed_after, only_run, start_cli, sync, updates_in
+
+from axoexp import names
+from axoexp.components.population import CheckpointError
+from axoexp.errors import ConfigError
+from axoexp.experiment import RESULT_FILE, run_experiment
+from axoexp.journal import JOURNAL_FILE, read_journal_lines
+from axoexp.plan import plan_experiment
+from axoexp.sync import end_dead_run, end_dead_runs, stored_updates, sync_journal
+from axoexp.tracking import CREATING_SUFFIX, open_client, store_problem
+
+TRACEBACK = "Traceback (most recent call last)"
+
+
+def assert_one_line(stderr: str, expected: str) -> None:
+    """The error is one line starting with the program's name, and no traceback is shown."""
+    assert TRACEBACK not in stderr, stderr
+    lines = [line for line in stderr.splitlines() if expected in line]
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith(("axoexp: ", "axoexp.sync: ", "axoexp.report: ")), lines[0]
+
+
+@pytest.fixture
+def mount(tmp_path: Path) -> Iterator:
+    """Mount a real tmpfs (``mount(name, "size=512k")``); skips where mounting is not permitted."""
+    mounted: list[Path] = []
+
+    def make(name: str, options: str) -> Path:
+        point = tmp_path / name
+        point.mkdir()
+        if (
+            shutil.which("mount") is None
+            or subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)], capture_output=True
+            ).returncode
+        ):
+            pytest.skip("mounting a tmpfs is not permitted here (needs root)")
+        mounted.append(point)
+        return point
+
+    yield make
+    for point in mounted:
+        subprocess.run(["umount", "-l", str(point)], check=False)
+
+
+# --- the store ------------------------------------------------------------------------------------
+
+
+def _half_built(path: Path) -> None:
+    """What an older axoexp left when a signal came between MLflow's first tables and its migrations."""
+    from mlflow.store.db.base_sql_model import Base
+    from mlflow.store.db.utils import create_sqlalchemy_engine
+
+    engine = create_sqlalchemy_engine(f"sqlite:///{path}")
+    Base.metadata.tables["experiments"].create(engine)
+    engine.dispose()
+
+
+def test_a_half_built_store_is_named_with_the_command_that_moves_it_aside(make_config, tmp_path: Path) -> None:
+    store = tmp_path / "old" / "mlflow.db"
+    store.parent.mkdir()
+    _half_built(store)
+    uri = f"sqlite:///{store}"
+    with pytest.raises(ConfigError, match=rf"half-built MLflow store .* mv {store} {store}.broken"):
+        plan_experiment(make_config(f"tracking.uri={uri}"))
+    subprocess.run(f"mv {store} {store}.broken", shell=True, check=True)  # the command, as printed
+    assert store_problem(uri) is None
+    open_client(uri).search_experiments()
+    assert store_problem(uri) is None and store.stat().st_size > 0
+
+
+def test_a_store_that_is_not_a_database_is_named_in_one_line(tmp_path: Path) -> None:
+    store = tmp_path / "mlflow.db"
+    store.write_bytes(b"\x13" * 8192)
+    problem = store_problem(f"sqlite:///{store}")
+    assert problem is not None and "is damaged, not a readable MLflow store (file is not a database)" in problem
+    assert f"mv {store} {store}.broken" in problem and "\n" not in problem
+
+
+@pytest.mark.slow
+def test_signals_during_store_creation_never_leave_a_half_built_store(tmp_path: Path) -> None:
+    """SIGTERM and SIGINT at random points while a run creates its store: every later run succeeds."""
+    chance = random.Random(24)
+    for attempt in range(8):
+        directory = tmp_path / f"attempt{attempt}"
+        directory.mkdir()
+        process = start_cli("run.warmup_updates=0", "run.measured_updates=1", cwd=directory)
+        deadline = time.monotonic() + 240
+        while not any(path.name.startswith(f"mlflow.db{CREATING_SUFFIX}") for path in directory.iterdir()):
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            time.sleep(0.01)
+        time.sleep(chance.uniform(0, 1.5))  # into the ~1 s of migrations, or just past them
+        process.send_signal(signal.SIGTERM if attempt % 2 else signal.SIGINT)
+        _, stderr = process.communicate(timeout=120)
+        assert TRACEBACK not in stderr, stderr
+        assert store_problem(f"sqlite:///{directory / 'mlflow.db'}") is None, "a half-built store was left"
+        later = run_cli("run.warmup_updates=0", "run.measured_updates=1", cwd=directory)
+        assert later.returncode == 0, later.stderr
+        assert not [path for path in directory.iterdir() if CREATING_SUFFIX in path.name], "a temporary store was left"
+
+
+@pytest.mark.slow
+def test_a_corrupted_store_is_one_line_in_a_run_a_sweep_the_report_and_sync(tmp_path: Path, empty_store: Path) -> None:
+    store = tmp_path / "mlflow.db"
+    shutil.copyfile(empty_store, store)
+    with store.open("r+b") as stream:
+        stream.write(b"\x13" * 8192)  # the header and the first pages
+    expected = (
+        f"mlflow.db is damaged, not a readable MLflow store (file is not a database); move it aside: mv {store.name}"
+    )
+    single = run_cli("run.measured_updates=1", cwd=tmp_path)
+    assert single.returncode == 2
+    assert_one_line(single.stderr, expected)
+    sweep = run_cli("-m", "run.measured_updates=1", "population.neurons=2", cwd=tmp_path)
+    assert sweep.returncode == 2 and TRACEBACK not in sweep.stderr + sweep.stdout  # every job refused: no run
+    assert_one_line(sweep.stderr, expected)
+    for module, status in (("axoexp.report", 1), ("axoexp.sync", 2)):  # the report exits 1 on a store error
+        result = subprocess.run(
+            [sys.executable, "-m", module], cwd=tmp_path, capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == status
+        assert_one_line(result.stderr, expected)
+
+
+@pytest.mark.slow
+def test_a_fresh_store_on_a_full_disk_is_one_line_and_leaves_nothing(tmp_path: Path, mount) -> None:
+    full = mount("full", "size=256k")  # smaller than a fresh store
+    result = run_cli("run.measured_updates=1", f"tracking.uri=sqlite:///{full / 'mlflow.db'}", cwd=tmp_path)
+    assert result.returncode == 1
+    assert_one_line(
+        result.stderr, f"the MLflow store {full / 'mlflow.db'} could not be created: database or disk is full"
+    )
+    assert not [path for path in full.iterdir() if path.name.startswith("mlflow.db") and path.stat().st_size > 0]
+
+
+# --- output folders ---------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_runs_started_together_get_a_folder_and_a_journal_each(tmp_path: Path, empty_store: Path) -> None:
+    shutil.copyfile(empty_store, tmp_path / "mlflow.db")
+    started = [start_cli("run.measured_updates=2", f"population.neurons={n}", cwd=tmp_path) for n in (2, 3, 4, 5)]
+    for process in started:
+        _, stderr = process.communicate(timeout=300)
+        assert process.returncode == 0, stderr
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
+    assert len(runs) == 4 and {run.info.status for run in runs} == {"FINISHED"}
+    folders = {run.data.tags[names.OUTPUT_DIR] for run in runs}
+    assert len(folders) == 4, "each run has a folder of its own"
+    for run in runs:
+        folder = Path(run.data.tags[names.OUTPUT_DIR])
+        neurons = run.data.params["population.neurons"]
+        assert f"population.neurons={neurons}" in (folder / ".hydra" / "overrides.yaml").read_text()
+        journal = read_journal_lines(folder / JOURNAL_FILE)
+        assert not journal.damaged and {record["journal"] for record in journal.records} == {
+            run.data.tags[names.JOURNAL_ID]
+        }
+        local = client.download_artifacts(run.info.run_id, ".hydra/overrides.yaml", str(tmp_path / run.info.run_id))
+        assert f"population.neurons={neurons}" in Path(local).read_text()
+
+
+@pytest.mark.slow
+def test_an_unwritable_output_folder_is_one_line(tmp_path: Path, mount) -> None:
+    read_only = mount("read_only", "ro,size=64k")
+    result = run_cli("run.measured_updates=1", f"hydra.run.dir={read_only / 'run'}", cwd=tmp_path)
+    assert result.returncode == 2
+    assert_one_line(result.stderr, "Read-only file system; choose a writable output folder (hydra.run.dir=DIR")
+
+
+def test_result_json_is_never_left_empty_and_the_first_loss_is_kept(make_config, client, tmp_path: Path, mount) -> None:
+    full = mount("full", "size=64k")
+    _fill(full)
+    result = run_experiment(make_config("run.measured_updates=3"), output_dir=full)
+    (run,) = client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
+    assert run.info.status == "FINISHED" and run.info.run_id == result.run_id
+    lost = run.data.tags[names.JOURNAL_LOST]
+    assert JOURNAL_FILE in lost and "No space left on device" in lost, "the first failure (the journal's) is kept"
+    assert not (full / RESULT_FILE).exists()
+    assert not [path for path in full.iterdir() if path.name.endswith(".tmp")]
+
+
+def _fill(directory: Path) -> None:
+    with (directory / "filler").open("wb", buffering=0) as stream:
+        try:
+            while True:
+                stream.write(b"\0" * 4096)
+        except OSError:
+            pass
+
+
+# --- journals ------------------------------------------------------------------------------------------
+
+
+def _copy(killed: Path, journal: Path, into: Path) -> tuple[MlflowClient, Path]:
+    """The killed run's store and journal, copied to ``into``: each damage is tried on its own copy."""
+    into.mkdir()
+    shutil.copyfile(killed / "mlflow.db", into / "mlflow.db")
+    shutil.copyfile(journal, into / JOURNAL_FILE)
+    return MlflowClient(f"sqlite:///{into / 'mlflow.db'}"), into / JOURNAL_FILE
+
+
+def _damage_line(journal: Path, number: int) -> None:
+    lines = journal.read_bytes().split(b"\n")
+    lines[number - 1] = lines[number - 1].replace(b'"', b"'", 3)
+    journal.write_bytes(b"\n".join(lines))
+
+
+@pytest.mark.slow
+def test_damaged_journals_are_synced_by_record_and_reported_by_line(tmp_path: Path) -> None:
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    _, journal = killed_after(20, cwd=killed)
+    _, run = only_run(f"sqlite:///{killed / 'mlflow.db'}")
+    assert run.info.status == "RUNNING"
+    records = read_journal_lines(journal).records
+    updates = [record for record in records if record["kind"] == "update"]
+
+    # the first line, the start record: the run is found in the store by the journal id of the other lines
+    client, copy = _copy(killed, journal, tmp_path / "first")
+    _damage_line(copy, 1)
+    said = sync_journal(client, copy)
+    assert f"synced to run {run.info.run_id} (KILLED, {len(updates)} updates)" in said
+    assert "damaged journal lines skipped: 1" in said
+    assert_everything_measured_is_in(client, client.get_run(run.info.run_id), copy)
+
+    # a middle line, an update: the others keep their own indices
+    client, copy = _copy(killed, journal, tmp_path / "middle")
+    middle = updates[len(updates) // 2]
+    _damage_line(copy, middle["line"])
+    said = sync_journal(client, copy)
+    assert f"damaged journal lines skipped: {middle['line']}" in said
+    history = client.get_metric_history(run.info.run_id, names.UPDATE_SERIES)
+    assert {metric.step: metric.value for metric in history} == {
+        update["index"]: update["ms"] for update in updates if update is not middle
+    }
+
+    # the last line cut off mid-write (a full disk): the run may have finished, so it is not called killed
+    client, copy = _copy(killed, journal, tmp_path / "last")
+    copy.write_bytes(copy.read_bytes()[:-20])
+    said = sync_journal(client, copy)
+    last = records[-1]["line"]
+    assert f"damaged journal lines skipped: {last} (the last one cut off mid-write)" in said
+    ended = client.get_run(run.info.run_id)
+    assert ended.info.status == "FAILED" and "how the run ended is not known" in ended.data.tags[names.FAILURE]
+    assert "killed" not in ended.data.tags[names.FAILURE]
+    assert stored_updates(client, run.info.run_id) == len([u for u in updates if u["line"] != last])
+
+
+@pytest.mark.slow
+def test_a_run_a_sweep_ended_killed_is_completed_from_its_journal_once(tmp_path: Path) -> None:
+    """What a sweep does to a job killed -9: ends its run KILLED with no updates. Sync still
+    uploads every journaled update (the entry point another process calls: sync_journal),
+    keeps the sweep's reason and status, uploads .hydra/ as a folder, and counts nothing twice."""
+    _, journal = killed_after(15, cwd=tmp_path)
+    client, run = only_run(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    end_dead_run(client, run.info.run_id, "the sweep was stopped (its job failed) before this run ended")
+    assert stored_updates(client, run.info.run_id) == 0
+
+    synced = sync(str(tmp_path / "outputs"), cwd=tmp_path)
+    assert f"synced to run {run.info.run_id} (KILLED, {len(updates_in(journal))} updates)" in synced.stdout
+    client, run = only_run(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert run.info.status == "KILLED"
+    assert run.data.tags[names.FAILURE] == "the sweep was stopped (its job failed) before this run ended"
+    assert_everything_measured_is_in(client, run, journal)
+    assert {artifact.path for artifact in client.list_artifacts(run.info.run_id, ".hydra")} >= {
+        ".hydra/config.yaml",
+        ".hydra/overrides.yaml",
+    }
+    again = sync(str(tmp_path / "outputs"), cwd=tmp_path)
+    assert f"already synced to run {run.info.run_id}" in again.stdout
+    history = client.get_metric_history(run.info.run_id, names.UPDATE_SERIES)
+    assert len(history) == len({metric.step for metric in history}) == len(updates_in(journal))
+
+
+@pytest.mark.slow
+def test_journals_of_two_processes_in_one_file_are_not_merged(tmp_path: Path) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    _, one = killed_after(5, cwd=first)
+    _, other = killed_after(5, cwd=second)
+    shared = one.read_text() + other.read_text()  # what two runs given one folder would write
+    one.write_text(shared)
+    client, run = only_run(f"sqlite:///{first / 'mlflow.db'}")
+    said = sync_journal(client, one)
+    assert said.startswith("refused: it holds the records of 2 runs") and "they are not merged" in said
+    assert stored_updates(client, run.info.run_id) == 0
+    done = end_dead_runs(client)
+    assert "journal" in done[0] and "refused" in done[0] and done[-1].endswith("its process is gone; ended KILLED")
+    ended = client.get_run(run.info.run_id)
+    assert (
+        ended.info.status == "KILLED" and "its journal could not complete it (refused" in ended.data.tags[names.FAILURE]
+    )
+
+
+# --- one line, never a traceback ---------------------------------------------------------------------------
+
+
+def test_checkpoint_paths_too_long_or_pinned_files_that_are_no_population_are_refused(registry, tmp_path: Path) -> None:
+    import argparse
+    import hashlib
+
+    lite = registry.get("population", "lite")
+    build = {"device": torch.device("cpu"), "dtype": torch.float32, "seed": 0}
+    long_path = "/" + "a" * 100_000
+    with pytest.raises(
+        CheckpointError, match=r"\.\.\. \(100001 characters\)' cannot be read: File name too long"
+    ) as raised:
+        lite.build({"checkpoint": long_path}, **build)
+    assert len(str(raised.value)) < 400
+    other = tmp_path / "namespace.pt"
+    torch.save(argparse.Namespace(model="not a population"), other)
+    pin = hashlib.sha256(other.read_bytes()).hexdigest()
+    with pytest.raises(CheckpointError, match="is pinned, but loading it as an axosim checkpoint failed: "):
+        lite.build({"checkpoint": str(other), "checkpoint_sha256": pin}, **build)
+
+
+@pytest.mark.slow
+def test_a_long_checkpoint_path_is_one_line_in_a_run(tmp_path: Path, empty_store: Path) -> None:
+    shutil.copyfile(empty_store, tmp_path / "mlflow.db")
+    result = run_cli("run.measured_updates=1", "population.checkpoint=/" + "a" * 100_000, cwd=tmp_path)
+    assert result.returncode == 2
+    assert_one_line(result.stderr, "(100001 characters)' cannot be read: File name too long")
+    assert len(result.stderr) < 2000
+
+
+@pytest.mark.slow
+def test_a_plugin_calling_sys_exit_at_import_is_named_also_in_help(tmp_path: Path) -> None:
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "leaves.py").write_text("import sys\nsys.exit(3)\n")
+    result = run_cli("run.measured_updates=1", cwd=tmp_path)
+    assert result.returncode == 2
+    assert_one_line(result.stderr, "leaves.py called sys.exit(3) while importing")
+    shown = run_cli("--help", cwd=tmp_path)
+    assert shown.returncode == 0 and "loss: " in shown.stdout
+    assert_one_line(shown.stderr, "leaves.py called sys.exit(3) while importing (its options are missing below)")
