@@ -57,6 +57,12 @@ def run_isolated(work: Callable[[], Any], on_killed: Callable[[int, str], str]) 
     If the child dies without handing anything back (a signal, ``os._exit``), ``on_killed(pid,
     how)`` ends its run and says what it did, and :class:`JobKilledError` is raised.
     """
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():  # the child could not use CUDA
+        raise RuntimeError(
+            "CUDA was initialised in the process that forks the sweep's jobs; nothing before a job may touch "
+            "CUDA there (planning reads the GPU through NVML)"
+        )
     sys.stdout.flush()
     sys.stderr.flush()
     read_end, write_end = os.pipe()

@@ -37,6 +37,20 @@ def _others(pids: set[int]) -> int:
     return len(pids - {ours}) if ours in pids else max(len(pids) - 1, 0)
 
 
+def _visible_handle(nvml: Any, index: int) -> Any:
+    """NVML's handle of CUDA device ``index`` as this process sees it, found without initialising
+    CUDA: a process that initialised CUDA cannot fork a child that uses it (a sweep forks every
+    job). ``CUDA_VISIBLE_DEVICES`` maps the index (NVML counts in PCI bus order, as CUDA does
+    with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; on one GPU the two agree)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return nvml.nvmlDeviceGetHandleByIndex(index)
+    entry = visible.split(",")[index].strip()
+    if entry.isdigit():
+        return nvml.nvmlDeviceGetHandleByIndex(int(entry))
+    return nvml.nvmlDeviceGetHandleByUUID(entry.encode())
+
+
 class GpuProbe:
     """NVML readings of the run's GPU (found by UUID, so CUDA_VISIBLE_DEVICES cannot mislead)."""
 
@@ -45,14 +59,17 @@ class GpuProbe:
 
         self.nvml = pynvml
         pynvml.nvmlInit()
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        uuid = str(torch.cuda.get_device_properties(index).uuid)
-        try:
-            self.handle = pynvml.nvmlDeviceGetHandleByUUID(
-                (uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}").encode()
-            )
-        except (pynvml.NVMLError, TypeError):
-            self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        if not torch.cuda.is_initialized():  # e.g. planning in a sweep's process, which forks its jobs
+            self.handle = _visible_handle(pynvml, device.index or 0)
+        else:
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            uuid = str(torch.cuda.get_device_properties(index).uuid)
+            try:
+                self.handle = pynvml.nvmlDeviceGetHandleByUUID(
+                    (uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}").encode()
+                )
+            except (pynvml.NVMLError, TypeError):
+                self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         self.reasons = (
             getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
             or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons

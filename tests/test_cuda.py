@@ -394,3 +394,34 @@ def test_a_bucketed_run_verifies_each_bucket_and_logs_its_metrics(make_config, e
 def test_compiled_cudagraph_refuses_varying_lengths_while_planning(cuda_plan) -> None:
     with pytest.raises(ConfigError, match="executor=compiled_cudagraph cannot run batches of these lengths"):
         cuda_plan("executor=compiled_cudagraph", *VARIED)
+
+
+def test_a_cuda_sweep_forks_each_job_from_a_process_without_cuda(tmp_path: Path) -> None:
+    """Planning the sweep's jobs up front reads the GPU through NVML only: each job's forked
+    process can still use CUDA (a process that initialised CUDA cannot fork one that does)."""
+    result = run_cli(
+        "-m", "device=cuda", "executor=eager,cudagraph", "run.measured_updates=5", "run.warmup_updates=2", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
+    children = [run for run in runs if names.PARENT_RUN_ID in run.data.tags]
+    assert sorted(run.info.status for run in children) == ["FINISHED", "FINISHED"]
+
+
+def test_planning_a_cuda_run_leaves_cuda_uninitialised(tmp_path: Path) -> None:
+    probe = (
+        "import torch\n"
+        "from hydra import compose, initialize_config_module\n"
+        "from axoexp import load_plugins\n"
+        "from axoexp.config import register_configs\n"
+        "from axoexp.plan import plan_experiment\n"
+        "registry = load_plugins()\n"
+        "register_configs(registry)\n"
+        "with initialize_config_module(config_module='axoexp.conf', version_base='1.3'):\n"
+        "    config = compose('config', overrides=['device=cuda', 'executor=cudagraph'])\n"
+        "plan_experiment(config, registry)\n"
+        "print('INITIALISED', torch.cuda.is_initialized())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert "INITIALISED False" in out.stdout, out.stdout + out.stderr

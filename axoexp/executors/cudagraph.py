@@ -79,7 +79,8 @@ class CudaGraphExecutor(Executor):
     def prepare_includes(self) -> dict[str, tuple[str, ...]]:
         warmup = f"{self.warmup_steps}x_warmup_update({'+'.join(UPDATE_STAGES)})_on_side_stream"
         stages = ("static_buffer_copy", warmup, *CAPTURE_STAGES)
-        return {"capture": stages, "capture_bucket_*": ("pad_to_bucket", *stages)}
+        # capture_bucket: what each capture_bucket_<N> phase includes (MLflow keys allow no wildcard)
+        return {"capture": stages, "capture_bucket": ("pad_to_bucket", *stages)}
 
     def captured_forward(self) -> torch.nn.Module:
         """The forward the graph captures: the population itself here."""
