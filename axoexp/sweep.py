@@ -240,6 +240,10 @@ def refused_jobs(config: DictConfig) -> list[str]:
     params = [f"{key}={value}" for key, value in (config.hydra.sweeper.get("params") or {}).items()]
     parsed = OverridesParser.create(config_loader=loader).parse_overrides([*params, *config.hydra.overrides.task])
     jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    # Planning runs a few torch ops (the meta build's inputs). In this process, which forks every
+    # job, they must not start torch's intra-op (OpenMP) thread pool: a child forked after it has
+    # started deadlocks in its first parallel op. Each job sets its own threads (run.threads).
+    torch.set_num_threads(1)
     refused = []
     for number, job in enumerate(jobs):
         try:
