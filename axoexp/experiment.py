@@ -130,8 +130,8 @@ def run_experiment(
         with device_lease(plan.device, cpus=config.run.lease_cpus, timeout_s=config.run.lease_timeout_s) as lease:
             # after the lease pinned this process's CPUs
             threads = configure_threads(config.run.threads, plan.device.type)
-            if not threads.candidates:  # else logged once calibrated
-                tracker.log_params({names.RUN_THREADS_PARAM: threads.count})
+            # calibrated: the param says so (runs of one config stay one row); the count is in tag runtime.threads
+            tracker.log_params({names.RUN_THREADS_PARAM: "calibrated" if threads.candidates else threads.count})
             tracker.set_tags({**lease.tags(), **threads.tags()})  # held alone from build through verify
             result = _execute(plan, tracker, tracking_uri, [tracker, *observers], output_dir, threads.candidates)
             result.threads = torch.get_num_threads()

@@ -109,7 +109,7 @@ def calibrate_threads(
 ) -> int:
     """Time the updates with each candidate thread count, in two rounds (ascending, then
     descending, so drift hits all alike), keep :func:`axoexp.runtime.choose_threads`'s choice and
-    log it: param ``run.threads``, tag ``runtime.threads`` with every candidate's mean, and
+    log it: tag ``runtime.threads`` with every candidate's mean, and
     metrics ``threads_calibration/<n>_threads_mean_ms``. Not part of the per-update series, and
     consumes no update: the module and the optimizer are restored as they were after warm-up."""
     scored: dict[int, list[float]] = {count: [] for count in candidates}
@@ -126,7 +126,6 @@ def calibrate_threads(
     chosen = choose_threads(means)
     torch.set_num_threads(chosen)
     tracker.log_metrics({names.threads_calibration_metric(count): mean for count, mean in means.items()})
-    tracker.log_params({names.RUN_THREADS_PARAM: chosen})
     tracker.set_tags(
         {
             names.RUNTIME_THREADS: f"{chosen} (calibrated after warm-up: the fewest threads within "
