@@ -16,6 +16,7 @@ from helpers import free_port, run_cli, sleepy_executor_plugin, start_mlflow
 from mlflow.tracking import MlflowClient
 
 from axoexp import names
+from axoexp.journal import read_journal_lines
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
@@ -241,7 +242,7 @@ def test_dead_tracking_server_fails_fast_and_keeps_results_locally(tmp_path: Pat
     (result_file,) = (tmp_path / "outputs").glob("*/*/result.json")
     assert f"python -m axoexp.sync {result_file.parent}" in result.stderr
     assert (result_file.parent / "config.yaml").is_file() and os.path.getsize(result_file) > 0
-    records = [json.loads(line) for line in (result_file.parent / "journal.jsonl").read_text().splitlines()]
+    records = read_journal_lines(result_file.parent / "journal.jsonl").records  # checksummed lines
     summary = [r["metrics"] for r in records if r["kind"] == "metrics" and names.update_metric("count") in r["metrics"]]
     assert summary[0][names.update_metric("count")] == 3.0 and records[-1]["status"] == "FINISHED"
 
