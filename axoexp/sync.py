@@ -330,8 +330,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         client = open_client(uri)
-        for path in find_journals(args.paths):
+        journals = list(find_journals(args.paths))
+        for path in journals:
             print(f"{path}: {sync_journal(client, path)}", flush=True)
+        if args.paths and not journals:
+            print(f"no {JOURNAL_FILE} below {', '.join(map(str, args.paths))}: nothing to upload", flush=True)
         for line in end_dead_runs(client):
             print(line, flush=True)
     except UNREACHABLE as error:

@@ -67,9 +67,9 @@ def test_kill_9_of_one_job_is_its_own_death(tmp_path: Path, monkeypatch: pytest.
 def test_kill_9_of_one_ray_job_is_its_own_death(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    address, plugins = request.getfixturevalue("ray_cluster")  # test_launchers' local Ray instance
+    address, plugins, private = request.getfixturevalue("ray_cluster")  # test_launchers' local Ray instance
     (plugins / "sleepy.py").write_text(SLEEPY)  # the cluster's workers load their plugins from there
-    for key, value in {**RAY_PORT_ENV, "AXOEXP_PLUGINS_DIR": str(plugins)}.items():
+    for key, value in {**RAY_PORT_ENV, **private, "AXOEXP_PLUGINS_DIR": str(plugins)}.items():
         monkeypatch.setenv(key, value)
     check_one_job_killed(tmp_path, "hydra/launcher=ray_devices", f"hydra.launcher.ray.init.address={address}")
 

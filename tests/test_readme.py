@@ -90,6 +90,7 @@ def plan(command: str) -> tuple[list[str] | None, str]:
 def workdir(tmp_path: Path, empty_store: Path) -> Path:
     shutil.copyfile(empty_store, tmp_path / "mlflow.db")
     shutil.copytree(REPO / "plugins", tmp_path / "plugins")
+    (tmp_path / "outputs").mkdir()  # where a reader's runs are, as the pages' sync commands expect
     return tmp_path
 
 
