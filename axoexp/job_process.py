@@ -1,14 +1,16 @@
 """A sweep's job runs in a process of its own, so that its death is its own.
 
-Every launcher calls the job function in a process it owns: the sweep's own (basic), a joblib
-worker (``parallel``), a submitit job (``submitit_local``, ``slurm``) or a Ray worker. In a
-multirun, axoexp forks the job's work into a child of that process (:func:`run_isolated`):
-the child plans, measures and logs, and hands back what it returned or raised; the launcher's
-process only waits. When the child dies of a signal (SIGKILL from the out-of-memory killer
-included), the launcher's process lives on: it completes the child's run from its journal
-(``python -m axoexp.sync``'s function), ends it KILLED naming the signal, records the death on
-the sweep's parent run (tag ``axoexp.died.jobN``) and fails the job, as Hydra fails any job:
-the siblings go on, later jobs still run, and the parent ends FAILED naming the dead job.
+Every launcher calls the job function in a process it owns: the sweep's own (basic), a worker
+of axoexp's pool (``parallel``, :mod:`axoexp.worker_pool`), a submitit job (``submitit_local``,
+``slurm``) or a Ray worker. In a multirun, axoexp forks the job's work into a child of that
+process (:func:`run_isolated`): the child plans, measures and logs, and hands back what it
+returned or raised; the launcher's process only waits. When the child dies of a signal
+(SIGKILL from the out-of-memory killer included), the launcher's process lives on: it
+completes the child's run from its journal (``python -m axoexp.sync``'s function), ends it
+KILLED naming the signal, records the death on the sweep's parent run (tag
+``axoexp.died.jobN``) and fails the job, as Hydra fails any job: the siblings go on, later jobs
+still run, and the parent ends FAILED naming the dead job. (A death of the launcher's process
+itself, a ``parallel`` worker's, is contained by :mod:`axoexp.worker_pool`.)
 
 Nothing is left running. The child gets SIGTERM when the process that forked it dies (Linux's
 parent-death signal, ``prctl(PR_SET_PDEATHSIG)``), so it ends its run KILLED with what it
@@ -89,7 +91,7 @@ def run_isolated(work: Callable[[], Any], on_killed: Callable[[int, str], str]) 
             raise value
         return value
     assert status is not None
-    how = _death(status)
+    how = how_it_ended(os.waitstatus_to_exitcode(status))
     raise JobKilledError(f"the job's process {child} {how}; {on_killed(child, how)}")
 
 
@@ -99,7 +101,7 @@ def _child(work: Callable[[], Any], write_end: int, waiter: int) -> None:
     the sweep's parent run) belong to the launcher's process, not to the job."""
     code = 1
     try:
-        _die_with_parent(signal.SIGTERM)
+        die_with_parent(signal.SIGTERM)
         if os.getppid() != waiter:  # it died before the parent-death signal was set
             return
         try:
@@ -138,7 +140,7 @@ def _picklable(error: BaseException) -> BaseException:
         return copy
 
 
-def _die_with_parent(signum: int) -> None:
+def die_with_parent(signum: int) -> None:
     """Ask Linux to send ``signum`` to this process when the thread that forked it exits."""
     if not sys.platform.startswith("linux"):
         return
@@ -213,9 +215,9 @@ def _outcome(payload: bytearray) -> tuple[str, Any] | None:
         return None
 
 
-def _death(status: int) -> str:
-    """How a child that handed nothing back ended, in words: ``was killed by SIGKILL``."""
-    if os.WIFSIGNALED(status):
-        signum = os.WTERMSIG(status)
-        return f"was killed by {signal.Signals(signum).name}"
-    return f"exited with status {os.waitstatus_to_exitcode(status)} without handing back a result"
+def how_it_ended(exit_code: int) -> str:
+    """How a process that handed nothing back ended, from its exit code as ``subprocess`` gives it
+    (``-N`` for signal N), in words: ``was killed by SIGKILL``."""
+    if exit_code < 0:
+        return f"was killed by {signal.Signals(-exit_code).name}"
+    return f"exited with status {exit_code} without handing back a result"

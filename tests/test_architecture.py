@@ -81,9 +81,18 @@ LAYERS = (
         "axoexp.banks",
         "axoexp.sync",
         "axoexp.job_process",
+        "axoexp.worker_pool",
     ),
     # whole flows
-    ("axoexp.describe", "axoexp.experiment", "axoexp.sweep", "axoexp.report*", "axoexp.compare", "axoexp.search"),
+    (
+        "axoexp.describe",
+        "axoexp.experiment",
+        "axoexp.sweep",
+        "axoexp.report*",
+        "axoexp.compare",
+        "axoexp.search",
+        "axoexp.parallel_launcher",
+    ),
     # the command line
     ("axoexp.console", "axoexp.cli", "axoexp.__main__"),
 )

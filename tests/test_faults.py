@@ -180,11 +180,12 @@ def test_sync_ends_running_runs_whose_process_is_gone(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_stopping_a_joblib_sweep_ends_every_run_and_leaves_no_workers(tmp_path: Path) -> None:
+@pytest.mark.parametrize("launcher", ["joblib", "parallel"])  # Hydra's joblib launcher, and axoexp's pool
+def test_stopping_a_parallel_sweep_ends_every_run_and_leaves_no_workers(tmp_path: Path, launcher: str) -> None:
     # one CPU each: both jobs then hold disjoint CPU leases and measure at the same time
     process = start_cli(
         "-m",
-        "hydra/launcher=joblib",
+        f"hydra/launcher={launcher}",
         "hydra.launcher.n_jobs=2",
         "population.neurons=2,3",
         "run.lease_cpus=1",

@@ -22,6 +22,7 @@ from axoexp.journal import read_journal
 
 JOBS = ("executor=sleepy", "run.warmup_updates=2", "run.lease_cpus=1")
 LONG, SHORT = 100000, 30  # measured updates of the job that is killed, and of its siblings
+MID = 300  # a sibling still measuring when its neighbour's worker is killed
 LAUNCHERS = {
     "basic": (),  # jobs one after another in the sweep's own process: the killed job is the first
     "parallel": ("hydra/launcher=parallel", "hydra.launcher.n_jobs=2"),  # the third job waits for a worker
@@ -121,6 +122,66 @@ def check_one_job_killed(tmp_path: Path, *launcher: str) -> None:
         if not {child.pid, *(ancestor.pid for ancestor in child.parents())} & before
     ]
     assert ours == [] and _leftovers(str(tmp_path)) == [], "a process of the sweep was left behind"
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_parallel_worker_fails_its_job_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kill -9 of the parallel launcher's worker process itself (what ran the job's process): the
+    pool replaces it; only its job is lost, with everything it measured kept."""
+    monkeypatch.setenv(lease.LEASE_DIR_ENV, str(tmp_path / "leases"))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    process = start_cli(
+        "-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", *JOBS,
+        f"run.measured_updates={LONG},{MID},{SHORT}", f"tracking.uri={uri}", cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        victim_journal = _journal_of_long_job(tmp_path / "outputs", process, 10)
+        sibling_journal = _journal_in_flight(tmp_path / "outputs", process, MID)
+        job = psutil.Process(int(_start_record(victim_journal)["tags"][names.PROCESS_PID]))
+        worker = job.parent()
+        assert worker is not None and worker.ppid() == process.pid, "the job's parent is a worker of the sweep"
+        family = [member.pid for member in psutil.Process(process.pid).children(recursive=True)]
+        worker.kill()
+        stdout, stderr = process.communicate(timeout=400)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 1, stderr[-3000:]
+    assert f"axoexp: job 0's worker process {worker.pid} was killed by SIGKILL; " in stderr, stderr[-3000:]
+    assert "Traceback" not in stderr and "TerminatedWorkerError" not in stderr, stderr[-3000:]
+
+    client = MlflowClient(tracking_uri=uri)
+    (parent,), children = _sweep_runs(uri)
+    dead, sibling, later = sorted(children, key=lambda run: -int(run.data.params["run.measured_updates"]))
+    assert dead.info.status == "KILLED", dead.data.tags.get(names.FAILURE)
+    assert_everything_measured_is_in(client, dead, victim_journal)
+    assert len(updates_in(victim_journal)) >= 10
+    assert [(run.info.status, run.data.metrics[names.update_metric("count")]) for run in (sibling, later)] == [
+        ("FINISHED", MID),
+        ("FINISHED", SHORT),
+    ], "the sibling in flight and the later job finished, every update kept"
+    assert Path(sibling.data.tags[names.JOURNAL]) == sibling_journal.resolve()
+    assert parent.info.status == "FAILED"
+    failure = parent.data.tags[names.FAILURE]
+    assert "1 of 3 child runs did not finish; job0 died: " in failure and f"run.measured_updates={LONG}" in failure
+    assert f"was stopped when its worker process {worker.pid} was killed by SIGKILL" in failure
+    assert _gone(family) == [], "a worker or a job's process outlived the sweep"
+    assert psutil.Process().children(recursive=True) == [] and _leftovers("axoexp.worker_pool") == []
+
+
+def _journal_in_flight(root: Path, process: subprocess.Popen[str], planned: int) -> Path:
+    """The journal of the job with ``planned`` measured updates, asserted to be still measuring."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        for journal in journals(root):
+            records = read_journal(journal)
+            windows = [r for r in records if r["kind"] == "window" and r["window"] == "measured"]
+            if windows and windows[0]["planned"] == planned and len(updates_in(journal)) >= 1:
+                assert not [r for r in records if r["kind"] == "end"], "the sibling ended before the kill"
+                return journal
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.2)
+    pytest.fail(f"no job of {planned} measured updates started within 300 s")
 
 
 @pytest.mark.slow

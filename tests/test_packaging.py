@@ -51,6 +51,8 @@ def test_wheel_install_composes_configs_outside_the_checkout(tmp_path: Path) -> 
     assert presets and {f"axoexp/conf/experiment/{name}" for name in presets} <= shipped
     sweeper = "hydra_plugins/axoexp_optuna_sweeper"
     assert {f"{sweeper}/{module}.py" for module in ("__init__", "config", "optuna_sweeper")} <= shipped
+    launcher = "hydra_plugins/axoexp_parallel_launcher"
+    assert {f"{launcher}/{module}.py" for module in ("__init__", "config", "parallel_launcher")} <= shipped
     assert "hydra_plugins/__init__.py" not in shipped, "a namespace package Hydra's other plugins share"
     site = tmp_path / "site"
     subprocess.run(
