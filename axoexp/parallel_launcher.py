@@ -35,15 +35,14 @@ log = logging.getLogger(__name__)
 
 
 def launch(launcher: ParallelLauncher, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list[JobReturn]:
-    """Run the jobs on the launcher's pool (started on its first batch); their returns, in order."""
+    """Run the jobs on this process's pool of ``n_jobs`` workers; their returns, in order."""
     setup_globals()
     config, context, task = launcher.config, launcher.hydra_context, launcher.task_function
     assert config is not None and context is not None and task is not None
     configure_log(config.hydra.hydra_logging, config.hydra.verbose)
     sweep_dir = Path(str(config.hydra.sweep.dir))
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    if launcher.pool is None:
-        launcher.pool = WorkerPool(launcher.n_jobs)
+    pool = pool_of(launcher.n_jobs)
     log.info("axoexp's pool of %d worker processes is launching %d jobs", launcher.n_jobs, len(job_overrides))
     log.info("Launching jobs, sweep output dir : %s", sweep_dir)
     for number, overrides in enumerate(job_overrides, initial_job_idx):
@@ -57,7 +56,21 @@ def launch(launcher: ParallelLauncher, job_overrides: Sequence[Sequence[str]], i
     def on_death(index: int, death: WorkerDeath) -> JobReturn:
         return dead_job(context, config, initial_job_idx + index, job_overrides[index], death)
 
-    return launcher.pool.run(calls, on_death)
+    return pool.run(calls, on_death)
+
+
+_pool: WorkerPool | None = None
+
+
+def pool_of(size: int) -> WorkerPool:
+    """This process's pool of ``size`` workers, kept from batch to batch and sweep to sweep (a
+    worker's imports are paid once); one of another size is closed first."""
+    global _pool
+    if _pool is None or _pool.size != size:
+        if _pool is not None:
+            _pool.close()
+        _pool = WorkerPool(size)
+    return _pool
 
 
 def job_config(context: HydraContext, config: DictConfig, overrides: Sequence[str], number: int) -> DictConfig:

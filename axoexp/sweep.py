@@ -217,6 +217,8 @@ class MlflowSweepCallback(Callback):
 
 LAUNCHER_NEEDS = {"SlurmLauncher": ("srun", "slurm", "SLURM")}
 """A launcher's class name: the command it needs on PATH, its preset and what provides the command."""
+POOL_LAUNCHER = "hydra_plugins.axoexp_parallel_launcher."
+"""The package of axoexp's own launcher (``hydra/launcher=parallel``)."""
 
 
 def check_launcher(config: DictConfig) -> None:
@@ -228,6 +230,9 @@ def check_launcher(config: DictConfig) -> None:
                 f"hydra/launcher={preset} needs {provider}, but {command!r} is not on PATH here; "
                 "start the sweep on a machine that has it, or use hydra/launcher=parallel or the default launcher"
             )
+    if target.startswith(POOL_LAUNCHER) and config.hydra.launcher.n_jobs < 1:
+        jobs = config.hydra.launcher.n_jobs
+        raise SweepRefusedError(f"hydra.launcher.n_jobs={jobs}: must be at least 1 (the worker processes of the sweep)")
 
 
 def refused_jobs(config: DictConfig) -> list[str]:

@@ -3,8 +3,9 @@
 ``hydra/launcher=parallel`` runs a sweep's jobs on it (:mod:`axoexp.parallel_launcher`). Each
 of ``size`` workers is a fresh interpreter (``python -m axoexp.worker_pool``) that runs call
 after call, so its imports are paid once; calls and what they returned or raised travel over
-pipes, pickled with cloudpickle as joblib does. In the calling process one thread per worker
-hands it calls from a queue.
+pipes, pickled with cloudpickle as joblib does, and each call runs in the caller's working
+directory and environment as of :meth:`WorkerPool.run`, as it would in a fresh process. In the
+calling process one thread per worker hands it calls from a queue.
 
 When a worker dies mid-call (kill -9, the out-of-memory killer), that call alone is lost: the
 processes the worker forked for it (a sweep job's process, :mod:`axoexp.job_process`) get their
@@ -69,6 +70,8 @@ class WorkerPool:
     """``size`` worker processes, started on demand, each running one call at a time."""
 
     def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"a pool needs at least 1 worker, not {size}")
         self.size = size
         self._calls: queue.Queue[tuple[_Batch, int, bytes] | None] = queue.Queue()
         self._workers: set[_Worker] = set()
@@ -87,7 +90,8 @@ class WorkerPool:
         death)`` returned (called once the worker's processes are gone, one at a time). When every
         call has ended, the first error a call raised is raised. An interruption (a stop signal)
         kills the workers and is raised at once."""
-        payloads = [cloudpickle.dumps(call) for call in calls]
+        context = (os.getcwd(), dict(os.environ))
+        payloads = [cloudpickle.dumps((*context, *call)) for call in calls]
         batch = _Batch(len(calls), on_death)
         for index, payload in enumerate(payloads):
             self._calls.put((batch, index, payload))
@@ -325,7 +329,10 @@ def _announce(results: int, worker: int) -> None:
 def _outcome(payload: bytes) -> bytes:
     """Run one call; what it returned or raised, pickled."""
     try:
-        function, arguments = pickle.loads(payload)
+        cwd, environment, function, arguments = pickle.loads(payload)
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(environment)
         outcome: Outcome = ("returned", function(*arguments))
     except KeyboardInterrupt:
         raise

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from hydra.core.utils import JobReturn
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
-
-if TYPE_CHECKING:
-    from axoexp.worker_pool import WorkerPool
 
 
 class ParallelLauncher(Launcher):
@@ -20,7 +16,6 @@ class ParallelLauncher(Launcher):
         self.config: DictConfig | None = None
         self.task_function: TaskFunction | None = None
         self.hydra_context: HydraContext | None = None
-        self.pool: WorkerPool | None = None  # started by the first batch, closed when this process exits
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         self.config = config
