@@ -212,7 +212,10 @@ class _Worker:
         finally:
             os.close(call_read)
             os.close(result_write)
-        _write_frame(self.calls, pickle.dumps((sys.path, sys.argv)))  # what a spawned worker needs to unpickle
+        try:  # what a spawned worker needs to unpickle calls
+            _write_frame(self.calls, pickle.dumps((sys.path, sys.argv)))
+        except BrokenPipeError:
+            pass  # it died at once; its first call says how
 
     def call(self, payload: bytes) -> Outcome | WorkerDeath:
         """Run one call: its outcome, or how the worker died before handing one back."""
@@ -349,6 +352,8 @@ def main(argv: list[str]) -> None:
     calls, results, pool = (int(argument) for argument in argv)
     code = 1
     try:
+        for fd in (calls, results):  # passed down to this process only, not to what it starts
+            os.set_inheritable(fd, False)
         die_with_parent(signal.SIGKILL)
         if os.getppid() != pool:  # the pool's process died before the parent-death signal was set
             return
