@@ -273,6 +273,7 @@ def test_the_slurm_preset_without_slurm_is_one_line_and_no_run(tmp_path: Path) -
         assert _runs(f"sqlite:///{tmp_path / 'mlflow.db'}")[1] == [], "no empty FAILED parent"
 
 
+@pytest.mark.slow
 def test_a_parallel_sweep_without_workers_is_one_line_and_no_run(tmp_path: Path) -> None:
     result = run_cli("-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=0", "population.neurons=2,3", cwd=tmp_path)
     assert result.returncode == 2
