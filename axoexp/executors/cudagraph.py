@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
 import torch
@@ -50,6 +50,8 @@ class CudaGraphExecutor(Executor):
         self.bucket_examples: dict[int, Batch] = {}
         """Bucket -> an example batch of a length in it; empty when every batch has one length."""
         self.bucket_steps: dict[int, CapturedUpdate] = {}
+        self.fused_step: Callable[[], None] | None = None
+        """The gradient transform and optimizer step as one call, where a subclass fuses them."""
 
     @classmethod
     def length_refusal(cls, *, params: Mapping[str, Any], lengths: list[int], loss_fn: LossFn | None) -> str | None:
@@ -128,6 +130,7 @@ class CudaGraphExecutor(Executor):
             warmup_steps=self.warmup_steps,
             bucket=bucket,
             pool=pool,
+            fused_step=self.fused_step,
         )
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
