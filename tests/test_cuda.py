@@ -425,3 +425,67 @@ def test_planning_a_cuda_run_leaves_cuda_uninitialised(tmp_path: Path) -> None:
     )
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True)
     assert "INITIALISED False" in out.stdout, out.stdout + out.stderr
+
+
+# --- issue 23, part 1: the fused gradient transform and optimizer step (executor.fused_step=true) -----------
+
+FUSED_STEP = ("executor=fused_cudagraph", "executor.fused_step=true")
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize("transform", TRANSFORMS)
+def test_the_fused_step_keeps_parity_with_eager_over_several_updates(make_config, optimizer, transform) -> None:
+    config = make_config(
+        "device=cuda",
+        *FUSED_STEP,
+        *OPTIMIZERS[optimizer],
+        *TRANSFORMS[transform],
+        "population.neurons=16",
+        "population.time_steps=32",
+        "population.contacts=8",
+        "verify.enabled=true",
+        "verify.updates=5",
+        "verify.param_atol=1e-5",
+        "verify.loss_atol=1e-5",
+        "run.warmup_updates=1",
+        "run.measured_updates=3",
+    )
+    result = run_experiment(config)
+    assert result.verification is not None and result.verification.passed, result.verification
+    assert result.verification.max_abs_param_change > 1e-5, "the compared updates must move the banks"
+
+
+@pytest.mark.parametrize("optimizer", ("adam", "sgd_momentum"))
+def test_capture_with_the_fused_step_consumes_no_update(cuda_plan, optimizer: str) -> None:
+    plan = cuda_plan(*FUSED_STEP, *OPTIMIZERS[optimizer], *TRANSFORMS["clip_norm"])
+    setup = plan.build_population()
+    executor = plan.build_executor(setup.module)
+    assert executor.fused_step is not None
+    eager_update(
+        setup.module, executor.optimizer, executor.loss_fn, None, *setup.batches[1], fused_step=executor.fused_step
+    )  # an earlier update, so the optimizer has state (and Adam a step count) to restore
+    before = _state(setup.module, executor.optimizer)
+    executor.prepare(*setup.batches[0])
+    after = _state(setup.module, executor.optimizer)
+    assert len(before) == len(after) and all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    assert int(executor.fused_step.tickets) == 0
+
+
+def test_the_fused_step_replaces_the_optimizers_kernels_in_the_captured_update(cuda_plan) -> None:
+    """One replay, profiled: the transform and step are the fused step's two launches; of torch's
+    multi-tensor kernels only zero_grad's is left."""
+    from axoexp.timing import gpu_activities
+
+    counts = {}
+    for fused in ("false", "true"):
+        plan = cuda_plan("executor=fused_cudagraph", f"executor.fused_step={fused}", *TRANSFORMS["clip_norm"])
+        setup = plan.build_population()
+        executor = plan.build_executor(setup.module)
+        executor.prepare(*setup.batches[0])
+        counts[fused] = gpu_activities(lambda run=executor.step, batch=setup.batches[0]: run(*batch), plan.device)
+    fused_names = {
+        name: count for name, count in counts["true"].items() if name in ("step_kernel", "norm_partials_kernel")
+    }
+    assert fused_names == {"norm_partials_kernel": 1, "step_kernel": 1}, counts["true"]
+    assert sum(count for name, count in counts["true"].items() if "multi_tensor_apply" in name) <= 1, counts["true"]
+    assert counts["true"].total() <= counts["false"].total() - 10, (counts["true"], counts["false"])

@@ -17,12 +17,12 @@ from mlflow.tracking import MlflowClient
 from axoexp.components import gradient_transforms, optimizers
 from axoexp.errors import ConfigError, IncompatibleComponentsError
 from axoexp.executors.capture import state_preserved
+from axoexp.executors.step_rule import fused_step_problem, step_rule
 from axoexp.experiment import run_experiment
-from axoexp.kernels.step_rule import fused_step_problem, step_rule
 from axoexp.plan import plan_experiment
 
 pytest.importorskip("triton", reason="the fused step is a Triton kernel")
-from axoexp.kernels import fused_step
+from axoexp.executors import fused_step
 from axoexp.kernels.lite_recurrence import INTERPRETED
 
 ON_GPU = torch.cuda.is_available()

@@ -3,7 +3,7 @@
 Each factory returns a no-argument callable over the trainable parameters (or ``None``),
 the form ``axosim.CudaGraphAdaptationStep`` captures. All of them are graph-safe: none
 reads a value back to the host. The callables are small dataclasses, so that a fused step
-(:mod:`axoexp.kernels.step_rule`) can read what they do.
+(:mod:`axoexp.executors.step_rule`) can read what they do.
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ def eager_update(
     """One update exactly as ``axosim.CudaGraphAdaptationStep`` captures it (with ``length``: on a
     padded batch, whose padded steps contribute nothing, :func:`batch_loss`). ``fused_step``, when
     given, does the gradient transform and the optimizer step in one call
-    (:class:`axoexp.kernels.fused_step.FusedStep`)."""
+    (:class:`axoexp.executors.fused_step.FusedStep`)."""
     optimizer.zero_grad(set_to_none=False)
     loss = batch_loss(module, loss_fn, inputs, targets, length)
     loss.backward()

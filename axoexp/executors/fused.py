@@ -11,8 +11,8 @@ from axosim import AxoSimPopulation
 from axoexp.errors import IncompatibleComponentsError
 from axoexp.executors.base import UPDATE_STAGES
 from axoexp.executors.cudagraph import Buckets, CudaGraphExecutor, WarmupSteps
+from axoexp.executors.step_rule import FUSED_STEP_KEY, fused_step_problem
 from axoexp.kernels.lite_population import fused_population_forward, fused_refusal, unsupported_reason
-from axoexp.kernels.step_rule import FUSED_STEP_KEY, fused_step_problem
 from axoexp.lengths import DEFAULT_BUCKETS
 from axoexp.registry import component
 
@@ -49,7 +49,7 @@ class FusedCudaGraphExecutor(CudaGraphExecutor):
     """The forward's P4 recurrence runs as one Triton launch (backward: one more, in reverse
     order) for every block of neurons; contact summaries and loss stay torch; the gradient
     transform and optimizer step stay torch too, or with ``fused_step`` run as one Triton
-    launch (two with clip_norm) over flat views of the banks (:mod:`axoexp.kernels.fused_step`);
+    launch (two with clip_norm) over flat views of the banks (:mod:`axoexp.executors.fused_step`);
     the whole update is captured in one CUDA graph. float32, AxoSim-Lite populations,
     adaptation banks only."""
 
@@ -66,7 +66,7 @@ class FusedCudaGraphExecutor(CudaGraphExecutor):
         super().__init__(warmup_steps=warmup_steps, buckets=buckets, **components)
         self.fused = FusedLiteForward(self.module)
         if fused_step:
-            from axoexp.kernels.fused_step import FusedStep
+            from axoexp.executors.fused_step import FusedStep
 
             self.fused_step = FusedStep(self.optimizer, self.gradient_transform)
 

@@ -1,13 +1,10 @@
 """The gradient transform and the optimizer step over all adaptation banks in one Triton launch
 (two with ``clip_norm``: a reduction first), CUDA-graph capturable.
 
-:class:`FusedStep` moves the banks, their gradients and the optimizer's state into flat
-float32 buffers, once: each parameter's ``data``, ``grad`` and ``optimizer.state`` entries
-become views of them, so the module, autograd (which accumulates into the existing
-gradients in place), ``zero_grad``, the capture's state snapshot and torch's own
-``optimizer.step`` keep working on the same memory. A launch then updates every element of
-every bank with the arithmetic of torch's capturable (foreach) implementation, in the same
-order (:class:`axoexp.kernels.step_rule.StepRule`):
+The kernels work on flat float32 buffers of all banks, their gradients and the optimizer's
+state (:class:`axoexp.executors.fused_step.FusedStep` makes them and launches these). A
+launch updates every element of every bank with the arithmetic of torch's capturable
+(foreach) implementation, in the same order (:class:`axoexp.executors.step_rule.StepRule`):
 
 - ``clip_norm``: one program per block of ``BLOCK`` elements sums ``|g|`` or ``g^2`` (or takes
   the max of ``|g|``) into a partial; in the step launch every program adds all partials in the
@@ -28,13 +25,8 @@ from __future__ import annotations
 
 import math
 
-import torch
 import triton
 import triton.language as tl
-
-from axoexp.errors import IncompatibleComponentsError
-from axoexp.interfaces import GradientTransform
-from axoexp.kernels.step_rule import FUSED_STEP_KEY, StepRule, step_rule
 
 BLOCK = 1024
 """Elements per program (8 a thread at 4 warps)."""
@@ -54,7 +46,7 @@ def _nan_of(values):
 
 
 @triton.jit
-def _norm_partials_kernel(grads, partials, numel, NORM: tl.constexpr, BLOCK: tl.constexpr):
+def norm_partials_kernel(grads, partials, numel, NORM: tl.constexpr, BLOCK: tl.constexpr):
     """``partials[program]``: the sum of ``|g|`` (NORM 1) or ``g^2`` (2), or the max of ``|g|`` (0), over its block."""
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     magnitude = tl.abs(tl.load(grads + offsets, mask=offsets < numel, other=0.0))
@@ -87,7 +79,7 @@ def _total_norm(partials, count, NORM: tl.constexpr, PARTIALS_BLOCK: tl.constexp
 
 
 @triton.jit
-def _step_kernel(
+def step_kernel(
     params,
     grads,
     first,  # exp_avg, or SGD's momentum buffer
@@ -171,115 +163,3 @@ def _step_kernel(
         tl.store(steps + banks, step + tl.zeros([BANKS_PAD], tl.float32), mask=(banks < BANKS) & last)
         tl.store(tickets + banks * 0, banks * 0, mask=(banks == 0) & last)
     tl.store(params + offsets, param, mask=mask)
-
-
-def _flatten(tensors: list[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """One flat float32 buffer holding ``tensors``' values, and views of it shaped as each."""
-    flat = torch.cat([tensor.detach().reshape(-1) for tensor in tensors]) if tensors else torch.zeros(0)
-    flat = flat.to(device=device, dtype=torch.float32).contiguous()
-    views, offset = [], 0
-    for tensor in tensors:
-        views.append(flat[offset : offset + tensor.numel()].view(tensor.shape))
-        offset += tensor.numel()
-    return flat, views
-
-
-class FusedStep:
-    """``transform()`` then ``optimizer.step()`` as one call: one launch (two with ``clip_norm``)
-    over flat views of the optimizer's parameters (float32, one device, one parameter group)."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer, transform: GradientTransform) -> None:
-        self.rule: StepRule = step_rule(optimizer, transform)
-        parameters: list[torch.nn.Parameter] = list(optimizer.param_groups[0]["params"])
-        devices = {parameter.device for parameter in parameters}
-        if not parameters or len(devices) != 1 or any(p.dtype != torch.float32 for p in parameters):
-            raise IncompatibleComponentsError(
-                f"executor.{FUSED_STEP_KEY}=true needs float32 parameters on one device, got "
-                f"{sorted({str(p.dtype) for p in parameters})} on {sorted(map(str, devices))}"
-            )
-        device = devices.pop()
-        self.numel = sum(parameter.numel() for parameter in parameters)
-        self.params, views = _flatten(parameters, device)
-        self.grads, grad_views = _flatten(
-            [p.grad if p.grad is not None else torch.zeros_like(p) for p in parameters], device
-        )
-        with torch.no_grad():
-            for parameter, view, grad in zip(parameters, views, grad_views, strict=True):
-                parameter.data = view
-                parameter.grad = grad
-        self.state: dict[str, torch.Tensor] = {}
-        state_views: dict[str, list[torch.Tensor]] = {}
-        for key in self.rule.state_keys:
-            existing = [optimizer.state.get(p, {}).get(key) for p in parameters]
-            self.state[key], state_views[key] = _flatten(
-                [
-                    torch.zeros_like(p) if value is None else value
-                    for p, value in zip(parameters, existing, strict=True)
-                ],
-                device,
-            )
-        self.steps = torch.zeros(len(parameters), device=device)
-        adam = self.rule.optimizer != "sgd"
-        if adam:
-            self.steps.copy_(torch.tensor([float(optimizer.state.get(p, {}).get("step", 0.0)) for p in parameters]))
-        for index, parameter in enumerate(parameters):  # torch's own step() keeps working on these
-            state = {"step": self.steps[index]} if adam else {}
-            state.update({key: state_views[key][index] for key in self.rule.state_keys})
-            optimizer.state[parameter] = state
-        self.partials = torch.zeros(triton.cdiv(self.numel, BLOCK), device=device)
-        self.tickets = torch.zeros(1, dtype=torch.int32, device=device)
-
-    @property
-    def launches(self) -> int:
-        """Kernel launches per call."""
-        return 2 if self.rule.transform == "clip_norm" else 1
-
-    def __call__(self) -> None:
-        rule = self.rule
-        grid = (triton.cdiv(self.numel, BLOCK),)
-        norm = NORM_CODES.get(rule.norm_type, 2)
-        if rule.transform == "clip_norm":
-            _norm_partials_kernel[grid](
-                self.grads, self.partials, self.numel, NORM=norm, BLOCK=BLOCK, num_warps=NUM_WARPS
-            )
-        first = self.state.get("exp_avg", self.state.get("momentum_buffer", self.params))
-        _step_kernel[grid](
-            self.params,
-            self.grads,
-            first,
-            self.state.get("exp_avg_sq", self.params),
-            self.steps,
-            self.partials,
-            self.tickets,
-            self.numel,
-            self.partials.numel(),
-            rule.lr,
-            rule.weight_decay,
-            1.0 - rule.lr * rule.weight_decay,
-            1.0 - rule.beta1,
-            rule.beta2,
-            1.0 - rule.beta2,
-            _log2(rule.beta1),
-            _log2(rule.beta2),
-            rule.eps,
-            rule.momentum,
-            rule.max_norm,
-            rule.clip_value,
-            OPTIMIZER=OPTIMIZER_CODES[rule.optimizer],
-            TRANSFORM=TRANSFORM_CODES[rule.transform],
-            NORM=norm,
-            WEIGHT_DECAY=rule.weight_decay != 0,
-            MOMENTUM=rule.momentum != 0,
-            NESTEROV=rule.nesterov,
-            LERP_FROM_END=1.0 - rule.beta1 >= 0.5,
-            BANKS=self.steps.numel(),
-            BANKS_PAD=triton.next_power_of_2(self.steps.numel()),
-            BLOCK=BLOCK,
-            PARTIALS_BLOCK=PARTIALS_BLOCK,
-            num_warps=NUM_WARPS,
-        )
-
-
-def _log2(beta: float) -> float:
-    """log2(beta) in double precision, -inf for 0 (beta^t = 0 for every step t >= 1)."""
-    return math.log2(beta) if beta > 0 else -math.inf

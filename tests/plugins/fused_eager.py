@@ -25,7 +25,7 @@ class FusedEagerExecutor(EagerExecutor):
         super().__init__(**components)
         self.fused_step = None
         if fused_step:
-            from axoexp.kernels.fused_step import FusedStep
+            from axoexp.executors.fused_step import FusedStep
 
             self.fused_step = FusedStep(self.optimizer, self.gradient_transform)
 

@@ -2,10 +2,11 @@
 built torch optimizer and transform, and what it cannot compute exactly, judged from the config
 while planning. No Triton here: planning imports this module.
 
-The fused step (:mod:`axoexp.kernels.fused_step`) reproduces, over one flat view of the banks,
-exactly these: ``optimizer=adam``, ``adamw`` and ``sgd`` (any momentum, Nesterov, weight decay)
-after ``gradient_transform=none``, ``clip_value`` and ``clip_norm`` with ``norm_type`` 1, 2 or
-inf. Anything else (another p-norm, a plugin's optimizer or transform) is refused.
+The fused step (:mod:`axoexp.executors.fused_step`, whose kernels are in
+:mod:`axoexp.kernels.fused_step`) reproduces, over one flat view of the banks, exactly these:
+``optimizer=adam``, ``adamw`` and ``sgd`` (any momentum, Nesterov, weight decay) after
+``gradient_transform=none``, ``clip_value`` and ``clip_norm`` with ``norm_type`` 1, 2 or inf.
+Anything else (another p-norm, a plugin's optimizer or transform) is refused.
 """
 
 from __future__ import annotations
