@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import copy
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import PLUGINS, run_cli
+from helpers import PLUGINS, REPO, run_cli
 from mlflow.tracking import MlflowClient
 
 from axoexp.components import gradient_transforms, optimizers
@@ -252,3 +255,40 @@ def test_a_run_with_the_fused_step_verifies_against_eager(make_config, plugin_re
     result = run_experiment(config, registry=plugin_registry)
     assert result.verification is not None and result.verification.passed, result.verification
     assert result.verification.max_abs_param_change > 1e-5, "the compared updates must move the banks"
+
+
+COMPILE_FOR_H200 = """
+import itertools, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from axoexp.kernels.fused_step import BLOCK, PARTIALS_BLOCK, norm_partials_kernel, step_kernel
+pointers = dict.fromkeys(("params", "grads", "first", "second", "steps", "partials"), "*fp32")
+scalars = ("lr weight_decay decay_factor lerp_weight beta2 one_minus_beta2 log2_beta1 log2_beta2 eps momentum "
+           "max_norm clip_value").split()
+signature = {**pointers, "tickets": "*i32", "numel": "i32", "partial_count": "i32", **dict.fromkeys(scalars, "fp32")}
+cases = [(0, 1, 2, False, False), (1, 2, 1, False, True), (2, 1, 0, True, False), (2, 0, 1, False, False)]
+for optimizer, transform, norm, nesterov, lerp_from_end in cases:
+    constants = dict(OPTIMIZER=optimizer, TRANSFORM=transform, NORM=norm, WEIGHT_DECAY=True, MOMENTUM=True,
+                     NESTEROV=nesterov, LERP_FROM_END=lerp_from_end, BANKS=3, BANKS_PAD=4, BLOCK=BLOCK,
+                     PARTIALS_BLOCK=PARTIALS_BLOCK)
+    source = ASTSource(step_kernel, {**signature, **dict.fromkeys(constants, "constexpr")}, constants)
+    triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+for norm in (0, 1, 2):
+    constants = dict(NORM=norm, BLOCK=BLOCK)
+    signature = {"grads": "*fp32", "partials": "*fp32", "numel": "i32", **dict.fromkeys(constants, "constexpr")}
+    triton.compile(ASTSource(norm_partials_kernel, signature, constants), target=GPUTarget("cuda", 90, 32))
+print("compiled")
+"""
+
+
+@pytest.mark.slow  # a process of its own: Triton's interpreter, set in this one, compiles nothing
+def test_the_kernels_compile_for_an_h200_without_one(tmp_path: Path) -> None:
+    """Triton's compiler and the ptxas it ships build the kernels for sm_90 on any machine: what the
+    interpreter tolerates but a GPU build would reject (types, shapes, masks) fails here."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["TRITON_CACHE_DIR"] = str(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-c", COMPILE_FOR_H200], capture_output=True, text=True, env=env, timeout=600, check=False
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "compiled", done.stderr[-3000:]
