@@ -48,10 +48,9 @@ class FusedLiteForward(torch.nn.Module):
 class FusedCudaGraphExecutor(CudaGraphExecutor):
     """The forward's P4 recurrence runs as one Triton launch (backward: one more, in reverse
     order) for every block of neurons; contact summaries and loss stay torch; the gradient
-    transform and optimizer step stay torch too, or with ``fused_step`` run as one Triton
-    launch (two with clip_norm) over flat views of the banks (:mod:`axoexp.executors.fused_step`);
-    the whole update is captured in one CUDA graph. float32, AxoSim-Lite populations,
-    adaptation banks only."""
+    transform and optimizer step stay torch too, unless ``fused_step`` runs them as one Triton
+    launch (two with clip_norm) over flat views of the banks (docs/fused.md); the whole update
+    is captured in one CUDA graph. float32, AxoSim-Lite populations, adaptation banks only."""
 
     update_includes = ("input_copy", "graph_replay", *UPDATE_STAGES, "loss_clone", "synchronize")
 
