@@ -230,16 +230,21 @@ def test_the_cli_refuses_an_unfusable_step_in_one_line_before_any_run(tmp_path: 
     assert not store.exists() or not client.search_runs([e.experiment_id for e in client.search_experiments()])
 
 
-@pytest.mark.slow  # about 5 s: the recurrence, too, runs in Triton's interpreter
-def test_a_run_with_the_fused_step_verifies_against_eager(make_config, plugin_registry) -> None:
+@pytest.mark.slow  # about 5 s each: the recurrence, too, runs in Triton's interpreter
+@pytest.mark.parametrize(
+    "step",
+    [
+        ("optimizer=sgd", "optimizer.momentum=0.9", "gradient_transform=clip_norm", "gradient_transform.max_norm=0.01"),
+        ("optimizer=adam", "gradient_transform=clip_value", "gradient_transform.clip_value=0.001"),
+    ],
+    ids=["sgd_momentum-clip_norm", "adam-clip_value"],
+)
+def test_a_run_with_the_fused_step_verifies_against_eager(make_config, plugin_registry, step) -> None:
     """The whole update (fused forward, backward and step) against eager torch, on a tiny population."""
     config = make_config(
         "executor=fused_eager",
         "executor.fused_step=true",
-        "optimizer=sgd",
-        "optimizer.momentum=0.9",
-        "gradient_transform=clip_norm",
-        "gradient_transform.max_norm=0.01",
+        *step,
         "population.neurons=4",
         "population.time_steps=8",
         "verify.enabled=true",
