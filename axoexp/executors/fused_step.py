@@ -34,8 +34,7 @@ from axoexp.kernels.fused_step import (
 
 def _flatten(tensors: Sequence[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """One flat float32 buffer holding ``tensors``' values, and views of it shaped as each."""
-    flat = torch.cat([tensor.detach().reshape(-1) for tensor in tensors]) if tensors else torch.zeros(0)
-    flat = flat.to(device=device, dtype=torch.float32).contiguous()
+    flat = torch.cat([tensor.detach().reshape(-1) for tensor in tensors]).to(device=device, dtype=torch.float32)
     views, offset = [], 0
     for tensor in tensors:
         views.append(flat[offset : offset + tensor.numel()].view(tensor.shape))
