@@ -4,6 +4,8 @@ exact-length eager updates (docs/lengths.md)."""
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +20,9 @@ from axoexp.executors.base import eager_update, pad_steps
 from axoexp.experiment import run_experiment
 from axoexp.interfaces import adaptation_parameters
 from axoexp.lengths import Lengths, bucket_of, buckets_for, padding_overhead, parse_lengths
+from axoexp.report.__main__ import main as report_main
+from axoexp.report.rows import build_rows
+from axoexp.report.table import bucket_span
 
 CPU = torch.device("cpu")
 
@@ -223,3 +228,34 @@ def test_an_executor_that_captures_nothing_logs_no_recaptures_and_exact_lengths(
     assert names.RECAPTURES not in run.data.metrics and result.recaptures is None
     assert run.data.tags[names.LENGTH_BUCKETS] == names.LENGTH_BUCKETS_EXACT
     assert "each batch at its own length (no padding)" in format_result(result)
+
+
+@pytest.mark.slow  # a sweep's runs
+def test_runs_with_lengths_report_each_bucket_and_plot_latency_against_length(
+    make_config, padded_registry, client, tracking_uri: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Real CPU runs of one sweep, eager and a padding executor, through the report's JSON and figure."""
+    experiment = client.create_experiment("axoexp")
+    parent = client.create_run(experiment, run_name="lengths", tags={names.SWEEP_ROLE: "parent"}).info.run_id
+    for executor in ("eager", "padded_eager"):
+        overrides = (f"executor={executor}", *VARIED, "run.measured_updates=12", "run.progress=false")
+        run_experiment(make_config(*overrides, f"sweep.parent_run_id={parent}"), registry=padded_registry)
+    report_main(
+        ["--tracking-uri", tracking_uri, "--parent", parent, "--format", "json", "--out", str(tmp_path / "r.png")]
+    )
+    rows = {row["executor"]: row for row in json.loads(capsys.readouterr().out)}
+    padded = client.get_run(rows["padded_eager"]["run_id"])
+    buckets = [int(bucket) for bucket in padded.data.tags[names.LENGTH_BUCKETS].split(",")]
+    assert [bucket["bucket"] for bucket in rows["padded_eager"]["length_buckets"]] == buckets
+    exact = [bucket["bucket"] for bucket in rows["eager"]["length_buckets"]]  # the lengths drawn, each its own
+    assert len(exact) > 1 and set(exact) <= {9, 13, 16, 24, 30} and exact == sorted(exact)
+    for row in rows.values():
+        assert sum(bucket["count"] for bucket in row["length_buckets"]) == 12
+        assert all(bucket["p10_ms"] <= bucket["median_ms"] <= bucket["p90_ms"] for bucket in row["length_buckets"])
+    assert rows["padded_eager"]["padded"] and rows["padded_eager"]["padding_overhead"] > 1.0
+    assert not rows["eager"]["padded"] and rows["eager"]["padding_overhead"] == 1.0
+    assert padded.data.metrics[names.RECAPTURES] == 0
+    assert (tmp_path / "report_lengths.png").is_file() and (tmp_path / "r.png").is_file()
+    first = rows["padded_eager"]["length_buckets"][0]["bucket"]
+    rows_again = build_rows([padded])
+    assert bucket_span(rows_again[0], 0) == (9, first), "the first bucket holds lengths from the shortest listed"

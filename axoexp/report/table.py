@@ -141,7 +141,7 @@ def bucket_span(row: ReportRow, index: int) -> tuple[int, int]:
     if index > 0:
         return row.length_buckets[index - 1].bucket + 1, bucket
     try:
-        spec = parse_lengths(row.lengths or None)
+        spec = parse_lengths(row.lengths.strip("[]") or None)  # a list is logged as "[9, 13, 16]"
     except ValueError:
         spec = None
     return (spec.low if spec is not None and spec.low <= bucket else bucket), bucket
