@@ -10,6 +10,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator, NullLocator
 
@@ -77,10 +78,14 @@ def plot_lengths(rows: list[ReportRow], heading: str, path: Path) -> Figure:
     else:
         axes.set_axis_off()
         axes.text(0.5, 0.5, "no finished run logged per-bucket latencies", ha="center", va="center", fontsize=11)
-    axes.set_xlabel("batch length (time steps); dotted: the bucket boundaries of the padded series")
+    padded = "; dotted: the bucket boundaries of the padded series" if boundaries else ""
+    axes.set_xlabel(f"batch length (time steps){padded}")
     axes.set_ylabel("median update latency (ms)\nbars: p10-p90")
     axes.set_title(
-        "latency against length: each padded bucket at its padded length, its bar over the lengths it holds", fontsize=9
+        "latency against length: each padded bucket at its padded length, its bar over the lengths it holds"
+        if boundaries
+        else "latency against length: each batch at its exact length",
+        fontsize=9,
     )
     axes.grid(True, axis="y", alpha=0.3)
     characters = int(figure.get_figwidth() * 13)
@@ -93,7 +98,7 @@ def plot_lengths(rows: list[ReportRow], heading: str, path: Path) -> Figure:
     return figure
 
 
-def _length_axis(axes: plt.Axes, lengths: list[float], boundaries: list[int]) -> None:
+def _length_axis(axes: Axes, lengths: list[float], boundaries: list[int]) -> None:
     """A linear length axis; its ticks are the bucket boundaries where there are enough and they are
     far enough apart to be read, else at least :data:`MIN_TICKS` plain ones."""
     low, high = min(lengths), max(lengths)
