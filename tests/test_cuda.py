@@ -213,6 +213,7 @@ def test_cli_cudagraph_run_logs_capture_separately(tmp_path: Path) -> None:
     run_id = re.search(r"mlflow run\s+([0-9a-f]{32})", result.stdout).group(1)
     run = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(run_id)
     assert run.data.metrics[names.CAPTURE] > 0 and run.data.metrics[names.update_metric("count")] == 50
+    assert run.data.metrics[names.RECAPTURES] == 0 and names.LENGTH_BUCKETS not in run.data.tags  # one length
     assert run.data.tags[names.timing_includes_tag("capture")].startswith("static_buffer_copy,3x_warmup_update")
     assert run.data.tags[names.TIMING_UPDATE_INCLUDES].startswith("input_copy,graph_replay")
     assert run.data.tags["gpu.name"] == torch.cuda.get_device_name()
@@ -353,12 +354,16 @@ def test_bucket_graphs_equal_exact_length_eager_updates_and_capture_consumes_non
     assert captured.buckets() == tuple(sorted(used))
     assert {names.bucket_phase(bucket) for bucket in used} <= set(phases)
     assert captured.prepared_metrics[names.GRAPH_POOL_BYTES] > 0
+    assert captured.captures() == len(used) and reference.captures() is None
     tolerance = float(TOLERANCE.get(executor_name, "1e-6"))
     for index in range(2 * len(setup.batches)):
         inputs, targets = setup.batches[index % len(setup.batches)]
         torch.testing.assert_close(
             captured.step(inputs, targets), reference.step(inputs, targets), atol=tolerance, rtol=0
         )
+    assert captured.captures() == len(used), "every batch replays a graph captured in prepare: no recapture"
+    captured.capture(captured.captured_forward(), *setup.batches[0], bucket=max(used))  # as a re-capture would
+    assert captured.captures() == len(used) + 1
     for a, b in zip(setup.module.parameters(), reference_module.parameters(), strict=True):
         torch.testing.assert_close(a, b, atol=tolerance, rtol=0)
 
@@ -389,6 +394,9 @@ def test_a_bucketed_run_verifies_each_bucket_and_logs_its_metrics(make_config, e
         assert metrics[names.phase_metric(names.bucket_phase(bucket))] > 0
     assert any(names.bucket_update_metric(bucket, "median") in metrics for bucket in buckets)
     assert metrics[names.PADDING_OVERHEAD] > 1.0 and metrics[names.GRAPH_POOL_BYTES] > 0
+    assert metrics[names.RECAPTURES] == 0 == result.recaptures, "the steady state captures nothing"
+    tags = MlflowClient(result.tracking_uri).get_run(result.run_id).data.tags
+    assert tags[names.LENGTH_BUCKETS] == ",".join(map(str, buckets)) == ",".join(map(str, result.buckets or ()))
 
 
 def test_compiled_cudagraph_refuses_varying_lengths_while_planning(cuda_plan) -> None:
