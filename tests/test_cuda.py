@@ -497,3 +497,19 @@ def test_the_fused_step_replaces_the_optimizers_kernels_in_the_captured_update(c
     assert fused_names == {"norm_partials_kernel": 1, "step_kernel": 1}, counts["true"]
     assert sum(count for name, count in counts["true"].items() if "multi_tensor_apply" in name) <= 1, counts["true"]
     assert counts["true"].total() <= counts["false"].total() - 10, (counts["true"], counts["false"])
+
+
+def test_bucket_graphs_share_the_fused_step_and_equal_exact_length_eager_updates(cuda_plan) -> None:
+    """Every length bucket's graph replays the same fused step over the same flat buffers."""
+    plan = cuda_plan(*FUSED_STEP, *VARIED, *TRANSFORMS["clip_norm"])
+    setup = plan.build_population()
+    reference_module = copy.deepcopy(setup.module)
+    captured = plan.build_executor(setup.module)
+    reference = plan.build_executor(reference_module, "eager")
+    captured.prepare_all(setup.batches)
+    assert captured.buckets() is not None and len(captured.buckets()) > 1
+    for index in range(2 * len(setup.batches)):
+        inputs, targets = setup.batches[index % len(setup.batches)]
+        torch.testing.assert_close(captured.step(inputs, targets), reference.step(inputs, targets), atol=1e-5, rtol=0)
+    for a, b in zip(setup.module.parameters(), reference_module.parameters(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
