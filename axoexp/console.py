@@ -25,6 +25,9 @@ def format_result(result: ExperimentResult) -> str:
         lines.append(
             f"{'streams':<14}{result.streams:10d}     per update: {result.streams_per_s:.1f} streams x updates/s"
         )
+    if result.lengths is not None:
+        summary = lengths_summary(result.lengths, result.buckets, result.padding_overhead, result.recaptures)
+        lines.append(f"{'lengths':<14}{summary}")
     if result.device_update is not None and result.host_overhead_ms is not None:
         lines.append(
             f"{'device clock':<14}{result.device_update.median:10.3f} ms  median (CUDA events), "
@@ -55,6 +58,20 @@ def format_result(result: ExperimentResult) -> str:
         lines.append(f"{'process':<14}{process_summary(result.process_ms)}")
     lines.append(f"{'mlflow run':<14}{result.run_id}  (experiment {result.experiment!r} at {result.tracking_uri})")
     return "\n".join(lines)
+
+
+def lengths_summary(
+    lengths: tuple[int, int], buckets: tuple[int, ...] | None, padding_overhead: float | None, recaptures: int | None
+) -> str:
+    """Batches of different lengths: their range, the buckets they were padded to, the padding overhead and
+    the graphs captured after prepare, e.g. ``16..40 steps in buckets 24,32,40: padding 1.12x, 0 recaptures
+    after prepare``."""
+    steps = f"{lengths[0]}..{lengths[1]} steps"
+    if not buckets:
+        return f"{steps}, each batch at its own length (no padding)"
+    padding = "" if padding_overhead is None else f": padding {padding_overhead:.2f}x"
+    captured = "" if recaptures is None else f", {recaptures} recaptures after prepare"
+    return f"{steps} in buckets {','.join(map(str, buckets))}{padding}{captured}"
 
 
 def process_summary(process_ms: dict[str, float], biggest: int = 3) -> str:

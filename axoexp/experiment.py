@@ -21,7 +21,7 @@ from axoexp.guard import FiniteGuard
 from axoexp.interfaces import RunLog
 from axoexp.journal import journaled_run
 from axoexp.lease import device_lease
-from axoexp.measure import length_metrics, measure_updates
+from axoexp.measure import length_metrics, length_range, length_tags, measure_updates
 from axoexp.outputs import write_atomically
 from axoexp.plan import Plan, plan_experiment
 from axoexp.registry import REGISTRY, Registry
@@ -60,6 +60,10 @@ class ExperimentResult:
     eval_loss_after: float | None = None  # and after the last
     eval_batches: int = 0
     banks: SavedBanks | None = None  # the adapted banks, the run's artifact
+    lengths: tuple[int, int] | None = None  # the shortest and longest batch, where their lengths differ
+    buckets: tuple[int, ...] | None = None  # what the executor padded them to (None: each at its exact length)
+    padding_overhead: float | None = None  # padded steps / real steps of the measured updates
+    recaptures: int | None = None  # graphs captured after prepare (None: the executor captures none)
 
     @property
     def streams_per_s(self) -> float:
@@ -184,7 +188,8 @@ def _execute(
                 prepare_ms = executor.prepare_all(setup.batches)
             tracker.log_metrics({names.phase_metric(phase): value for phase, value in prepare_ms.items()})
             tracker.log_metrics(executor.prepared_metrics)
-            tracker.set_tags(executor.prepared_tags)
+            tracker.set_tags({**executor.prepared_tags, **length_tags(executor.buckets(), setup.batches)})
+            captured_in_prepare = executor.captures()
             if prepare_ms:
                 log.info("prepare: %s", ", ".join(f"{phase} {ms:.1f} ms" for phase, ms in prepare_ms.items()))
             wallclock.mark("prepare")
@@ -202,9 +207,10 @@ def _execute(
         finally:
             guard.log_to(tracker)
         update = LatencySummary.of(measured.latencies_ms)
-        tracker.log_metrics(
-            length_metrics(measured.latencies_ms, setup.batches, config.run.warmup_updates, executor.buckets())
-        )
+        by_length = length_metrics(measured.latencies_ms, setup.batches, config.run.warmup_updates, executor.buckets())
+        captured = executor.captures()
+        recaptures = None if captured is None or captured_in_prepare is None else captured - captured_in_prepare
+        tracker.log_metrics({**by_length, **({} if recaptures is None else {names.RECAPTURES: float(recaptures)})})
         tracker.log_metrics({names.STREAMS_PER_S: streams_per_s(setup.streams, update.median)})
         wallclock.mark("measure")
         if config.run.require_quiet:
@@ -264,4 +270,8 @@ def _execute(
         eval_loss_after=eval_after,
         eval_batches=len(setup.eval_batches),
         banks=banks,
+        lengths=length_range(setup.batches),
+        buckets=executor.buckets(),
+        padding_overhead=by_length.get(names.PADDING_OVERHEAD),
+        recaptures=recaptures,
     )

@@ -157,6 +157,11 @@ class Executor(ABC):
         else ``None``: every batch runs at its exact length."""
         return None
 
+    def captures(self) -> int | None:
+        """How many graphs this executor has captured so far, ``None`` where it captures none itself. A run
+        logs those captured after ``prepare`` (:data:`axoexp.names.RECAPTURES`): a steady state captures none."""
+        return None
+
     def prepare_all(self, batches: list[Batch]) -> dict[str, float]:
         """``prepare`` for a run over ``batches``: on the first batch, unless the executor needs
         every batch (e.g. one captured graph per length bucket)."""

@@ -179,6 +179,20 @@ def measure_updates(
     return warmup, measured
 
 
+def length_range(batches: list[Batch]) -> tuple[int, int] | None:
+    """The shortest and the longest batch's time steps, or ``None`` where every batch has one length."""
+    lengths = {int(inputs.shape[-2]) for inputs, _ in batches}
+    return (min(lengths), max(lengths)) if len(lengths) > 1 else None
+
+
+def length_tags(buckets: tuple[int, ...] | None, batches: list[Batch]) -> dict[str, str]:
+    """Tag :data:`~axoexp.names.LENGTH_BUCKETS` where the batches' lengths differ: the executor's buckets, or
+    ``exact`` where it runs each batch at its own length; none where every batch has one length."""
+    if length_range(batches) is None:
+        return {}
+    return {names.LENGTH_BUCKETS: ",".join(map(str, buckets)) if buckets else names.LENGTH_BUCKETS_EXACT}
+
+
 def length_metrics(
     latencies_ms: list[float], batches: list[Batch], first: int, buckets: tuple[int, ...] | None
 ) -> dict[str, float]:
@@ -186,7 +200,7 @@ def length_metrics(
     (batches cycled; ``buckets`` ``None``: each length its own bucket, unpadded); empty when every
     batch has one length."""
     lengths = [int(batches[(first + index) % len(batches)][0].shape[-2]) for index in range(len(latencies_ms))]
-    if len({int(inputs.shape[-2]) for inputs, _ in batches}) == 1 or not lengths:
+    if length_range(batches) is None or not lengths:
         return {}
     buckets = buckets or tuple(sorted(set(lengths)))
     metrics = {names.PADDING_OVERHEAD: padding_overhead(lengths, buckets)}

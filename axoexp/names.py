@@ -9,6 +9,7 @@ milliseconds unless named otherwise.
 from __future__ import annotations
 
 import math
+import re
 
 # --- MLflow's own (checked against mlflow.utils.mlflow_tags and mlflow.environment_variables)
 PARENT_RUN_ID = "mlflow.parentRunId"
@@ -205,6 +206,21 @@ def bucket_verify_metric(bucket: int, name: str) -> str:
     return f"bucket_{bucket}_{name}"
 
 
+_BUCKET_UPDATE = re.compile(r"bucket_(\d+)_update_ms_(\w+)")
+
+
+def bucket_update_stat(metric: str) -> tuple[int, str] | None:
+    """The bucket and statistic a :func:`bucket_update_metric` name spells, e.g. ``(64, "median")``, else ``None``."""
+    match = _BUCKET_UPDATE.fullmatch(metric)
+    return (int(match.group(1)), match.group(2)) if match else None
+
+
+LENGTH_BUCKETS = "lengths.buckets"
+"""Tag of a run whose batches' lengths differ: the buckets its executor padded them to (``32,48,64``), or
+``exact`` where every batch ran at its own length (eager)."""
+LENGTH_BUCKETS_EXACT = "exact"
+RECAPTURES = "recaptures"
+"""Graphs a capturing executor captured after ``prepare`` (warm-up and measured updates): 0 in the steady state."""
 GRAPH_POOL_BYTES = "graph_pool_bytes"
 """Device memory the bucket graphs' shared pool reserved during capture."""
 PADDING_OVERHEAD = "padding_overhead"

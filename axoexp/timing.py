@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -51,3 +52,26 @@ def stopwatch(sync: Callable[[], None], into: dict[str, float], name: str) -> It
     yield
     sync()
     into[name] = (time.perf_counter_ns() - start) / 1e6
+
+
+def gpu_activities(run: Callable[[], object], device: torch.device) -> Counter[str]:
+    """The GPU activities ``run`` causes on ``device`` (kernels, memory copies, memsets), counted by
+    name, as torch.profiler (CUPTI) records them; a CUDA graph replay's are listed one by one.
+    Copies are named ``Memcpy ...`` and memsets ``Memset ...`` (:func:`activity_kinds`)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+        run()
+        torch.cuda.synchronize(device)
+    return Counter(event.name for event in profiler.events() if event.device_type == DeviceType.CUDA)
+
+
+def activity_kinds(activities: Counter[str]) -> dict[str, int]:
+    """``{"kernel": N, "memcpy": N, "memset": N}`` of :func:`gpu_activities`' counts."""
+    kinds = dict.fromkeys(("kernel", "memcpy", "memset"), 0)
+    for name, count in activities.items():
+        kind = "memcpy" if name.startswith("Memcpy") else "memset" if name.startswith("Memset") else "kernel"
+        kinds[kind] += count
+    return kinds

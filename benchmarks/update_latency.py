@@ -17,7 +17,10 @@ clock is the median of CUDA-event time around the same updates (as ``update_devi
 ``python -m axoexp``: from the update's first to its last GPU work on the stream, gaps
 included), and host overhead the median of host minus device time per update. GPU busy time
 per update is the sum of all GPU activity (kernels, copies, memsets) that torch.profiler
-records over 20 updates. Parity is max |parameter difference| to eager after 5 updates from
+records over 20 updates. ``kernels_per_update`` counts the GPU activities of one update (kernels,
+memory copies and memsets, each launch once; for a captured executor: the input copies, the graph
+replay's every node and the loss clone), from torch.profiler around one update after the timing;
+the JSON keeps them by kind and by name. Parity is max |parameter difference| to eager after 5 updates from
 one state, taken from each axoexp executor right after its preparation, so the compiled
 executors compile once per shape. ``--variants`` measures a subset.
 
@@ -62,7 +65,7 @@ from axoexp.names import shape_label
 from axoexp.plan import Plan, plan_experiment
 from axoexp.plugins import load_plugins
 from axoexp.statistics import LatencySummary
-from axoexp.timing import stopwatch, synchronizer
+from axoexp.timing import activity_kinds, gpu_activities, stopwatch, synchronizer
 from axoexp.verification import verify_parity
 from axoexp.windows import UpdateTrace
 
@@ -102,6 +105,9 @@ class Row:
     mean_ms: float | None = None
     padding_overhead: float | None = None  # padded steps / real steps over the timed updates
     bucket_median_ms: dict[int, float] = field(default_factory=dict)  # by length bucket (eager, bare: exact length)
+    kernels_per_update: int | None = None  # GPU activities of one update: kernels, memcpys, memsets
+    activities_per_update: dict[str, int] = field(default_factory=dict)  # the same by kind
+    activity_names: dict[str, int] = field(default_factory=dict)  # the same by kernel (or copy) name
 
     @property
     def streams_per_s(self) -> float:
@@ -222,6 +228,7 @@ def bench_shape(shape: tuple[int, int, int], streams: int, args: argparse.Namesp
     lengths *= args.rounds  # each round's updates start at the first batch
     rows = {}
     for name in chosen:
+        activities = gpu_activities(lambda variant=variants[name]: variant.step(*setup.batches[0]), plans[name].device)
         summary = LatencySummary.of(samples[name])
         buckets = getattr(variants[name], "buckets", lambda: None)() or tuple(sorted(set(lengths)))
         overhead = np.subtract(samples[name], device_samples[name])
@@ -245,6 +252,9 @@ def bench_shape(shape: tuple[int, int, int], streams: int, args: argparse.Namesp
                 bucket: float(np.median(values))
                 for bucket, values in by_bucket(samples[name], lengths, buckets).items()
             },
+            kernels_per_update=activities.total(),
+            activities_per_update=activity_kinds(activities),
+            activity_names=dict(activities.most_common()),
         )
     for row in rows.values():
         if "eager" in rows:
@@ -274,9 +284,9 @@ def markdown(rows: list[Row], environment: dict[str, str], args: argparse.Namesp
         "| shape (n x t x c) | lengths | B | variant | mean ms | pad overhead | median ms | streams x updates/s "
         "| p10 | p90 | device clock ms "
         "| host overhead ms "
-        "| GPU busy ms | compiler start-up ms | compile ms | capture ms | vs eager | / bare | parity max abs dparam "
-        "| compile cache |",
-        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| GPU busy ms | kernels per update | compiler start-up ms | compile ms | capture ms | vs eager | / bare "
+        "| parity max abs dparam | compile cache |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in rows:
         speedup = _cell(row.speedup_vs_eager, ".2f") + ("x" if row.speedup_vs_eager else "")
@@ -285,7 +295,8 @@ def markdown(rows: list[Row], environment: dict[str, str], args: argparse.Namesp
             f"| {_cell(row.padding_overhead, '.3f')} | {row.median_ms:.3f} | {row.streams_per_s:,.0f} "
             f"| {row.p10_ms:.3f} | {row.p90_ms:.3f} "
             f"| {row.device_clock_ms:.3f} | {row.host_overhead_ms:.3f} "
-            f"| {row.device_ms:.3f} | {_cell(row.prepare_ms.get('compiler_startup'), '.0f')} "
+            f"| {row.device_ms:.3f} | {_cell(row.kernels_per_update, 'd')} "
+            f"| {_cell(row.prepare_ms.get('compiler_startup'), '.0f')} "
             f"| {_cell(row.prepare_ms.get('compile'), '.0f')} "
             f"| {_cell(row.prepare_ms.get('capture'), '.1f')} | {speedup} "
             f"| {_cell(row.ratio_vs_bare, '.3f')} | {_cell(row.parity_max_abs_param_diff, '.1e')} "
@@ -375,6 +386,11 @@ def main() -> None:
     if args.lengths:
         print_length_targets(rows)
     for row in rows:
+        if row.variant.startswith("fused_cudagraph") and row.kernels_per_update is not None:
+            print(
+                f"{row.variant} kernels_per_update at {row.shape} B={row.streams}: {row.kernels_per_update} "
+                f"{row.activities_per_update} (target <= 8)"
+            )
         if row.variant != "cudagraph" and row.variant.partition(OPTION_SEPARATOR)[0] in CHECKED and row.ratio_vs_bare:
             print(
                 f"{row.variant} speedup over bare helper at {row.shape} B={row.streams}: {1 / row.ratio_vs_bare:.2f}x"

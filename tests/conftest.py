@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import PLUGINS, REPO
+from helpers import PLUGINS, REPO, registry_with_plugins
 from hydra import compose, initialize_config_module
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
@@ -51,22 +51,8 @@ def loaded_registry() -> Registry:
 
 @pytest.fixture(scope="session")
 def plugin_registry(loaded_registry: Registry) -> Registry:
-    """The process registry plus the tests' own plugins (``helpers.PLUGINS``), which the process
-    registry then forgets again (other tests list the built-in executors); their config nodes
-    stay in Hydra's store, so ``make_config`` composes them."""
-    from hydra.core.config_store import ConfigStore
-
-    from axoexp.config import node_class
-    from axoexp.registry import REGISTRY
-
-    before = {(entry.group, entry.name) for entry in REGISTRY.components()}
-    load_plugins(PLUGINS)
-    registry = REGISTRY.copy()
-    for entry in registry.components():
-        if (entry.group, entry.name) not in before:
-            del REGISTRY._components[entry.group][entry.name]
-            ConfigStore.instance().store(group=entry.group, name=entry.name, node=node_class(entry))
-    return registry
+    """The process registry plus the tests' own plugins (``helpers.PLUGINS``)."""
+    return registry_with_plugins(PLUGINS)
 
 
 @pytest.fixture

@@ -13,9 +13,15 @@ from pathlib import Path
 import pytest
 import requests
 import torch
+from hydra.core.config_store import ConfigStore
+
+from axoexp.config import node_class
+from axoexp.plugins import load_plugins
+from axoexp.registry import REGISTRY, Registry
 
 REPO = Path(__file__).resolve().parents[1]
 PLUGINS = Path(__file__).resolve().parent / "plugins"  # the tests' own: a documented population, a CPU fused executor
+LENGTH_PLUGINS = Path(__file__).resolve().parent / "length_plugins"  # a CPU executor with length buckets
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
@@ -50,6 +56,20 @@ class Sleepy(EagerExecutor):
         time.sleep({milliseconds / 1000})
         return super().step(inputs, targets)
 '''
+
+
+def registry_with_plugins(directory: Path) -> Registry:
+    """The process registry plus the plugins in ``directory``, which the process registry then
+    forgets again (other tests list the built-in executors); their config nodes stay in Hydra's
+    store, so ``make_config`` composes them."""
+    before = {(entry.group, entry.name) for entry in REGISTRY.components()}
+    load_plugins(directory)
+    registry = REGISTRY.copy()
+    for entry in registry.components():
+        if (entry.group, entry.name) not in before:
+            del REGISTRY._components[entry.group][entry.name]
+            ConfigStore.instance().store(group=entry.group, name=entry.name, node=node_class(entry))
+    return registry
 
 
 def free_port() -> int:

@@ -213,6 +213,7 @@ def test_cli_cudagraph_run_logs_capture_separately(tmp_path: Path) -> None:
     run_id = re.search(r"mlflow run\s+([0-9a-f]{32})", result.stdout).group(1)
     run = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(run_id)
     assert run.data.metrics[names.CAPTURE] > 0 and run.data.metrics[names.update_metric("count")] == 50
+    assert run.data.metrics[names.RECAPTURES] == 0 and names.LENGTH_BUCKETS not in run.data.tags  # one length
     assert run.data.tags[names.timing_includes_tag("capture")].startswith("static_buffer_copy,3x_warmup_update")
     assert run.data.tags[names.TIMING_UPDATE_INCLUDES].startswith("input_copy,graph_replay")
     assert run.data.tags["gpu.name"] == torch.cuda.get_device_name()
@@ -353,12 +354,16 @@ def test_bucket_graphs_equal_exact_length_eager_updates_and_capture_consumes_non
     assert captured.buckets() == tuple(sorted(used))
     assert {names.bucket_phase(bucket) for bucket in used} <= set(phases)
     assert captured.prepared_metrics[names.GRAPH_POOL_BYTES] > 0
+    assert captured.captures() == len(used) and reference.captures() is None
     tolerance = float(TOLERANCE.get(executor_name, "1e-6"))
     for index in range(2 * len(setup.batches)):
         inputs, targets = setup.batches[index % len(setup.batches)]
         torch.testing.assert_close(
             captured.step(inputs, targets), reference.step(inputs, targets), atol=tolerance, rtol=0
         )
+    assert captured.captures() == len(used), "every batch replays a graph captured in prepare: no recapture"
+    captured.capture(captured.captured_forward(), *setup.batches[0], bucket=max(used))  # as a re-capture would
+    assert captured.captures() == len(used) + 1
     for a, b in zip(setup.module.parameters(), reference_module.parameters(), strict=True):
         torch.testing.assert_close(a, b, atol=tolerance, rtol=0)
 
@@ -389,6 +394,9 @@ def test_a_bucketed_run_verifies_each_bucket_and_logs_its_metrics(make_config, e
         assert metrics[names.phase_metric(names.bucket_phase(bucket))] > 0
     assert any(names.bucket_update_metric(bucket, "median") in metrics for bucket in buckets)
     assert metrics[names.PADDING_OVERHEAD] > 1.0 and metrics[names.GRAPH_POOL_BYTES] > 0
+    assert metrics[names.RECAPTURES] == 0 == result.recaptures, "the steady state captures nothing"
+    tags = MlflowClient(result.tracking_uri).get_run(result.run_id).data.tags
+    assert tags[names.LENGTH_BUCKETS] == ",".join(map(str, buckets)) == ",".join(map(str, result.buckets or ()))
 
 
 def test_compiled_cudagraph_refuses_varying_lengths_while_planning(cuda_plan) -> None:
@@ -425,3 +433,83 @@ def test_planning_a_cuda_run_leaves_cuda_uninitialised(tmp_path: Path) -> None:
     )
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True)
     assert "INITIALISED False" in out.stdout, out.stdout + out.stderr
+
+
+# --- issue 23, part 1: the fused gradient transform and optimizer step (executor.fused_step=true) -----------
+
+FUSED_STEP = ("executor=fused_cudagraph", "executor.fused_step=true")
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize("transform", TRANSFORMS)
+def test_the_fused_step_keeps_parity_with_eager_over_several_updates(make_config, optimizer, transform) -> None:
+    config = make_config(
+        "device=cuda",
+        *FUSED_STEP,
+        *OPTIMIZERS[optimizer],
+        *TRANSFORMS[transform],
+        "population.neurons=16",
+        "population.time_steps=32",
+        "population.contacts=8",
+        "verify.enabled=true",
+        "verify.updates=5",
+        "verify.param_atol=1e-5",
+        "verify.loss_atol=1e-5",
+        "run.warmup_updates=1",
+        "run.measured_updates=3",
+    )
+    result = run_experiment(config)
+    assert result.verification is not None and result.verification.passed, result.verification
+    assert result.verification.max_abs_param_change > 1e-5, "the compared updates must move the banks"
+
+
+@pytest.mark.parametrize("optimizer", ("adam", "sgd_momentum"))
+def test_capture_with_the_fused_step_consumes_no_update(cuda_plan, optimizer: str) -> None:
+    plan = cuda_plan(*FUSED_STEP, *OPTIMIZERS[optimizer], *TRANSFORMS["clip_norm"])
+    setup = plan.build_population()
+    executor = plan.build_executor(setup.module)
+    assert executor.fused_step is not None
+    eager_update(
+        setup.module, executor.optimizer, executor.loss_fn, None, *setup.batches[1], fused_step=executor.fused_step
+    )  # an earlier update, so the optimizer has state (and Adam a step count) to restore
+    before = _state(setup.module, executor.optimizer)
+    executor.prepare(*setup.batches[0])
+    after = _state(setup.module, executor.optimizer)
+    assert len(before) == len(after) and all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    assert int(executor.fused_step.tickets) == 0
+
+
+def test_the_fused_step_replaces_the_optimizers_kernels_in_the_captured_update(cuda_plan) -> None:
+    """One replay, profiled: the transform and step are the fused step's two launches; of torch's
+    multi-tensor kernels only zero_grad's is left."""
+    from axoexp.timing import gpu_activities
+
+    counts = {}
+    for fused in ("false", "true"):
+        plan = cuda_plan("executor=fused_cudagraph", f"executor.fused_step={fused}", *TRANSFORMS["clip_norm"])
+        setup = plan.build_population()
+        executor = plan.build_executor(setup.module)
+        executor.prepare(*setup.batches[0])
+        counts[fused] = gpu_activities(lambda run=executor.step, batch=setup.batches[0]: run(*batch), plan.device)
+    fused_names = {
+        name: count for name, count in counts["true"].items() if name in ("step_kernel", "norm_partials_kernel")
+    }
+    assert fused_names == {"norm_partials_kernel": 1, "step_kernel": 1}, counts["true"]
+    assert sum(count for name, count in counts["true"].items() if "multi_tensor_apply" in name) <= 1, counts["true"]
+    assert counts["true"].total() <= counts["false"].total() - 10, (counts["true"], counts["false"])
+
+
+def test_bucket_graphs_share_the_fused_step_and_equal_exact_length_eager_updates(cuda_plan) -> None:
+    """Every length bucket's graph replays the same fused step over the same flat buffers."""
+    plan = cuda_plan(*FUSED_STEP, *VARIED, *TRANSFORMS["clip_norm"])
+    setup = plan.build_population()
+    reference_module = copy.deepcopy(setup.module)
+    captured = plan.build_executor(setup.module)
+    reference = plan.build_executor(reference_module, "eager")
+    captured.prepare_all(setup.batches)
+    assert captured.buckets() is not None and len(captured.buckets()) > 1
+    for index in range(2 * len(setup.batches)):
+        inputs, targets = setup.batches[index % len(setup.batches)]
+        torch.testing.assert_close(captured.step(inputs, targets), reference.step(inputs, targets), atol=1e-5, rtol=0)
+    for a, b in zip(setup.module.parameters(), reference_module.parameters(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)

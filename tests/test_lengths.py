@@ -4,16 +4,25 @@ exact-length eager updates (docs/lengths.md)."""
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 
 import pytest
 import torch
-from helpers import run_cli
+from helpers import LENGTH_PLUGINS, registry_with_plugins, run_cli
+from mlflow.tracking import MlflowClient
 
+from axoexp import names
 from axoexp.components.losses import causal_mse, huber, mse
 from axoexp.components.population import lite
+from axoexp.console import format_result
 from axoexp.executors.base import eager_update, pad_steps
+from axoexp.experiment import run_experiment
 from axoexp.interfaces import adaptation_parameters
 from axoexp.lengths import Lengths, bucket_of, buckets_for, padding_overhead, parse_lengths
+from axoexp.report.__main__ import main as report_main
+from axoexp.report.rows import build_rows
+from axoexp.report.table import bucket_span
 
 CPU = torch.device("cpu")
 
@@ -166,7 +175,6 @@ def test_fused_kernel_padded_and_masked_updates_equal_exact_length_eager_updates
 
 
 def test_length_metrics_group_measured_updates_by_bucket() -> None:
-    from axoexp import names
     from axoexp.measure import length_metrics
 
     batches = [(torch.zeros(3, steps, 4), torch.zeros(3, steps, 2)) for steps in (10, 30, 60)]
@@ -179,3 +187,75 @@ def test_length_metrics_group_measured_updates_by_bucket() -> None:
     unpadded = length_metrics([4.0, 1.0, 2.0], batches, 2, None)
     assert unpadded[names.PADDING_OVERHEAD] == 1.0 and unpadded[names.bucket_update_metric(10, "median")] == 1.0
     assert length_metrics([1.0], batches[:1], 0, None) == {}
+
+
+@pytest.fixture(scope="module")
+def padded_registry(loaded_registry):
+    """Built-ins plus ``padded_eager`` (tests/length_plugins): length buckets on the CPU."""
+    return registry_with_plugins(LENGTH_PLUGINS)
+
+
+VARIED = ("population.lengths=[9,13,16,24,30]", "population.batches=6", "population.batch_size=2")
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["buckets_set_up_in_prepare", "buckets_set_up_on_first_use"])
+def test_graphs_captured_after_prepare_are_logged_as_recaptures(make_config, padded_registry, lazy: bool) -> None:
+    config = make_config(
+        "executor=padded_eager",
+        f"executor.lazy={lazy}",
+        *VARIED,
+        "run.warmup_updates=1",
+        "run.measured_updates=12",
+        "run.progress=false",
+    )
+    result = run_experiment(config, registry=padded_registry)
+    run = MlflowClient(result.tracking_uri).get_run(result.run_id)
+    assert result.buckets is not None and len(result.buckets) > 1, result.buckets
+    expected = len(result.buckets) if lazy else 0  # 13 updates cycle through all 6 batches: every bucket
+    assert run.data.metrics[names.RECAPTURES] == expected == result.recaptures
+    assert run.data.tags[names.LENGTH_BUCKETS] == ",".join(map(str, result.buckets))
+    assert result.lengths is not None and result.padding_overhead is not None and result.padding_overhead > 1.0
+    line = next(line for line in format_result(result).splitlines() if line.startswith("lengths"))
+    assert line.split(maxsplit=1)[1] == (
+        f"{result.lengths[0]}..{result.lengths[1]} steps in buckets {run.data.tags[names.LENGTH_BUCKETS]}: "
+        f"padding {result.padding_overhead:.2f}x, {expected} recaptures after prepare"
+    )
+
+
+def test_an_executor_that_captures_nothing_logs_no_recaptures_and_exact_lengths(make_config) -> None:
+    result = run_experiment(make_config("executor=eager", *VARIED, "run.measured_updates=6", "run.progress=false"))
+    run = MlflowClient(result.tracking_uri).get_run(result.run_id)
+    assert names.RECAPTURES not in run.data.metrics and result.recaptures is None
+    assert run.data.tags[names.LENGTH_BUCKETS] == names.LENGTH_BUCKETS_EXACT
+    assert "each batch at its own length (no padding)" in format_result(result)
+
+
+@pytest.mark.slow  # a sweep's runs
+def test_runs_with_lengths_report_each_bucket_and_plot_latency_against_length(
+    make_config, padded_registry, client, tracking_uri: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Real CPU runs of one sweep, eager and a padding executor, through the report's JSON and figure."""
+    experiment = client.create_experiment("axoexp")
+    parent = client.create_run(experiment, run_name="lengths", tags={names.SWEEP_ROLE: "parent"}).info.run_id
+    for executor in ("eager", "padded_eager"):
+        overrides = (f"executor={executor}", *VARIED, "run.measured_updates=12", "run.progress=false")
+        run_experiment(make_config(*overrides, f"sweep.parent_run_id={parent}"), registry=padded_registry)
+    report_main(
+        ["--tracking-uri", tracking_uri, "--parent", parent, "--format", "json", "--out", str(tmp_path / "r.png")]
+    )
+    rows = {row["executor"]: row for row in json.loads(capsys.readouterr().out)}
+    padded = client.get_run(rows["padded_eager"]["run_id"])
+    buckets = [int(bucket) for bucket in padded.data.tags[names.LENGTH_BUCKETS].split(",")]
+    assert [bucket["bucket"] for bucket in rows["padded_eager"]["length_buckets"]] == buckets
+    exact = [bucket["bucket"] for bucket in rows["eager"]["length_buckets"]]  # the lengths drawn, each its own
+    assert len(exact) > 1 and set(exact) <= {9, 13, 16, 24, 30} and exact == sorted(exact)
+    for row in rows.values():
+        assert sum(bucket["count"] for bucket in row["length_buckets"]) == 12
+        assert all(bucket["p10_ms"] <= bucket["median_ms"] <= bucket["p90_ms"] for bucket in row["length_buckets"])
+    assert rows["padded_eager"]["padded"] and rows["padded_eager"]["padding_overhead"] > 1.0
+    assert not rows["eager"]["padded"] and rows["eager"]["padding_overhead"] == 1.0
+    assert padded.data.metrics[names.RECAPTURES] == 0
+    assert (tmp_path / "report_lengths.png").is_file() and (tmp_path / "r.png").is_file()
+    first = rows["padded_eager"]["length_buckets"][0]["bucket"]
+    rows_again = build_rows([padded])
+    assert bucket_span(rows_again[0], 0) == (9, first), "the first bucket holds lengths from the shortest listed"

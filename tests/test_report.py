@@ -15,8 +15,9 @@ from mlflow.tracking import MlflowClient
 from axoexp import names
 from axoexp.report.__main__ import main as report_main
 from axoexp.report.figure import CONTENDED_LABEL, plot, tick_labels, x_dimension
-from axoexp.report.rows import ReportRow, build_rows, sweep_runs
-from axoexp.report.table import format_table
+from axoexp.report.length_figure import LENGTHS_FIGURE, plot_lengths
+from axoexp.report.rows import BucketRow, ReportRow, build_rows, sweep_runs
+from axoexp.report.table import BUCKETS_HEADING, format_buckets, format_table
 from axoexp.tracking import RUNS_VIEW_COLUMNS
 
 
@@ -268,3 +269,81 @@ def test_the_report_answers_a_single_run_in_one_line_and_an_unknown_parent_with_
         report_main([*argv, "--parent", "nope"])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == f"axoexp.report: --parent nope: no such run at {tracking_uri}\n"
+
+
+def _with_buckets(
+    client: MlflowClient, run_id: str, buckets_tag: str, padding: float, buckets: dict[int, tuple[float, ...]]
+) -> None:
+    """Log what a run with ``population.lengths`` logs: per bucket (count, median, p10, p90)."""
+    client.set_tag(run_id, names.LENGTH_BUCKETS, buckets_tag)
+    client.log_metric(run_id, names.PADDING_OVERHEAD, padding)
+    for bucket, values in buckets.items():
+        for stat, value in zip(("count", "median", "p10", "p90"), values, strict=False):
+            client.log_metric(run_id, names.bucket_update_metric(bucket, stat), value)
+    client.log_metric(run_id, names.bucket_verify_metric(bucket, "verify_passed"), 1.0)  # not a latency
+
+
+def test_runs_with_length_buckets_report_each_bucket_and_plot_latency_against_length(
+    client: MlflowClient, experiment: str, tmp_path: Path
+) -> None:
+    parent = client.create_run(experiment, run_name="sweep").info.run_id
+    lengths = {"population.lengths": "uniform:20:64"}
+    eager = _logged_run(client, experiment, "eager", "3x40x4", 2.0, parent=parent, **lengths)
+    _with_buckets(client, eager, "exact", 1.0, {20: (2, 1.0, 0.9, 1.1), 41: (1, 2.0, 2.0, 2.0), 64: (3, 3.0, 2.8, 3.3)})
+    graphs = _logged_run(client, experiment, "cudagraph", "3x40x4", 0.5, parent=parent, **lengths)
+    _with_buckets(client, graphs, "32,48,64", 1.25, {32: (2, 0.3, 0.25, 0.35), 48: (1, 0.4), 64: (3, 0.5, 0.45, 0.6)})
+    _logged_run(client, experiment, "eager", "3x12x4", 1.0, parent=parent)  # a fixed length: no buckets
+
+    rows = build_rows(sweep_runs(client, client.get_run(parent)))
+    by_executor = {row.executor: row for row in rows if row.length_buckets}
+    assert sorted(by_executor) == ["cudagraph", "eager"] and len(rows) == 3
+    padded, exact = by_executor["cudagraph"], by_executor["eager"]
+    assert padded.padded and not exact.padded and padded.padding_overhead == 1.25 and padded.lengths == "uniform:20:64"
+    first, middle, last = padded.length_buckets
+    assert (first, last) == (BucketRow(32, 2, 0.3, 0.25, 0.35), BucketRow(64, 3, 0.5, 0.45, 0.6))
+    assert (middle.bucket, middle.count, middle.median_ms) == (48, 1, 0.4)
+    assert math.isnan(middle.p10_ms) and math.isnan(middle.p90_ms), "a statistic not logged stays missing"
+    assert [bucket.bucket for bucket in exact.length_buckets] == [20, 41, 64]
+
+    text = format_table(rows).splitlines()
+    start = text.index(BUCKETS_HEADING)
+    cells = [line.split() for line in text[start + 2 :]]  # shape executor settings bucket lengths updates ...
+    lines = {(line[1], *line[3:6]): line[6:] for line in cells}
+    assert lines[("cudagraph", "32", "20-32", "2")] == ["0.300", "0.250", "0.350", "1.250x", graphs]
+    assert lines[("cudagraph", "48", "33-48", "1")] == ["0.400", "1.250x", graphs], "missing values are blank"
+    assert lines[("eager", "41", "41", "1")] == ["2.000", "2.000", "2.000", "1.000x", eager]
+    assert len(lines) == 6 and text[start + 1].split()[:4] == ["shape", "executor", "settings", "bucket"]
+    markdown = format_table(rows, "markdown")
+    assert (
+        f"| 3x40x4 | cudagraph | time_steps=40 | 64 | 49-64 | 3 | 0.500 | 0.450 | 0.600 | 1.250x | {graphs} |"
+        in markdown
+    )
+    records = list(csv.DictReader(io.StringIO(format_buckets(rows, "csv"))))
+    assert [tuple(record.values())[3:11] for record in records][1:4] == [
+        ("48", "33", "48", "1", "0.4", "", "", "1.25"),
+        ("64", "49", "64", "3", "0.5", "0.45", "0.6", "1.25"),
+        ("20", "20", "20", "2", "1.0", "0.9", "1.1", "1.0"),
+    ]
+    assert "length_buckets" not in next(csv.DictReader(io.StringIO(format_table(rows, "csv"))))
+    parsed = {row["executor"]: row for row in json.loads(format_table(rows, "json")) if row["length_buckets"]}
+    assert parsed["cudagraph"]["length_buckets"][1] == {
+        "bucket": 48,
+        "count": 1,
+        "median_ms": 0.4,
+        "p10_ms": None,
+        "p90_ms": None,
+    }
+
+    figure = plot_lengths(rows, "sweep\nCPU · torch 2 · today", tmp_path / LENGTHS_FIGURE)
+    assert (tmp_path / LENGTHS_FIGURE).is_file()
+    (axes,) = figure.axes
+    assert tick_labels(axes.xaxis) == ["32", "48", "64"], "the bucket boundaries label the length axis"
+    assert len(tick_labels(axes.yaxis)) >= 3
+    assert [text.get_text() for text in axes.get_legend().get_texts()] == [
+        "cudagraph time_steps=40 (padding 1.25x)",
+        "eager time_steps=40 (exact lengths)",
+    ]
+    boundaries = [line.get_xdata()[0] for line in axes.lines if line.get_linestyle() == ":"]
+    assert boundaries == [32, 48, 64]
+    spans = [segment[:, 0].tolist() for collection in axes.collections for segment in collection.get_segments()]
+    assert [20.0, 32.0] in spans and [33.0, 48.0] in spans, "each padded bucket's bar spans the lengths it holds"

@@ -354,3 +354,12 @@ def test_gpu_shared_means_another_process_used_the_gpu(present: int, busy: int |
     judged = guard._judge("measured", cpu, later, _gpu(present, None), _gpu(present, busy))
     assert (GPU_SHARED in judged.kinds) is seen, judged.detail
     assert judged.metrics["gpu_other_processes"] == present
+
+
+def test_gpu_activities_are_told_apart_by_kind_as_the_profiler_names_them() -> None:
+    from collections import Counter
+
+    from axoexp.timing import activity_kinds
+
+    counted = Counter({"Memcpy DtoD (Device -> Device)": 2, "Memset (Device)": 1, "step_kernel": 1, "void at::x<1>": 3})
+    assert activity_kinds(counted) == {"kernel": 4, "memcpy": 2, "memset": 1}

@@ -55,12 +55,19 @@ def eager_update(
     inputs: torch.Tensor,
     targets: torch.Tensor,
     length: torch.Tensor | None = None,
+    *,
+    fused_step: Callable[[], None] | None = None,
 ) -> torch.Tensor:
     """One update exactly as ``axosim.CudaGraphAdaptationStep`` captures it (with ``length``: on a
-    padded batch, whose padded steps contribute nothing, :func:`batch_loss`)."""
+    padded batch, whose padded steps contribute nothing, :func:`batch_loss`). ``fused_step``, when
+    given, does the gradient transform and the optimizer step in one call
+    (:class:`axoexp.executors.fused_step.FusedStep`)."""
     optimizer.zero_grad(set_to_none=False)
     loss = batch_loss(module, loss_fn, inputs, targets, length)
     loss.backward()
+    if fused_step is not None:
+        fused_step()
+        return loss.detach()
     if gradient_transform is not None:
         gradient_transform()
     optimizer.step()

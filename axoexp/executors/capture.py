@@ -12,7 +12,7 @@ autograd reports as "The AccumulateGrad node's stream does not match ..." on eve
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -133,12 +133,14 @@ def capture_update(
     warmup_steps: int,
     bucket: int | None = None,
     pool: Any = None,
+    fused_step: Callable[[], None] | None = None,
 ) -> CapturedUpdate:
     """Capture one whole update for these shapes; module and optimizer end as they began.
 
     With ``bucket``, for batches of up to ``bucket`` steps: the example is padded to it and the
     loss masked to a length read from a static device scalar. ``pool``: the memory pool the
-    graph allocates from (``torch.cuda.graph_pool_handle()``, shared by a run's bucket graphs)."""
+    graph allocates from (``torch.cuda.graph_pool_handle()``, shared by a run's bucket graphs).
+    ``fused_step``: the gradient transform and optimizer step in one call (:func:`eager_update`)."""
     static_length = None
     if bucket is None:
         static_inputs, static_targets = example_inputs.clone(), example_targets.clone()
@@ -152,11 +154,11 @@ def capture_update(
         stream.wait_stream(torch.cuda.current_stream(example_inputs.device))
         with torch.cuda.stream(stream):
             for _ in range(warmup_steps):
-                eager_update(module, optimizer, loss_fn, transform, *batch)
+                eager_update(module, optimizer, loss_fn, transform, *batch, fused_step=fused_step)
                 release_autograd_graphs(module)  # no warm-up graph (nor its accumulators) outlives its update
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool, stream=stream):
-            static_loss = eager_update(module, optimizer, loss_fn, transform, *batch)
+            static_loss = eager_update(module, optimizer, loss_fn, transform, *batch, fused_step=fused_step)
         release_autograd_graphs(module)
         torch.cuda.current_stream(example_inputs.device).wait_stream(stream)
         torch.cuda.synchronize(example_inputs.device)

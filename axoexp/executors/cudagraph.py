@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
 import torch
@@ -50,6 +50,9 @@ class CudaGraphExecutor(Executor):
         self.bucket_examples: dict[int, Batch] = {}
         """Bucket -> an example batch of a length in it; empty when every batch has one length."""
         self.bucket_steps: dict[int, CapturedUpdate] = {}
+        self.graphs_captured = 0
+        self.fused_step: Callable[[], None] | None = None
+        """The gradient transform and optimizer step as one call, where a subclass fuses them."""
 
     @classmethod
     def length_refusal(cls, *, params: Mapping[str, Any], lengths: list[int], loss_fn: LossFn | None) -> str | None:
@@ -65,6 +68,9 @@ class CudaGraphExecutor(Executor):
 
     def buckets(self) -> tuple[int, ...] | None:
         return tuple(sorted(self.bucket_examples)) or None
+
+    def captures(self) -> int:
+        return self.graphs_captured
 
     def prepare_all(self, batches: list[Batch]) -> dict[str, float]:
         """One graph per length bucket in use (largest first) when the batches' lengths differ."""
@@ -117,8 +123,9 @@ class CudaGraphExecutor(Executor):
         pool: Any = None,
     ) -> CapturedUpdate:
         """Capture the whole update with ``module`` as the forward (e.g. a compiled one); with
-        ``bucket``, for padded batches of up to that many steps (:func:`capture_update`)."""
-        return capture_update(
+        ``bucket``, for padded batches of up to that many steps (:func:`capture_update`). Every capture
+        is counted (:meth:`captures`), whenever it happens."""
+        captured = capture_update(
             module,
             self.optimizer,
             self.loss_fn,
@@ -128,7 +135,10 @@ class CudaGraphExecutor(Executor):
             warmup_steps=self.warmup_steps,
             bucket=bucket,
             pool=pool,
+            fused_step=self.fused_step,
         )
+        self.graphs_captured += 1
+        return captured
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         if self.bucket_steps:

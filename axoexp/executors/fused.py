@@ -2,15 +2,31 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Annotated, Any
+
 import torch
 from axosim import AxoSimPopulation
 
 from axoexp.errors import IncompatibleComponentsError
 from axoexp.executors.base import UPDATE_STAGES
 from axoexp.executors.cudagraph import Buckets, CudaGraphExecutor, WarmupSteps
+from axoexp.executors.step_rule import FUSED_STEP_KEY, fused_step_problem
 from axoexp.kernels.lite_population import fused_population_forward, fused_refusal, unsupported_reason
 from axoexp.lengths import DEFAULT_BUCKETS
 from axoexp.registry import component
+
+FusedStepOption = Annotated[
+    bool,
+    "gradient transform and optimizer step as one Triton launch (two with clip_norm) over flat banks; "
+    "off by default: its parity and kernel count are not yet measured on the H200 (docs/fused.md)",
+]
+
+
+def fused_step_config_problems(params: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
+    """With ``fused_step`` on: what of the config's optimizer and transform it cannot fuse exactly."""
+    problem = fused_step_problem(config) if params.get(FUSED_STEP_KEY) else None
+    return [problem] if problem else []
 
 
 class FusedLiteForward(torch.nn.Module):
@@ -31,17 +47,31 @@ class FusedLiteForward(torch.nn.Module):
 @component("executor", "fused_cudagraph")
 class FusedCudaGraphExecutor(CudaGraphExecutor):
     """The forward's P4 recurrence runs as one Triton launch (backward: one more, in reverse
-    order) for every block of neurons; contact summaries, loss, gradient transform and
-    optimizer step stay torch; the whole update is captured in one CUDA graph. float32,
-    AxoSim-Lite populations, adaptation banks only."""
+    order) for every block of neurons; contact summaries and loss stay torch; the gradient
+    transform and optimizer step stay torch too, unless ``fused_step`` runs them as one Triton
+    launch (two with clip_norm) over flat views of the banks (docs/fused.md); the whole update
+    is captured in one CUDA graph. float32, AxoSim-Lite populations, adaptation banks only."""
 
     update_includes = ("input_copy", "graph_replay", *UPDATE_STAGES, "loss_clone", "synchronize")
 
     def __init__(
-        self, *, warmup_steps: WarmupSteps = 3, buckets: Buckets = DEFAULT_BUCKETS, **components: object
+        self,
+        *,
+        warmup_steps: WarmupSteps = 3,
+        buckets: Buckets = DEFAULT_BUCKETS,
+        fused_step: FusedStepOption = False,
+        **components: object,
     ) -> None:
         super().__init__(warmup_steps=warmup_steps, buckets=buckets, **components)
         self.fused = FusedLiteForward(self.module)
+        if fused_step:
+            from axoexp.executors.fused_step import FusedStep
+
+            self.fused_step = FusedStep(self.optimizer, self.gradient_transform)
+
+    @staticmethod
+    def config_problems(params: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
+        return fused_step_config_problems(params, config)
 
     @classmethod
     def refusal(cls, *, module: torch.nn.Module, dtype: torch.dtype) -> str | None:

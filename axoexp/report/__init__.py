@@ -9,7 +9,14 @@ CSV or JSON (``--format``). The figure shows median latency against the swept di
 over eager per executor. Both are written to the sweep's output directory and logged to the
 parent run.
 
+Runs with batches of different lengths (``population.lengths``) add a table per length bucket
+(bucket, the lengths it holds, updates, median, p10, p90, padding overhead; with ``--format csv``
+the file report_buckets.csv) and the figure report_lengths.png: each bucket's median latency
+against length, p10-p90 bars, bucket boundaries dotted, one series per executor and settings
+(docs/lengths.md).
+
 One module per job: :mod:`~axoexp.report.rows` (runs to rows), :mod:`~axoexp.report.table`
-(rows as text, markdown, CSV or JSON), :mod:`~axoexp.report.figure` (the figure) and
-:mod:`~axoexp.report.__main__` (the command). None imports torch or the executors.
+(rows as text, markdown, CSV or JSON), :mod:`~axoexp.report.figure` (the figure),
+:mod:`~axoexp.report.length_figure` (latency against length), :mod:`~axoexp.report.pareto` (a search's
+Pareto front) and :mod:`~axoexp.report.__main__` (the command). None imports torch or the executors.
 """

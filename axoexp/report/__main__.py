@@ -13,9 +13,10 @@ from mlflow.tracking import MlflowClient
 from axoexp import names, report
 from axoexp.errors import AxoexpError, NoSweepError, StoreError
 from axoexp.report.figure import FIGURE, plot, title
+from axoexp.report.length_figure import LENGTHS_FIGURE, plot_lengths
 from axoexp.report.pareto import PARETO_FIGURE, format_front, pareto_front, plot_front, study_objectives, study_runs
 from axoexp.report.rows import build_rows, sweep_runs
-from axoexp.report.table import FORMATS, format_table
+from axoexp.report.table import BUCKETS_CSV, FORMATS, format_buckets, format_table
 from axoexp.tracking import SQLITE_PREFIX, UNREACHABLE, newest_run, resolve_tracking_uri, store_problem
 
 
@@ -114,6 +115,9 @@ def run_report(argv: list[str] | None = None) -> None:
     figure = args.out or output_dir(parent) / FIGURE
     plot(rows, title(parent, runs), figure)
     written = [figure]
+    if any(row.length_buckets for row in rows):  # runs with population.lengths: latency against length
+        written.append(figure.with_name(LENGTHS_FIGURE))
+        plot_lengths(rows, title(parent, runs), written[-1])
     objectives = study_objectives(parent)
     if objectives:  # an Optuna search (hydra/sweeper=optuna)
         trials = study_runs(client, parent)
@@ -124,6 +128,10 @@ def run_report(argv: list[str] | None = None) -> None:
     if args.format != "text":
         written.append(figure.with_name(f"report.{FORMATS[args.format]}"))
         written[-1].write_text(table + "\n")
+    buckets = format_buckets(rows, "csv") if args.format == "csv" else ""
+    if buckets:  # a CSV row has no room for its buckets: they are a CSV of their own
+        written.append(figure.with_name(BUCKETS_CSV))
+        written[-1].write_text(buckets + "\n")
     for path in written:
         client.log_artifact(parent.info.run_id, str(path))
     print(f"report: {', '.join(map(str, written))} (also logged to the parent run)", file=sys.stderr)

@@ -19,7 +19,19 @@ from axoexp.tracking import child_runs
 EXECUTOR_KEY = f"{names.EXECUTOR_PARAM_PREFIX}name"
 IGNORED_FOR_PAIRING = (names.EXECUTOR_PARAM_PREFIX, *names.NOT_MEASUREMENT_PARAM_PREFIXES)
 POPULATION_PREFIX = "population."
+LENGTHS_KEY = f"{POPULATION_PREFIX}lengths"
 BASELINE = "eager"
+
+
+@dataclass(frozen=True)
+class BucketRow:
+    """A row's measured updates whose batches fell in one length bucket (runs with ``population.lengths``)."""
+
+    bucket: int  # the length its batches were padded to; where nothing is padded, their exact length
+    count: int  # measured updates in it (summed over the row's runs)
+    median_ms: float  # the median over the row's runs of each run's bucket_<N>_update_ms_<stat>
+    p10_ms: float = math.nan
+    p90_ms: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -42,6 +54,10 @@ class ReportRow:
     run_ids: tuple[str, ...] = ()
     contention: str = ""  # timing.contention of its runs: none, or what disturbed them (cpu, gpu-shared, ...)
     noise: str = ""  # timing.noise of its runs: low, or high where any run's was
+    lengths: str = ""  # population.lengths where its batches' lengths differ, e.g. uniform:32:256
+    padded: bool = False  # its executor padded batches to length buckets (tag lengths.buckets), else exact lengths
+    padding_overhead: float = math.nan  # padded steps / real steps (median over its runs)
+    length_buckets: tuple[BucketRow, ...] = ()  # per length bucket, shortest first
 
     @property
     def contended(self) -> bool:
@@ -116,6 +132,29 @@ class _Group:
     def capture_ms(self) -> float:
         return float(np.median([run.data.metrics.get(names.CAPTURE, math.nan) for run in self.runs]))
 
+    def length_buckets(self) -> tuple[BucketRow, ...]:
+        """Each length bucket's logged statistics: counts summed over the runs, the others their median."""
+        stats: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+        for run in self.runs:
+            for key, value in run.data.metrics.items():
+                if (parsed := names.bucket_update_stat(key)) is not None:
+                    stats[parsed[0]][parsed[1]].append(value)
+
+        def median(values: list[float]) -> float:
+            return float(np.median(values)) if values else math.nan
+
+        return tuple(
+            BucketRow(
+                bucket,
+                int(sum(logged["count"])),
+                median(logged["median"]),
+                median(logged["p10"]),
+                median(logged["p90"]),
+            )
+            for bucket, logged in sorted(stats.items())
+            if logged["median"]
+        )
+
 
 def _group(runs: list[Run], client: MlflowClient | None, include_contended: bool) -> list[_Group]:
     """FINISHED runs of one config and executor pooled, those measured quietly apart from the
@@ -186,6 +225,7 @@ def build_rows(
             interval = median_ratio_interval(baseline.series, group.series)
             speedup, low, high = interval.estimate, interval.low, interval.high
         contention, noise = _labels(group.runs)
+        buckets_tag = first.data.tags.get(names.LENGTH_BUCKETS)
         rows.append(
             ReportRow(
                 shape=first.data.tags.get(names.SHAPE, "?"),
@@ -206,6 +246,12 @@ def build_rows(
                 run_ids=tuple(run.info.run_id for run in group.runs),
                 contention=contention,
                 noise=noise,
+                lengths=first.data.params.get(LENGTHS_KEY, "") if buckets_tag else "",
+                padded=buckets_tag not in (None, names.LENGTH_BUCKETS_EXACT),
+                padding_overhead=float(
+                    np.median([run.data.metrics.get(names.PADDING_OVERHEAD, math.nan) for run in group.runs])
+                ),
+                length_buckets=group.length_buckets(),
             )
         )
     return sorted(

@@ -1,26 +1,44 @@
 """An executor with preconditions that runs on the CPU: eager updates whose forward is the fused
-AxoSim-Lite kernel (in Triton's CPU interpreter without a GPU). Its refusal is the fused kernel's,
-so planning judges a population for it exactly as for ``fused_cudagraph``."""
+AxoSim-Lite kernel (in Triton's CPU interpreter without a GPU), and with ``fused_step`` the fused
+gradient transform and optimizer step too. Its refusals are the fused executor's, so planning
+judges a population and a fused step for it exactly as for ``fused_cudagraph``."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
 from axoexp import component
 from axoexp.executors.base import eager_update
 from axoexp.executors.eager import EagerExecutor
-from axoexp.executors.fused import FusedLiteForward
+from axoexp.executors.fused import FusedLiteForward, FusedStepOption, fused_step_config_problems
 from axoexp.kernels.lite_population import fused_refusal
 
 
 @component("executor", "fused_eager")
 class FusedEagerExecutor(EagerExecutor):
-    """Eager updates through the fused kernel's forward and backward."""
+    """Eager updates through the fused kernel's forward and backward (and, optionally, fused step)."""
+
+    def __init__(self, *, fused_step: FusedStepOption = False, **components: Any) -> None:
+        super().__init__(**components)
+        self.fused_step = None
+        if fused_step:
+            from axoexp.executors.fused_step import FusedStep
+
+            self.fused_step = FusedStep(self.optimizer, self.gradient_transform)
 
     @classmethod
     def refusal(cls, *, module: torch.nn.Module, dtype: torch.dtype) -> str | None:
         return fused_refusal(module, dtype)
 
+    @staticmethod
+    def config_problems(params: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
+        return fused_step_config_problems(params, config)
+
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         forward = FusedLiteForward(self.module)  # type: ignore[arg-type]
-        return eager_update(forward, self.optimizer, self.loss_fn, self.gradient_transform, inputs, targets)
+        return eager_update(
+            forward, self.optimizer, self.loss_fn, self.gradient_transform, inputs, targets, fused_step=self.fused_step
+        )
