@@ -67,10 +67,17 @@ def pool_of(size: int) -> WorkerPool:
     worker's imports are paid once); one of another size is closed first."""
     global _pool
     if _pool is None or _pool.size != size:
-        if _pool is not None:
-            _pool.close()
+        close_pool()
         _pool = WorkerPool(size)
     return _pool
+
+
+def close_pool() -> None:
+    """Close this process's pool, if any (it closes itself when the process exits)."""
+    global _pool
+    if _pool is not None:
+        _pool.close()
+        _pool = None
 
 
 def job_config(context: HydraContext, config: DictConfig, overrides: Sequence[str], number: int) -> DictConfig:

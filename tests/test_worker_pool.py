@@ -8,11 +8,13 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Iterator
 
 import psutil
 import pytest
 from hydra.test_utils.launcher_common_tests import LauncherTestSuite
 
+from axoexp.parallel_launcher import close_pool
 from axoexp.worker_pool import WorkerDeath, WorkerPool
 
 pytestmark = pytest.mark.slow  # every test here starts processes
@@ -85,3 +87,9 @@ def _no_death(index: int, death: WorkerDeath) -> None:
 @pytest.mark.parametrize("launcher_name, overrides", [("axoexp_parallel", ["hydra.launcher.n_jobs=2"])])
 class TestParallelLauncher(LauncherTestSuite):
     """Hydra's contract for launchers, as Hydra's own launcher plugins are tested."""
+
+    @pytest.fixture(autouse=True, scope="class")
+    def _pool_closed_after(self) -> Iterator[None]:
+        yield
+        close_pool()  # its workers would wait for the next sweep in this process
+        assert psutil.Process().children(recursive=True) == []
