@@ -123,6 +123,7 @@ def test_no_module_imports_a_higher_layer() -> None:
     assert not upward, "upward imports: " + "; ".join(upward)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["axoexp.report", "axoexp.sync", "axoexp.compare"])
 def test_read_only_commands_import_neither_torch_nor_the_executors(command: str) -> None:
     """``python -m axoexp.report --help`` (and sync) start without torch: seconds saved, nothing to break."""

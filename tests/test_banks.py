@@ -106,6 +106,7 @@ def test_a_finished_run_keeps_its_banks_and_evaluates_them_on_held_out_batches(m
     assert "metrics.`eval_loss_before`" in view and "metrics.`eval_loss_after`" in view
 
 
+@pytest.mark.slow
 def test_a_run_started_from_another_runs_banks_continues_exactly_where_it_ended(make_config, client, tmp_path) -> None:
     first = run_experiment(make_config(*SHORT), output_dir=_folder(tmp_path / "first"))
     saved = load_file(_artifact(client, first.run_id, tmp_path / "dl"))
@@ -182,6 +183,7 @@ def _refusal_cases(tmp_path: Path, first_run: str, client: MlflowClient) -> list
     ]
 
 
+@pytest.mark.slow
 def test_banks_that_cannot_start_the_run_are_refused_before_any_run_exists(
     make_config, client, banks_registry, tmp_path
 ) -> None:

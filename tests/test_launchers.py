@@ -142,6 +142,7 @@ def test_waiting_for_a_held_device_is_bounded_and_reported(lease_dir: Path, caps
         assert again.waited_s < 1, "a released lease is free at once"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
 def test_cpu_jobs_get_disjoint_cpu_sets_and_are_pinned_to_them(lease_dir: Path) -> None:
     everything = set(allowed_cpus())
