@@ -12,7 +12,9 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
+from hydra import version as hydra_version
 from hydra.test_utils.launcher_common_tests import LauncherTestSuite
+from hydra.version import VersionBase
 
 from axoexp.parallel_launcher import close_pool
 from axoexp.worker_pool import WorkerDeath, WorkerPool
@@ -90,6 +92,11 @@ class TestParallelLauncher(LauncherTestSuite):
 
     @pytest.fixture(autouse=True, scope="class")
     def _pool_closed_after(self) -> Iterator[None]:
+        # Hydra's suite expects a fresh process's defaults (version_base unset: jobs chdir into their
+        # folders); a test before it in this process may have composed with version_base="1.3"
+        base = VersionBase.instance()
+        before, base.version_base = base.version_base, hydra_version._UNSPECIFIED_
         yield
+        base.version_base = before
         close_pool()  # its workers would wait for the next sweep in this process
         assert psutil.Process().children(recursive=True) == []
