@@ -40,7 +40,8 @@ class RunConfig:
     threads: int | None = setting(
         None,
         "torch intra-op threads; null: on the CPU the fewest of 1, 2, 4, ... (at most 16) within 1.05x of the "
-        "fastest, calibrated after warm-up; on a GPU one per CPU allowed, at most 16 (logged resolved)",
+        "fastest, calibrated after warm-up (1 where run.measured_updates is fewer than the calibration's updates); "
+        "on a GPU one per CPU allowed, at most 16 (logged resolved)",
         AT_LEAST_ONE,
     )
     min_time_s: float = setting(

@@ -133,7 +133,7 @@ def run_experiment(
         wallclock.mark("store")
         with device_lease(plan.device, cpus=config.run.lease_cpus, timeout_s=config.run.lease_timeout_s) as lease:
             # after the lease pinned this process's CPUs
-            threads = configure_threads(config.run.threads, plan.device.type)
+            threads = configure_threads(config.run.threads, plan.device.type, config.run.measured_updates)
             # calibrated: the param says so (runs of one config stay one row); the count is in tag runtime.threads
             tracker.log_params({names.RUN_THREADS_PARAM: "calibrated" if threads.candidates else threads.count})
             tracker.set_tags({**lease.tags(), **threads.tags()})  # held alone from build through verify

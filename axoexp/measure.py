@@ -16,7 +16,7 @@ from axoexp import names
 from axoexp.executors.capture import state_preserved
 from axoexp.interfaces import Batch, Executor, RunLog
 from axoexp.lengths import by_bucket, padding_overhead
-from axoexp.runtime import CALIBRATION_TOLERANCE, choose_threads
+from axoexp.runtime import CALIBRATION_ROUNDS, CALIBRATION_TOLERANCE, CALIBRATION_UPDATES, choose_threads
 from axoexp.statistics import STABLE_THRESHOLD, LatencySummary, rel_iqr
 from axoexp.timing import device_events, elapsed_ms, synchronizer
 from axoexp.tracking import MILLISECOND_DIGITS
@@ -100,10 +100,6 @@ def measure_until_stable(
         run_updates(executor, batches, count, first + len(trace.latencies_ms), trace, observers, MEASURED)
 
 
-CALIBRATION_UPDATES = 5
-"""Scored updates per thread count and round of :func:`calibrate_threads` (after one unscored one)."""
-
-
 def calibrate_threads(
     executor: Executor, batches: list[Batch], first: int, candidates: Sequence[int], tracker: RunLog
 ) -> int:
@@ -115,7 +111,7 @@ def calibrate_threads(
     scored: dict[int, list[float]] = {count: [] for count in candidates}
     index = first
     with state_preserved(executor.module, executor.optimizer):
-        for order in (list(candidates), list(reversed(candidates))):
+        for order in (list(candidates), list(reversed(candidates)))[:CALIBRATION_ROUNDS]:
             for count in order:
                 torch.set_num_threads(count)
                 trace = UpdateTrace()

@@ -17,6 +17,15 @@ updates axoexp times are small, and past 16 threads intra-op parallelism mostly 
 CALIBRATION_TOLERANCE = 1.05
 """Calibration keeps the fewest threads whose mean update is within this factor of the fastest
 candidate's: fewer threads are as fast and far less fragile when another process wants the CPUs."""
+CALIBRATION_UPDATES = 5
+"""Scored updates per thread count and round of the calibration (after one unscored one)."""
+CALIBRATION_ROUNDS = 2
+"""Rounds of the calibration: ascending, then descending thread counts, so drift hits all alike."""
+
+
+def calibration_updates(candidates: tuple[int, ...]) -> int:
+    """Updates a calibration among ``candidates`` runs (not measured, and consuming none)."""
+    return CALIBRATION_ROUNDS * len(candidates) * (1 + CALIBRATION_UPDATES)
 
 
 def configure_determinism(determinism: DictConfig) -> None:
@@ -80,10 +89,12 @@ def choose_threads(mean_ms: Mapping[int, float]) -> int:
     return min(count for count, mean in mean_ms.items() if mean <= fastest * CALIBRATION_TOLERANCE)
 
 
-def configure_threads(threads: int | None, device_type: str = "cpu") -> Threads:
+def configure_threads(threads: int | None, device_type: str = "cpu", measured_updates: int | None = None) -> Threads:
     """``torch.set_num_threads``: ``threads``; or with ``None`` on the CPU, 1 until the
     calibration after warm-up (:func:`axoexp.measure.calibrate_threads`) chooses among
-    :func:`thread_candidates`; or with ``None`` on a GPU, one per allowed CPU, at most
+    :func:`thread_candidates`, unless the run measures fewer updates than the calibration would
+    take (``measured_updates``; it then keeps 1, the count that holds under load); or with
+    ``None`` on a GPU, one per allowed CPU, at most
     :data:`MAX_AUTO_THREADS`, so torch's pool never oversubscribes the CPUs the process may use.
 
     Inter-op threads are left alone: the updates use no inter-op parallelism, and torch
@@ -96,6 +107,13 @@ def configure_threads(threads: int | None, device_type: str = "cpu") -> Threads:
     elif device_type == "cpu" and len(cpus) > 1:
         candidates = thread_candidates(len(cpus))
         count, how = 1, f"calibrating among {', '.join(map(str, candidates))} after warm-up"
+        cost = calibration_updates(candidates)
+        if measured_updates is not None and measured_updates < cost:
+            candidates = ()
+            how = (
+                f"not calibrated: run.measured_updates={measured_updates} is fewer than the {cost} updates "
+                "calibration takes; 1 thread, the count that holds under load"
+            )
     else:
         count, how = min(len(cpus), MAX_AUTO_THREADS), f"auto: {len(cpus)} CPUs allowed, at most {MAX_AUTO_THREADS}"
     torch.set_num_threads(count)

@@ -75,6 +75,7 @@ def _artifact(client: MlflowClient, run_id: str, where: Path) -> Path:
     return Path(client.download_artifacts(run_id, BANKS_FILE, str(where)))
 
 
+@pytest.mark.slow
 def test_a_finished_run_keeps_its_banks_and_evaluates_them_on_held_out_batches(make_config, client, tmp_path) -> None:
     result = run_experiment(make_config(*SHORT), output_dir=_folder(tmp_path / "out"))
     run = client.get_run(result.run_id)

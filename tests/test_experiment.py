@@ -148,7 +148,7 @@ def test_seeded_runs_repeat_their_losses_exactly(make_config) -> None:
 def test_thread_calibration_consumes_no_update(make_config, client) -> None:
     """run.threads=null times updates with each candidate thread count after warm-up, then restores
     the module and optimizer: the measured updates continue from the warm-up's state."""
-    common = ("seed=5", "run.warmup_updates=2", "run.measured_updates=4", "run.lease_cpus=2")
+    common = ("seed=5", "run.warmup_updates=2", "run.measured_updates=24", "run.lease_cpus=2")  # 24: calibrated on 2
     fixed = run_experiment(make_config(*common, "run.threads=1"))
     calibrated = run_experiment(make_config(*common))
     metrics = client.get_run(calibrated.run_id).data.metrics

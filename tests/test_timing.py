@@ -33,6 +33,7 @@ from axoexp.report.table import format_table
 from axoexp.runtime import (
     MAX_AUTO_THREADS,
     allowed_cpus,
+    calibration_updates,
     choose_threads,
     configure_threads,
     cpu_list,
@@ -86,6 +87,11 @@ def test_thread_count_is_calibrated_on_the_cpu_capped_on_a_gpu_and_can_be_set() 
         if len(allowed_cpus()) > 1:
             assert on_cpu.count == 1 == torch.get_num_threads(), "one thread until calibrated"
             assert on_cpu.candidates == thread_candidates(len(allowed_cpus()))
+            cost = calibration_updates(on_cpu.candidates)
+            assert configure_threads(None, "cpu", measured_updates=cost).candidates == on_cpu.candidates
+            short = configure_threads(None, "cpu", measured_updates=cost - 1)  # calibrating would outweigh it
+            assert short.candidates == () and short.count == 1 == torch.get_num_threads()
+            assert f"not calibrated: run.measured_updates={cost - 1} is fewer than the {cost} updates" in short.how
         assert configure_threads(1).count == 1 == torch.get_num_threads()
         assert not configure_threads(2).candidates
     finally:
@@ -104,17 +110,18 @@ def test_unset_threads_are_calibrated_and_logged_resolved(make_config, client) -
         pytest.skip("calibration needs at least 2 allowed CPUs")
     before = torch.get_num_threads()
     try:
-        result = run_experiment(make_config("run.warmup_updates=1", "run.measured_updates=3"))
+        candidates = thread_candidates(len(allowed_cpus()))
+        measured = calibration_updates(candidates)  # the fewest that a run calibrates for
+        result = run_experiment(make_config("run.warmup_updates=1", f"run.measured_updates={measured}"))
     finally:
         torch.set_num_threads(before)
     run = client.get_run(result.run_id)
-    candidates = thread_candidates(len(allowed_cpus()))
     means = {count: run.data.metrics[names.threads_calibration_metric(count)] for count in candidates}
     assert choose_threads(means) == result.threads
     assert run.data.params[names.RUN_THREADS_PARAM] == "calibrated"  # one config, one row: the count is in the tag
     assert run.data.tags[names.RUNTIME_THREADS].startswith(f"{result.threads} (calibrated after warm-up")
     series = client.get_metric_history(result.run_id, names.UPDATE_SERIES)
-    assert len(series) == 4, "calibration updates are not in the per-update series"
+    assert len(series) == 1 + measured, "calibration updates are not in the per-update series"
 
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
