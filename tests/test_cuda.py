@@ -345,8 +345,10 @@ def test_bucket_graphs_equal_exact_length_eager_updates_and_capture_consumes_non
     reference_module = copy.deepcopy(setup.module)
     captured = plan.build_executor(setup.module)
     reference = plan.build_executor(reference_module, "eager")
-    for executor in (captured, reference):  # an earlier update, so Adam has state to restore
-        executor.step(*setup.batches[0])
+    for executor, module in ((captured, setup.module), (reference, reference_module)):
+        eager_update(  # an earlier update, so Adam has state to restore (a captured step needs prepare)
+            module, executor.optimizer, executor.loss_fn, executor.gradient_transform, *setup.batches[0]
+        )
     before = _state(setup.module, captured.optimizer)
     phases = captured.prepare_all(setup.batches)
     assert all(torch.equal(a, b) for a, b in zip(before, _state(setup.module, captured.optimizer), strict=True))

@@ -262,12 +262,35 @@ def test_a_run_with_the_fused_step_verifies_against_eager(make_config, plugin_re
     assert result.verification.max_abs_param_change > 1e-5, "the compared updates must move the banks"
 
 
+# The locals of the binder Triton 3.6 generates per kernel (``dynamic_func`` in ``triton/runtime/jit.py``):
+# a kernel parameter of one of these names is overwritten before it is read ("failed to specialize argument
+# of type: dict" on the H200, 2026-12-04), though the interpreter and Triton 3.9 run it.
+TRITON_BINDER_LOCALS = {"params", "specialization", "options", "backend", "specialize_impl"}
+
+
+def test_no_kernel_parameter_is_named_as_a_local_of_tritons_launch_binder() -> None:
+    from triton.runtime import KernelInterface
+
+    from axoexp.kernels import fused_step as step_kernels
+    from axoexp.kernels import lite_recurrence
+
+    kernels = {
+        name: kernel
+        for module in (step_kernels, lite_recurrence)
+        for name, kernel in vars(module).items()
+        if isinstance(kernel, KernelInterface)
+    }
+    assert {"step_kernel", "norm_partials_kernel", "_lite_forward_kernel", "_lite_backward_kernel"} <= set(kernels)
+    clashes = {name: sorted(TRITON_BINDER_LOCALS & set(kernel.arg_names)) for name, kernel in kernels.items()}
+    assert not any(clashes.values()), clashes
+
+
 COMPILE_FOR_H200 = """
 import itertools, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from axoexp.kernels.fused_step import BLOCK, PARTIALS_BLOCK, norm_partials_kernel, step_kernel
-pointers = dict.fromkeys(("params", "grads", "first", "second", "steps", "partials"), "*fp32")
+pointers = dict.fromkeys(("parameters", "grads", "first", "second", "steps", "partials"), "*fp32")
 scalars = ("lr weight_decay decay_factor lerp_weight beta2 one_minus_beta2 log2_beta1 log2_beta2 eps momentum "
            "max_norm clip_value").split()
 signature = {**pointers, "tickets": "*i32", "numel": "i32", "partial_count": "i32", **dict.fromkeys(scalars, "fp32")}

@@ -80,7 +80,7 @@ def _total_norm(partials, count, NORM: tl.constexpr, PARTIALS_BLOCK: tl.constexp
 
 @triton.jit
 def step_kernel(
-    params,
+    parameters,  # not `params`: Triton 3.6's generated binder has a local of that name
     grads,
     first,  # exp_avg, or SGD's momentum buffer
     second,  # exp_avg_sq
@@ -117,7 +117,7 @@ def step_kernel(
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < numel
     grad = tl.load(grads + offsets, mask=mask, other=0.0)
-    param = tl.load(params + offsets, mask=mask, other=0.0)
+    param = tl.load(parameters + offsets, mask=mask, other=0.0)
     if TRANSFORM == 1:  # clip_norm, as torch.nn.utils.clip_grad_norm_
         coefficient = tl.div_rn(max_norm, _total_norm(partials, partial_count, NORM, PARTIALS_BLOCK) + 1e-6)
         coefficient = tl.where(coefficient > 1.0, 1.0, coefficient)  # torch.clamp(max=1.0): NaN stays NaN
@@ -162,4 +162,4 @@ def step_kernel(
         last = banks * 0 + tl.sum(tl.where(banks == 0, ticket, 0), axis=0) == tl.num_programs(0) - 1
         tl.store(steps + banks, step + tl.zeros([BANKS_PAD], tl.float32), mask=(banks < BANKS) & last)
         tl.store(tickets + banks * 0, banks * 0, mask=(banks == 0) & last)
-    tl.store(params + offsets, param, mask=mask)
+    tl.store(parameters + offsets, param, mask=mask)
