@@ -1,19 +1,27 @@
-"""Shared fixtures: composed configs and a private sqlite MLflow store (helpers: tests/helpers.py)."""
+"""Shared fixtures: composed configs, a private sqlite MLflow store and the session's local Ray
+instance (helpers: tests/helpers.py)."""
 
 from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
-from helpers import PLUGINS, REPO, registry_with_plugins
+from helpers import PLUGINS, RAY_PORT_ENV, REPO, free_port, leftovers, registry_with_plugins
 from hydra import compose, initialize_config_module
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
+from axoexp import lease
 from axoexp.config import register_configs
 from axoexp.plugins import load_plugins
 from axoexp.registry import Registry
@@ -70,3 +78,65 @@ def make_config(tracking_uri: str, loaded_registry: Registry) -> Callable[..., D
             return compose("config", overrides=[f"tracking.uri={tracking_uri}", *overrides])
 
     return make
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[tuple[str, Path, dict[str, str]]]:
+    """A local Ray head (2 CPUs) the tests connect to, as to an existing cluster, started once for
+    the session (the Ray sweep and the Ray kill test share it); its workers load plugins from the
+    yielded directory, where each test writes its own. Stopped by its process group, checked gone."""
+    pytest.importorskip("hydra_plugins.hydra_ray_launcher")
+    before = set(os.listdir(tempfile.gettempdir()))
+    root = Path(tempfile.mkdtemp(prefix="axray"))  # short: Ray's socket paths must fit 107 bytes
+    plugins = root / "plugins"
+    for folder in (plugins, root / "home", root / "tmp"):
+        folder.mkdir()
+    port = free_port()
+    # its own HOME and TMPDIR: another Ray's ~/.ray/auth_token once made every test here hang
+    private = {"HOME": str(root / "home"), "TMPDIR": str(root / "tmp")}
+    env = {
+        **os.environ,
+        **RAY_PORT_ENV,
+        **private,
+        "AXOEXP_PLUGINS_DIR": str(plugins),
+        lease.LEASE_DIR_ENV: str(root / "leases"),
+    }
+    ray = str(Path(sys.executable).with_name("ray"))
+    head = subprocess.Popen(
+        [
+            ray,
+            "start",
+            "--head",
+            "--block",
+            "--node-ip-address",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--num-cpus",
+            "2",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+            "--temp-dir",
+            str(root / "ray"),
+        ],
+        cwd=root,
+        env=env,
+        stdout=(root / "ray.log").open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    address = f"127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while subprocess.run([ray, "status", "--address", address], env=env, capture_output=True).returncode:
+            assert head.poll() is None and time.monotonic() < deadline, (root / "ray.log").read_text()[-3000:]
+            time.sleep(1)
+        yield address, plugins, private
+    finally:
+        family = [psutil.Process(head.pid), *psutil.Process(head.pid).children(recursive=True)]
+        os.killpg(head.pid, signal.SIGKILL)  # the head's process group: what this fixture started
+        _, alive = psutil.wait_procs(family, timeout=30)
+        assert alive == [] and leftovers(str(root)) == [], f"Ray processes outlived the session: {alive}"
+        shutil.rmtree(root)
+        created = set(os.listdir(tempfile.gettempdir())) - before
+        assert not [name for name in created if name.startswith(("ray", "axray"))], f"left in /tmp: {created}"

@@ -1,5 +1,5 @@
 """Helpers the tests share (fixtures live in conftest.py): the repository, CUDA skips, the CLI
-in a fresh process, a plugin's text, free ports and a real MLflow server."""
+in a fresh process, a plugin's text, free ports, a real MLflow server and leftover processes."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import requests
 import torch
@@ -22,6 +23,7 @@ from axoexp.registry import REGISTRY, Registry
 REPO = Path(__file__).resolve().parents[1]
 PLUGINS = Path(__file__).resolve().parent / "plugins"  # the tests' own: a documented population, a CPU fused executor
 LENGTH_PLUGINS = Path(__file__).resolve().parent / "length_plugins"  # a CPU executor with length buckets
+RAY_PORT_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # Ray then keeps every address on 127.0.0.1
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
@@ -119,3 +121,13 @@ def start_mlflow(
         time.sleep(0.5)
     server.kill()
     pytest.fail(f"mlflow {verb} did not come up: " + log.read_text()[-2000:])
+
+
+def leftovers(marker: str) -> list[str]:
+    """Processes (other than this one) whose command line mentions ``marker``."""
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        command = " ".join(process.info["cmdline"] or [])
+        if marker in command and process.info["pid"] != os.getpid():
+            found.append(f"{process.info['pid']}: {command[:200]}")
+    return found

@@ -197,10 +197,8 @@ def test_banks_that_cannot_start_the_run_are_refused_before_any_run_exists(
 
 
 @pytest.mark.slow
-def test_the_command_refuses_banks_of_other_shapes_in_one_line_with_exit_2(tmp_path, tracking_uri) -> None:
-    first = run_cli(*SHORT, f"tracking.uri={tracking_uri}", cwd=tmp_path)
-    assert first.returncode == 0, first.stderr
-    run_id = re.search(r"mlflow run +([0-9a-f]{32})", first.stdout).group(1)
+def test_the_command_refuses_banks_of_other_shapes_in_one_line_with_exit_2(tmp_path, tracking_uri, make_config) -> None:
+    run_id = run_experiment(make_config(*SHORT), output_dir=tmp_path / "first").run_id  # the banks, in this process
     refused = run_cli(
         *SHORT, f"tracking.uri={tracking_uri}", f"population.init_from={run_id}", "population.neurons=5", cwd=tmp_path
     )

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import free_port, start_mlflow
+from helpers import free_port, leftovers, start_mlflow
 from mlflow.tracking import MlflowClient
 from test_faults import assert_everything_measured_is_in, journals, start_cli, sync, updates_in
 from test_job_deaths import LONG, _journal_of_long_job, _start_record
-from test_launchers import _leftovers, _sweep_runs
+from test_launchers import _sweep_runs
 
 from axoexp import lease, names
 
@@ -70,7 +70,7 @@ def postgres() -> Iterator[str]:
         yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/mlflow"  # SQLAlchemy 2.1 defaults to psycopg 3
     finally:
         subprocess.run([*pg_ctl, "-m", "immediate", "stop"], capture_output=True, timeout=300)
-        assert _leftovers(str(data)) == [], "PostgreSQL outlived the test"
+        assert leftovers(str(data)) == [], "PostgreSQL outlived the test"
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -139,4 +139,4 @@ def test_a_parallel_sweep_on_a_postgres_backed_server_survives_a_killed_job_and_
             process.kill()
         _stop(server)
     assert psutil.Process().children(recursive=True) == []
-    assert _leftovers(str(tmp_path)) == []
+    assert leftovers(str(tmp_path)) == []

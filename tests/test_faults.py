@@ -19,7 +19,7 @@ import torch
 from helpers import free_port, run_cli, sleepy_executor_plugin, start_mlflow
 from mlflow.tracking import MlflowClient
 
-from axoexp import metadata, names, processes
+from axoexp import lease, metadata, names, processes
 from axoexp.errors import CheckpointError, ConfigError, NonFiniteResultError
 from axoexp.experiment import run_experiment
 from axoexp.journal import JOURNAL_FILE, read_journal
@@ -33,14 +33,16 @@ LONG_RUN = ("executor=sleepy", "run.warmup_updates=2", "run.measured_updates=100
 # --- helpers --------------------------------------------------------------------------------
 
 
-def start_cli(*args: str, cwd: Path, module: str = "axoexp") -> subprocess.Popen[str]:
+def start_cli(
+    *args: str, cwd: Path, module: str = "axoexp", env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
     (cwd / "plugins").mkdir(exist_ok=True)
     (cwd / "plugins" / "sleepy.py").write_text(SLEEPY)
     return subprocess.Popen(
         [sys.executable, "-m", module, *args],
         cwd=cwd,
         text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -94,22 +96,35 @@ def assert_everything_measured_is_in(client: MlflowClient, run, journal: Path) -
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
-def test_stop_signal_ends_the_run_killed_with_what_was_measured(tmp_path: Path, signum: int) -> None:
-    process = start_cli(*LONG_RUN, cwd=tmp_path)
-    (journal,) = wait_for_updates(tmp_path / "outputs", 20, process)
-    process.send_signal(signum)
-    start = time.monotonic()
-    _, stderr = process.communicate(timeout=60)
-    assert time.monotonic() - start < 15, "a stop signal must end the run well within SLURM's 30 s grace"
-    name = signal.Signals(signum).name
-    assert process.returncode == 128 + signum
-    assert f"axoexp: interrupted by {name}" in stderr
-    client, run = only_run(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    assert run.info.status == "KILLED" and run.data.tags[names.FAILURE] == f"interrupted by {name}"
-    assert names.PARTIAL in run.data.tags
-    assert_everything_measured_is_in(client, run, journal)
-    assert "already complete" in sync(str(tmp_path / "outputs"), cwd=tmp_path).stdout
+def test_stop_signals_end_the_run_killed_with_what_was_measured(tmp_path: Path) -> None:
+    """SIGTERM and SIGHUP, each to a run of its own; the two runs measure side by side, each with
+    a lease folder of its own (else the second waits for the CPU lease the first holds)."""
+    started = {}
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        directory = tmp_path / signal.Signals(signum).name
+        directory.mkdir()
+        leases = {lease.LEASE_DIR_ENV: str(directory / "leases")}
+        started[signum] = directory, start_cli(*LONG_RUN, cwd=directory, env=leases)
+    try:
+        for signum, (directory, process) in started.items():
+            (journal,) = wait_for_updates(directory / "outputs", 20, process)
+            process.send_signal(signum)
+            start = time.monotonic()
+            _, stderr = process.communicate(timeout=60)
+            assert time.monotonic() - start < 15, "a stop signal must end the run well within SLURM's 30 s grace"
+            name = signal.Signals(signum).name
+            assert process.returncode == 128 + signum
+            assert f"axoexp: interrupted by {name}" in stderr
+            client, run = only_run(f"sqlite:///{directory / 'mlflow.db'}")
+            assert run.info.status == "KILLED" and run.data.tags[names.FAILURE] == f"interrupted by {name}"
+            assert names.PARTIAL in run.data.tags
+            assert_everything_measured_is_in(client, run, journal)
+            assert "already complete" in sync(str(directory / "outputs"), cwd=directory).stdout
+    finally:
+        for _, process in started.values():
+            if process.poll() is None:
+                process.kill()
+                process.communicate(timeout=60)
 
 
 def test_a_process_forked_during_a_run_dies_of_sigterm_rather_than_acting_for_the_run() -> None:

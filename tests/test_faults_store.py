@@ -23,7 +23,7 @@ from helpers import run_cli
 from mlflow.tracking import MlflowClient
 from test_faults import assert_everything_measured_is_in, killed_after, only_run, start_cli, sync, updates_in
 
-from axoexp import names
+from axoexp import lease, names
 from axoexp.components.population import CheckpointError
 from axoexp.errors import ConfigError
 from axoexp.experiment import RESULT_FILE, run_experiment
@@ -100,31 +100,65 @@ def test_a_store_that_is_not_a_database_is_named_in_one_line(tmp_path: Path) -> 
     assert f"mv {store} {store}.broken" in problem and "\n" not in problem
 
 
+def _signalled_during_store_creation(directories: list[Path], delays: list[float], signums: list[int]) -> list[str]:
+    """A short run started in each directory at once, each sent its signal ``delay`` seconds after
+    its temporary store appeared; what each printed on stderr. Each has a lease folder of its own:
+    none waits for another's CPU lease."""
+    started = [
+        start_cli(
+            "run.warmup_updates=0",
+            "run.measured_updates=1",
+            cwd=directory,
+            env={lease.LEASE_DIR_ENV: str(directory / "leases")},
+        )
+        for directory in directories
+    ]
+    due: list[float | None] = [None] * len(started)
+    waiting = set(range(len(started)))
+    deadline = time.monotonic() + 240
+    while waiting:
+        for index in sorted(waiting):
+            process, directory = started[index], directories[index]
+            if due[index] is None:
+                if any(path.name.startswith(f"mlflow.db{CREATING_SUFFIX}") for path in directory.iterdir()):
+                    due[index] = time.monotonic() + delays[index]
+                else:
+                    assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            if due[index] is not None and time.monotonic() >= due[index]:
+                process.send_signal(signums[index])
+                waiting.discard(index)
+        time.sleep(0.01)
+    return [process.communicate(timeout=120)[1] for process in started]
+
+
 @pytest.mark.slow
-def test_signals_during_store_creation_never_leave_a_half_built_store(tmp_path: Path) -> None:
-    """SIGTERM and SIGINT at random points while a run creates its store: every later run succeeds."""
+def test_signals_during_store_creation_never_leave_a_half_built_store(tmp_path: Path, make_config) -> None:
+    """SIGTERM and SIGINT at random points while a run creates its store: every later run succeeds.
+    Two runs at a time, each creating a store of its own (the signal's moment is each run's own)."""
     chance = random.Random(24)
-    for attempt in range(8):
-        directory = tmp_path / f"attempt{attempt}"
-        directory.mkdir()
-        process = start_cli("run.warmup_updates=0", "run.measured_updates=1", cwd=directory)
-        deadline = time.monotonic() + 240
-        while not any(path.name.startswith(f"mlflow.db{CREATING_SUFFIX}") for path in directory.iterdir()):
-            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
-            time.sleep(0.01)
-        time.sleep(chance.uniform(0, 1.5))  # into the ~1 s of migrations, or just past them
-        process.send_signal(signal.SIGTERM if attempt % 2 else signal.SIGINT)
-        _, stderr = process.communicate(timeout=120)
-        assert TRACEBACK not in stderr, stderr
-        uri = f"sqlite:///{directory / 'mlflow.db'}"
-        assert store_problem(uri) is None, "a half-built store was left"
-        if attempt < 2:  # a whole later run after either signal; after the others, the store opens and migrates
-            later = run_cli("run.warmup_updates=0", "run.measured_updates=1", cwd=directory)
-            assert later.returncode == 0, later.stderr
-        else:
-            open_client(uri).search_experiments()
-            assert store_problem(uri) is None
-        assert not [path for path in directory.iterdir() if CREATING_SUFFIX in path.name], "a temporary store was left"
+    delays = [chance.uniform(0, 1.5) for _ in range(8)]  # into the ~1 s of migrations, or just past them
+    signums = [signal.SIGTERM if attempt % 2 else signal.SIGINT for attempt in range(8)]
+    for pair in ((0, 1), (2, 3), (4, 5), (6, 7)):
+        directories = [tmp_path / f"attempt{attempt}" for attempt in pair]
+        for directory in directories:
+            directory.mkdir()
+        stderrs = _signalled_during_store_creation(
+            directories, [delays[attempt] for attempt in pair], [signums[attempt] for attempt in pair]
+        )
+        for attempt, directory, stderr in zip(pair, directories, stderrs, strict=True):
+            assert TRACEBACK not in stderr, stderr
+            uri = f"sqlite:///{directory / 'mlflow.db'}"
+            assert store_problem(uri) is None, "a half-built store was left"
+            if attempt < 2:  # a whole later run after either signal; after the others, the store opens and migrates
+                config = make_config(f"tracking.uri={uri}", "run.warmup_updates=0", "run.measured_updates=1")
+                later = run_experiment(config, output_dir=directory / "later")
+                assert MlflowClient(uri).get_run(later.run_id).info.status == "FINISHED"
+            else:
+                open_client(uri).search_experiments()
+                assert store_problem(uri) is None
+            assert not [path for path in directory.iterdir() if CREATING_SUFFIX in path.name], (
+                "a temporary store was left"
+            )
 
 
 @pytest.mark.slow

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+from helpers import RAY_PORT_ENV, leftovers
 from mlflow.tracking import MlflowClient
 from test_faults import SLEEPY, assert_everything_measured_is_in, journals, start_cli, updates_in
-from test_launchers import RAY_PORT_ENV, _leftovers, _sweep_runs, ray_cluster  # noqa: F401 (a fixture)
+from test_launchers import _sweep_runs
 
 from axoexp import lease, names
 from axoexp.journal import read_journal
@@ -87,9 +88,9 @@ def test_kill_9_of_one_job_is_its_own_death(tmp_path: Path, monkeypatch: pytest.
 
 @pytest.mark.slow
 def test_kill_9_of_one_ray_job_is_its_own_death(
-    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ray_cluster: tuple[str, Path, dict[str, str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    address, plugins, private = request.getfixturevalue("ray_cluster")  # test_launchers' local Ray instance
+    address, plugins, private = ray_cluster  # the session's local Ray instance (conftest.py)
     (plugins / "sleepy.py").write_text(SLEEPY)  # the cluster's workers load their plugins from there
     for key, value in {**RAY_PORT_ENV, **private, "AXOEXP_PLUGINS_DIR": str(plugins)}.items():
         monkeypatch.setenv(key, value)
@@ -142,7 +143,7 @@ def check_one_job_killed(tmp_path: Path, *launcher: str) -> None:
         for child in psutil.Process().children(recursive=True)
         if not {child.pid, *(ancestor.pid for ancestor in child.parents())} & before
     ]
-    assert ours == [] and _leftovers(str(tmp_path)) == [], "a process of the sweep was left behind"
+    assert ours == [] and leftovers(str(tmp_path)) == [], "a process of the sweep was left behind"
 
 
 @pytest.mark.slow
@@ -193,7 +194,7 @@ def test_kill_9_of_a_parallel_worker_fails_its_job_alone(tmp_path: Path, monkeyp
     assert "1 of 3 child runs did not finish; job0 died: " in failure and f"run.measured_updates={LONG}" in failure
     assert f"was stopped when its worker process {worker.pid} was killed by SIGKILL" in failure
     assert _gone(family) == [], "a worker or a job's process outlived the sweep"
-    assert [line for line in _leftovers("axoexp.worker_pool") if line.endswith(f" {process.pid}")] == [], (
+    assert [line for line in leftovers("axoexp.worker_pool") if line.endswith(f" {process.pid}")] == [], (
         "a worker started after the kill outlived the sweep"
     )
 
@@ -235,7 +236,7 @@ def test_kill_9_of_a_parallel_sweeps_main_process_takes_its_workers_with_it(
     finally:
         if process.poll() is None:
             process.kill()
-    assert _leftovers(str(tmp_path)) == []
+    assert leftovers(str(tmp_path)) == []
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     _, children = _sweep_runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert len(children) == 2

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -21,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from helpers import free_port, run_cli
+from helpers import RAY_PORT_ENV, leftovers, run_cli
 from mlflow.tracking import MlflowClient
 
 from axoexp import lease, names
@@ -224,16 +222,6 @@ def private_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pa
     assert not [name for name in created if name.startswith(("ray", "axray", "joblib", "submitit"))], created
 
 
-def _leftovers(marker: str) -> list[str]:
-    """Processes (other than this one) whose command line mentions ``marker``."""
-    found = []
-    for process in psutil.process_iter(["pid", "cmdline"]):
-        command = " ".join(process.info["cmdline"] or [])
-        if marker in command and process.info["pid"] != os.getpid():
-            found.append(f"{process.info['pid']}: {command[:200]}")
-    return found
-
-
 def check_fail_then_resume(run: Callable[..., subprocess.CompletedProcess], uri: str, root: Path) -> None:
     """One sweep, twice: a failing job fails the parent but not its sibling; the rerun runs only it."""
     sweep = (
@@ -277,7 +265,7 @@ def test_sweep_through_submitit_local(tmp_path: Path) -> None:
 
     check_fail_then_resume(run, f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "sweeps")
     assert psutil.Process().children(recursive=True) == []
-    assert _leftovers(str(tmp_path)) == []
+    assert leftovers(str(tmp_path)) == []
 
 
 @pytest.mark.slow
@@ -336,76 +324,13 @@ def test_slurm_preset_submits_a_gpu_array_through_sbatch(tmp_path: Path) -> None
     assert parent.info.status == "FAILED" and children == [], "a sweep whose submission failed is not FINISHED"
 
 
-# --- Ray: one local instance on 127.0.0.1 for the module
-
-RAY_PORT_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # Ray then keeps every address on 127.0.0.1
-
-
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[tuple[str, Path, dict[str, str]]]:
-    """A local Ray head (2 CPUs) the tests connect to, as to an existing cluster; its workers
-    load plugins from the yielded directory. Stopped by its process group, checked gone."""
-    pytest.importorskip("hydra_plugins.hydra_ray_launcher")
-    before = set(os.listdir(tempfile.gettempdir()))
-    root = Path(tempfile.mkdtemp(prefix="axray"))  # short: Ray's socket paths must fit 107 bytes
-    plugins = root / "plugins"
-    for folder in (plugins, root / "home", root / "tmp"):
-        folder.mkdir()
-    (plugins / "fails_once.py").write_text(FAILS_ONCE)
-    port = free_port()
-    # its own HOME and TMPDIR: another Ray's ~/.ray/auth_token once made every test here hang
-    private = {"HOME": str(root / "home"), "TMPDIR": str(root / "tmp")}
-    env = {
-        **os.environ,
-        **RAY_PORT_ENV,
-        **private,
-        "AXOEXP_PLUGINS_DIR": str(plugins),
-        lease.LEASE_DIR_ENV: str(root / "leases"),
-    }
-    ray = str(Path(sys.executable).with_name("ray"))
-    head = subprocess.Popen(
-        [
-            ray,
-            "start",
-            "--head",
-            "--block",
-            "--node-ip-address",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--num-cpus",
-            "2",
-            "--include-dashboard=false",
-            "--disable-usage-stats",
-            "--temp-dir",
-            str(root / "ray"),
-        ],
-        cwd=root,
-        env=env,
-        stdout=(root / "ray.log").open("w"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    address = f"127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while subprocess.run([ray, "status", "--address", address], env=env, capture_output=True).returncode:
-            assert head.poll() is None and time.monotonic() < deadline, (root / "ray.log").read_text()[-3000:]
-            time.sleep(1)
-        yield address, plugins, private
-    finally:
-        family = [psutil.Process(head.pid), *psutil.Process(head.pid).children(recursive=True)]
-        os.killpg(head.pid, signal.SIGKILL)  # the head's process group: what this fixture started
-        _, alive = psutil.wait_procs(family, timeout=30)
-        assert alive == [] and _leftovers(str(root)) == [], f"Ray processes outlived the test: {alive}"
-        shutil.rmtree(root)
-        created = set(os.listdir(tempfile.gettempdir())) - before
-        assert not [name for name in created if name.startswith(("ray", "axray"))], f"left in /tmp: {created}"
+# --- Ray: the session's local instance on 127.0.0.1 (conftest.py's ray_cluster)
 
 
 @pytest.mark.slow
 def test_sweep_through_ray(ray_cluster: tuple[str, Path, dict[str, str]], tmp_path: Path) -> None:
     address, plugins, private = ray_cluster
+    (plugins / "fails_once.py").write_text(FAILS_ONCE)  # the cluster's workers load their plugins from there
     env = {**RAY_PORT_ENV, **private, "AXOEXP_PLUGINS_DIR": str(plugins)}
 
     def run(*overrides: str) -> subprocess.CompletedProcess:
@@ -424,7 +349,7 @@ def test_sweep_through_ray(ray_cluster: tuple[str, Path, dict[str, str]], tmp_pa
     assert all(child.data.tags[names.PROCESS_PID] != driver for child in children), "jobs ran in Ray workers"
     ray_head = {process.pid for process in psutil.Process().children() if "ray" in process.name()}
     assert [process for process in psutil.Process().children() if process.pid not in ray_head] == []
-    assert _leftovers(str(tmp_path)) == []
+    assert leftovers(str(tmp_path)) == []
 
 
 @pytest.mark.parametrize("device, gpus", [("cpu", 0), ("cuda", 1)])

@@ -13,8 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import free_port, run_cli, start_mlflow
+from helpers import free_port, start_mlflow
 from mlflow.tracking import MlflowClient
+from test_faults import start_cli
 
 from axoexp import names
 
@@ -41,15 +42,20 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (
 
 
 @pytest.fixture(scope="module")
-def swept_ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, MlflowClient]]:
-    """A real two-job sweep in a fresh store, and ``mlflow ui`` serving it on 127.0.0.1."""
+def swept_ui(tmp_path_factory: pytest.TempPathFactory, empty_store: Path) -> Iterator[tuple[str, MlflowClient]]:
+    """A real two-job sweep in a new store, and ``mlflow ui`` serving it on 127.0.0.1. The sweep
+    runs while the UI starts (the store is migrated first, so neither process creates it)."""
     root = tmp_path_factory.mktemp("ui")
-    sweep = run_cli("-m", "population.neurons=2,3", "run.measured_updates=5", cwd=root)
-    assert sweep.returncode == 0, sweep.stderr
+    shutil.copyfile(empty_store, root / "mlflow.db")
+    sweep = start_cli("-m", "population.neurons=2,3", "run.measured_updates=5", cwd=root)
     port = free_port()
-    server = start_mlflow("ui", root, port)
+    try:
+        server = start_mlflow("ui", root, port)
+    finally:
+        _, stderr = sweep.communicate(timeout=300)
     url = f"http://127.0.0.1:{port}"
     try:
+        assert sweep.returncode == 0, stderr
         yield url, MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
     finally:
         server.terminate()

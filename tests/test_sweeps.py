@@ -16,6 +16,7 @@ from helpers import free_port, run_cli, sleepy_executor_plugin, start_mlflow
 from mlflow.tracking import MlflowClient
 
 from axoexp import names
+from axoexp.experiment import run_experiment
 from axoexp.journal import read_journal_lines
 
 pytestmark = pytest.mark.slow  # every test here starts processes
@@ -50,25 +51,6 @@ def _split(runs: list) -> tuple[list, list]:
     return parents, [run for run in runs if run not in parents]
 
 
-def test_sweep_is_a_parent_run_with_named_children(tmp_path: Path) -> None:
-    result = run_cli("-m", "population.neurons=2,3", "run.measured_updates=3", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    _, runs = _runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    (parent,), children = _split(runs)
-    assert parent.info.status == "FINISHED"
-    assert re.fullmatch(r"sweep \d\d-\d\d \d\d:\d\d:\d\d neurons=2,3 measured_updates=3", parent.info.run_name)
-    assert parent.data.tags[names.SWEEP_OVERRIDES] == "population.neurons=2,3 run.measured_updates=3"
-    assert sorted(child.info.run_name for child in children) == [
-        "00 eager 2x12x4 neurons=2 measured_updates=3",
-        "01 eager 3x12x4 neurons=3 measured_updates=3",
-    ], "short, in sweep order"
-    assert {run.data.tags[names.SOURCE_NAME] for run in runs} == {"python -m axoexp"}
-    assert {child.data.tags[names.PARENT_RUN_ID] for child in children} == {parent.info.run_id}
-    sweep_dir = Path(parent.data.tags[names.SWEEP_DIR])
-    assert (sweep_dir / "mlflow_parent_run_id").read_text().strip() == parent.info.run_id
-    assert all((sweep_dir / str(n) / "result.json").is_file() for n in (0, 1))
-
-
 def test_failing_job_fails_the_parent_but_keeps_the_others(tmp_path: Path) -> None:
     (tmp_path / "plugins").mkdir()
     (tmp_path / "plugins" / "flaky.py").write_text(FAILING_EXECUTOR)
@@ -98,12 +80,30 @@ def test_failing_job_fails_the_parent_but_keeps_the_others(tmp_path: Path) -> No
     }
 
 
-def test_rerunning_a_sweep_reuses_its_finished_runs_unless_told_not_to(tmp_path: Path) -> None:
+def test_a_sweep_is_a_parent_run_with_named_children_and_a_rerun_reuses_them_unless_told_not_to(
+    tmp_path: Path,
+) -> None:
     assert run_cli("population.neurons=2", "run.measured_updates=3", cwd=tmp_path).returncode == 0
     # resume_contended: this test is about reuse, and on a busy machine every run is contended
     sweep = ("-m", "population.neurons=2,3", "run.measured_updates=3", "sweep.resume_contended=true")
     first = run_cli(*sweep, cwd=tmp_path)
     assert first.returncode == 0 and "reused" not in first.stdout, "a single run is not a sweep's job"
+    _, runs = _runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (parent,), others = _split(runs)
+    children = [run for run in others if run.data.tags.get(names.PARENT_RUN_ID) == parent.info.run_id]
+    assert len(children) == 2 and len(others) == 3, "both jobs are the parent's children; the single run is not"
+    assert parent.info.status == "FINISHED"
+    assert re.fullmatch(r"sweep \d\d-\d\d \d\d:\d\d:\d\d neurons=2,3 measured_updates=3", parent.info.run_name)
+    assert parent.data.tags[names.SWEEP_OVERRIDES] == " ".join(sweep[1:])
+    assert sorted(child.info.run_name for child in children) == [
+        "00 eager 2x12x4 neurons=2 measured_updates=3",
+        "01 eager 3x12x4 neurons=3 measured_updates=3",
+    ], "short, in sweep order"
+    assert {run.data.tags[names.SOURCE_NAME] for run in runs} == {"python -m axoexp"}
+    sweep_dir = Path(parent.data.tags[names.SWEEP_DIR])
+    assert (sweep_dir / "mlflow_parent_run_id").read_text().strip() == parent.info.run_id
+    assert all((sweep_dir / str(n) / "result.json").is_file() for n in (0, 1))
+
     again = run_cli(*sweep, cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert again.stdout.count("reused population.neurons=") == 2
@@ -177,16 +177,19 @@ def test_report_tabulates_a_sweep_next_to_its_outputs_and_logs_it_to_the_parent(
     assert not list(tmp_path.glob("*.png")), "nothing lands in the current directory"
 
 
-def test_report_without_a_sweep_says_so_in_one_line(tmp_path: Path) -> None:
+def test_report_without_a_sweep_says_so_in_one_line(tmp_path: Path, make_config) -> None:
+    work = tmp_path / "work"  # not tmp_path: make_config's own store is there
+    work.mkdir()
     report = [sys.executable, "-m", "axoexp.report"]
-    missing = subprocess.run(report, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    missing = subprocess.run(report, cwd=work, capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2
     assert missing.stderr.strip() == (
         "axoexp.report: no MLflow store at sqlite:///mlflow.db; run a sweep first: python -m axoexp -m ..."
     )
-    assert not (tmp_path / "mlflow.db").exists(), "the report creates no store"
-    assert run_cli("run.measured_updates=1", cwd=tmp_path).returncode == 0
-    no_sweep = subprocess.run(report, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert not (work / "mlflow.db").exists(), "the report creates no store"
+    single = make_config(f"tracking.uri=sqlite:///{work / 'mlflow.db'}", "run.measured_updates=1")
+    run_experiment(single, output_dir=work / "single")  # a store with one run, made in this process
+    no_sweep = subprocess.run(report, cwd=work, capture_output=True, text=True, timeout=120)
     assert no_sweep.returncode == 2
     assert no_sweep.stderr.strip().splitlines()[-1] == (
         "axoexp.report: no sweep in experiment 'axoexp'; run one with python -m axoexp -m ..."
