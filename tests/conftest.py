@@ -39,9 +39,16 @@ def empty_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def tracking_uri(tmp_path: Path, empty_store: Path) -> str:
+def migrated_store(tmp_path: Path, empty_store: Path) -> Path:
+    """``tmp_path/mlflow.db``, a copy of the empty store: the default store of a command run in
+    ``tmp_path``, which then skips creating it (seconds). Tests of store creation do without."""
     shutil.copyfile(empty_store, tmp_path / "mlflow.db")
-    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+    return tmp_path / "mlflow.db"
+
+
+@pytest.fixture
+def tracking_uri(migrated_store: Path) -> str:
+    return f"sqlite:///{migrated_store}"
 
 
 @pytest.fixture

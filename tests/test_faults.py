@@ -96,13 +96,14 @@ def assert_everything_measured_is_in(client: MlflowClient, run, journal: Path) -
 
 
 @pytest.mark.slow
-def test_stop_signals_end_the_run_killed_with_what_was_measured(tmp_path: Path) -> None:
+def test_stop_signals_end_the_run_killed_with_what_was_measured(tmp_path: Path, empty_store: Path) -> None:
     """SIGTERM and SIGHUP, each to a run of its own; the two runs measure side by side, each with
     a lease folder of its own (else the second waits for the CPU lease the first holds)."""
     started = {}
     for signum in (signal.SIGTERM, signal.SIGHUP):
         directory = tmp_path / signal.Signals(signum).name
         directory.mkdir()
+        shutil.copyfile(empty_store, directory / "mlflow.db")
         leases = {lease.LEASE_DIR_ENV: str(directory / "leases")}
         started[signum] = directory, start_cli(*LONG_RUN, cwd=directory, env=leases)
     try:
@@ -164,6 +165,7 @@ def killed_after(updates: int, *, cwd: Path) -> tuple[subprocess.Popen[str], Pat
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("migrated_store")
 def test_kill_9_then_sync_completes_the_run_from_its_journal(tmp_path: Path) -> None:
     _, journal = killed_after(30, cwd=tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -184,6 +186,7 @@ def test_kill_9_then_sync_completes_the_run_from_its_journal(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("migrated_store")
 def test_sync_ends_running_runs_whose_process_is_gone(tmp_path: Path) -> None:
     process, journal = killed_after(5, cwd=tmp_path)
     journal.unlink()  # a run without its journal is still ended, with the reason
@@ -196,6 +199,7 @@ def test_sync_ends_running_runs_whose_process_is_gone(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["joblib", "parallel"])  # Hydra's joblib launcher, and axoexp's pool
+@pytest.mark.usefixtures("migrated_store")
 def test_stopping_a_parallel_sweep_ends_every_run_and_leaves_no_workers(tmp_path: Path, launcher: str) -> None:
     # one CPU each: both jobs then hold disjoint CPU leases and measure at the same time
     process = start_cli(
@@ -362,6 +366,7 @@ def test_a_store_on_a_full_disk_loses_nothing(tmp_path: Path, small_filesystem: 
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("migrated_store")
 def test_journal_on_a_full_disk_keeps_the_run_in_mlflow(tmp_path: Path) -> None:
     """The output directory's disk is full: every write there fails with ENOSPC (/dev/full)."""
     run_dir = tmp_path / "run"
@@ -431,6 +436,7 @@ def test_the_result_key_covers_config_code_plugins_and_device(tmp_path: Path) ->
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("migrated_store")
 def test_resume_does_not_reuse_a_run_whose_plugin_code_changed(tmp_path: Path) -> None:
     sweep = ("-m", "executor=sleepy", "population.neurons=2,3", "run.measured_updates=2", "sweep.resume_contended=true")
     first = start_cli(*sweep, cwd=tmp_path)

@@ -21,7 +21,16 @@ import pytest
 import torch
 from helpers import run_cli
 from mlflow.tracking import MlflowClient
-from test_faults import assert_everything_measured_is_in, killed_after, only_run, start_cli, sync, updates_in
+from test_faults import (
+    LONG_RUN,
+    assert_everything_measured_is_in,
+    killed_after,
+    only_run,
+    start_cli,
+    sync,
+    updates_in,
+    wait_for_updates,
+)
 
 from axoexp import lease, names
 from axoexp.components.population import CheckpointError
@@ -310,6 +319,7 @@ def test_damaged_journals_are_synced_by_record_and_reported_by_line(tmp_path: Pa
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("migrated_store")
 def test_a_run_a_sweep_ended_killed_is_completed_from_its_journal_once(tmp_path: Path) -> None:
     """What a sweep does to a job killed -9: ends its run KILLED with no updates. Sync still
     uploads every journaled update (the entry point another process calls: sync_journal),
@@ -336,12 +346,22 @@ def test_a_run_a_sweep_ended_killed_is_completed_from_its_journal_once(tmp_path:
 
 
 @pytest.mark.slow
-def test_journals_of_two_processes_in_one_file_are_not_merged(tmp_path: Path) -> None:
+def test_journals_of_two_processes_in_one_file_are_not_merged(tmp_path: Path, empty_store: Path) -> None:
     first, second = tmp_path / "first", tmp_path / "second"
-    first.mkdir()
-    second.mkdir()
-    _, one = killed_after(5, cwd=first)
-    _, other = killed_after(5, cwd=second)
+    started = []
+    for directory in (first, second):  # side by side, a lease folder each (else the second waits for the first)
+        directory.mkdir()
+        shutil.copyfile(empty_store, directory / "mlflow.db")
+        leases = {lease.LEASE_DIR_ENV: str(directory / "leases")}
+        started.append(start_cli(*LONG_RUN, cwd=directory, env=leases))
+    try:
+        (one,), (other,) = (
+            wait_for_updates(d / "outputs", 5, process) for d, process in zip((first, second), started, strict=True)
+        )
+    finally:
+        for process in started:
+            process.kill()
+            process.communicate(timeout=60)
     shared = one.read_text() + other.read_text()  # what two runs given one folder would write
     one.write_text(shared)
     client, run = only_run(f"sqlite:///{first / 'mlflow.db'}")

@@ -81,12 +81,14 @@ def _gone(pids: list[int], timeout: float = 60) -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+@pytest.mark.usefixtures("migrated_store")
 def test_kill_9_of_one_job_is_its_own_death(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launcher: str) -> None:
     monkeypatch.setenv(lease.LEASE_DIR_ENV, str(tmp_path / "leases"))
     check_one_job_killed(tmp_path, *LAUNCHERS[launcher])
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("migrated_store")
 def test_kill_9_of_one_ray_job_is_its_own_death(
     ray_cluster: tuple[str, Path, dict[str, str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -147,6 +149,7 @@ def check_one_job_killed(tmp_path: Path, *launcher: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("migrated_store")
 def test_kill_9_of_a_parallel_worker_fails_its_job_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """kill -9 of the parallel launcher's worker process itself (what ran the job's process) while
     its job and a sibling measure: the pool replaces it; only its job is lost, with everything it
@@ -216,6 +219,7 @@ def _journal_in_flight(root: Path, process: subprocess.Popen[str], planned: int)
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("migrated_store")
 def test_kill_9_of_a_parallel_sweeps_main_process_takes_its_workers_with_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

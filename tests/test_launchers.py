@@ -255,6 +255,7 @@ def check_fail_then_resume(run: Callable[..., subprocess.CompletedProcess], uri:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("migrated_store")
 def test_sweep_through_submitit_local(tmp_path: Path) -> None:
     (tmp_path / "plugins").mkdir()
     (tmp_path / "plugins" / "fails_once.py").write_text(FAILS_ONCE)
@@ -269,6 +270,7 @@ def test_sweep_through_submitit_local(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("migrated_store")
 def test_parallel_preset_times_one_cpu_job_at_a_time_on_all_cpus(tmp_path: Path) -> None:
     """More jobs at once than CPU sets: the lease makes them take turns."""
     env = {lease.LEASE_DIR_ENV: str(tmp_path / "leases")}
@@ -295,6 +297,7 @@ def test_parallel_preset_times_one_cpu_job_at_a_time_on_all_cpus(tmp_path: Path)
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("migrated_store")
 def test_slurm_preset_submits_a_gpu_array_through_sbatch(tmp_path: Path) -> None:
     """Up to sbatch: the script submitit writes for hydra/launcher=slurm (no SLURM here)."""
     bin_dir = tmp_path / "bin"
@@ -328,6 +331,7 @@ def test_slurm_preset_submits_a_gpu_array_through_sbatch(tmp_path: Path) -> None
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("migrated_store")
 def test_sweep_through_ray(ray_cluster: tuple[str, Path, dict[str, str]], tmp_path: Path) -> None:
     address, plugins, private = ray_cluster
     (plugins / "fails_once.py").write_text(FAILS_ONCE)  # the cluster's workers load their plugins from there

@@ -130,6 +130,7 @@ SEARCH = (
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("migrated_store")
 def test_a_multi_objective_study_resumes_and_the_report_names_its_pareto_front(tmp_path: Path) -> None:
     env = {"AXOEXP_LEASE_DIR": str(tmp_path / "leases")}
     first = run_cli(*SEARCH, "hydra.sweeper.n_trials=5", cwd=tmp_path, env=env, timeout=600)
@@ -190,6 +191,7 @@ class Flaky(EagerExecutor):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("migrated_store")
 def test_failed_trials_are_told_fail_and_n_jobs_trials_run_side_by_side(tmp_path: Path) -> None:
     (tmp_path / "plugins").mkdir()
     (tmp_path / "plugins" / "flaky.py").write_text(FLAKY_EXECUTOR)
@@ -220,6 +222,7 @@ def test_failed_trials_are_told_fail_and_n_jobs_trials_run_side_by_side(tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("migrated_store")
 def test_a_stopped_search_tells_its_trial_fail_and_ends_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AXOEXP_LEASE_DIR", str(tmp_path / "leases"))
     search = ("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "optimizer.lr=tag(log,interval(1e-3,1e-1))")

@@ -51,6 +51,7 @@ def _split(runs: list) -> tuple[list, list]:
     return parents, [run for run in runs if run not in parents]
 
 
+@pytest.mark.usefixtures("migrated_store")
 def test_failing_job_fails_the_parent_but_keeps_the_others(tmp_path: Path) -> None:
     (tmp_path / "plugins").mkdir()
     (tmp_path / "plugins" / "flaky.py").write_text(FAILING_EXECUTOR)
@@ -80,6 +81,7 @@ def test_failing_job_fails_the_parent_but_keeps_the_others(tmp_path: Path) -> No
     }
 
 
+@pytest.mark.usefixtures("migrated_store")
 def test_a_sweep_is_a_parent_run_with_named_children_and_a_rerun_reuses_them_unless_told_not_to(
     tmp_path: Path,
 ) -> None:
@@ -127,6 +129,7 @@ def test_a_sweep_is_a_parent_run_with_named_children_and_a_rerun_reuses_them_unl
     assert len(_split(_runs(f"sqlite:///{tmp_path / 'mlflow.db'}")[1])[1]) == 5
 
 
+@pytest.mark.usefixtures("migrated_store")
 def test_joblib_launcher_runs_each_job_in_its_own_process(tmp_path: Path) -> None:
     result = run_cli(
         "-m",
@@ -145,6 +148,7 @@ def test_joblib_launcher_runs_each_job_in_its_own_process(tmp_path: Path) -> Non
     assert all(child.data.tags[names.PROCESS_PID] != launcher_pid for child in children)
 
 
+@pytest.mark.usefixtures("migrated_store")
 def test_report_tabulates_a_sweep_next_to_its_outputs_and_logs_it_to_the_parent(tmp_path: Path) -> None:
     (tmp_path / "plugins").mkdir()
     (tmp_path / "plugins" / "sleepy.py").write_text(SLOW_EXECUTOR)

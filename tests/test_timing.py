@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -282,9 +283,11 @@ def _only_run(tmp_path: Path):
 
 
 @pytest.mark.slow
-def test_a_run_under_load_says_so_and_require_quiet_fails_it(tmp_path: Path, busy_cpus) -> None:
+def test_a_run_under_load_says_so_and_require_quiet_fails_it(tmp_path: Path, empty_store: Path, busy_cpus) -> None:
     measured = ("run.warmup_updates=2", "run.measured_updates=30")
-    (tmp_path / "warn").mkdir()
+    for name in ("warn", "quiet"):
+        (tmp_path / name).mkdir()
+        shutil.copyfile(empty_store, tmp_path / name / "mlflow.db")
     loaded = run_cli(*measured, cwd=tmp_path / "warn")
     assert loaded.returncode == 0, loaded.stderr
     assert "timing.contention=cpu" in loaded.stdout + loaded.stderr, "a console warning names it"
@@ -293,7 +296,6 @@ def test_a_run_under_load_says_so_and_require_quiet_fails_it(tmp_path: Path, bus
     assert "other processes used" in run.data.tags[names.TIMING_CONTENTION_DETAIL]
     assert run.data.metrics[names.contention_metric("measured", "cpu_other")] > 0
 
-    (tmp_path / "quiet").mkdir()
     refused = run_cli(*measured, "run.require_quiet=true", cwd=tmp_path / "quiet")
     assert refused.returncode == 1
     assert "run.require_quiet=true" in refused.stderr and "timing.contention=cpu" in refused.stderr
@@ -304,6 +306,7 @@ def test_a_run_under_load_says_so_and_require_quiet_fails_it(tmp_path: Path, bus
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("migrated_store")
 def test_sweep_repeats_are_child_runs_that_the_report_pools(tmp_path: Path) -> None:
     (tmp_path / "plugins").mkdir()
     (tmp_path / "plugins" / "sleepy.py").write_text(SLOW_EXECUTOR)
