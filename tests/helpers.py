@@ -131,3 +131,17 @@ def leftovers(marker: str) -> list[str]:
         if marker in command and process.info["pid"] != os.getpid():
             found.append(f"{process.info['pid']}: {command[:200]}")
     return found
+
+
+def child_processes() -> set[int]:
+    """The processes below this one now (the session's Ray instance and its workers among them)."""
+    return {child.pid for child in psutil.Process().children(recursive=True)}
+
+
+def new_child_processes(before: set[int]) -> list[psutil.Process]:
+    """The processes below this one that are not in ``before`` nor below one of those."""
+    return [
+        child
+        for child in psutil.Process().children(recursive=True)
+        if not {child.pid, *(ancestor.pid for ancestor in child.parents())} & before
+    ]

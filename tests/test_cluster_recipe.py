@@ -13,9 +13,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
-from helpers import free_port, leftovers, start_mlflow
+from helpers import child_processes, free_port, leftovers, new_child_processes, start_mlflow
 from mlflow.tracking import MlflowClient
 from test_faults import assert_everything_measured_is_in, journals, start_cli, sync, updates_in
 from test_job_deaths import LONG, _journal_of_long_job, _start_record
@@ -84,6 +83,7 @@ def test_a_parallel_sweep_on_a_postgres_backed_server_survives_a_killed_job_and_
     tmp_path: Path, postgres: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(lease.LEASE_DIR_ENV, str(tmp_path / "leases"))
+    before = child_processes()  # the session's Ray instance, if a test before this one started it
     (tmp_path / "server").mkdir()
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
@@ -138,5 +138,5 @@ def test_a_parallel_sweep_on_a_postgres_backed_server_survives_a_killed_job_and_
         if process is not None and process.poll() is None:
             process.kill()
         _stop(server)
-    assert psutil.Process().children(recursive=True) == []
+    assert new_child_processes(before) == []
     assert leftovers(str(tmp_path)) == []

@@ -198,39 +198,52 @@ def test_sync_ends_running_runs_whose_process_is_gone(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher", ["joblib", "parallel"])  # Hydra's joblib launcher, and axoexp's pool
-@pytest.mark.usefixtures("migrated_store")
-def test_stopping_a_parallel_sweep_ends_every_run_and_leaves_no_workers(tmp_path: Path, launcher: str) -> None:
-    # one CPU each: both jobs then hold disjoint CPU leases and measure at the same time
-    process = start_cli(
-        "-m",
-        f"hydra/launcher={launcher}",
-        "hydra.launcher.n_jobs=2",
-        "population.neurons=2,3",
-        "run.lease_cpus=1",
-        *LONG_RUN,
-        cwd=tmp_path,
-    )
+def test_stopping_a_parallel_sweep_ends_every_run_and_leaves_no_workers(tmp_path: Path, empty_store: Path) -> None:
+    """Hydra's joblib launcher and axoexp's pool: a sweep through each, the two side by side, each
+    with a lease folder of its own; one CPU per job, so both jobs of a sweep measure at once."""
+    started = {}
+    for launcher in ("joblib", "parallel"):
+        directory = tmp_path / launcher
+        directory.mkdir()
+        shutil.copyfile(empty_store, directory / "mlflow.db")
+        process = start_cli(
+            "-m",
+            f"hydra/launcher={launcher}",
+            "hydra.launcher.n_jobs=2",
+            "population.neurons=2,3",
+            "run.lease_cpus=1",
+            *LONG_RUN,
+            cwd=directory,
+            env={lease.LEASE_DIR_ENV: str(directory / "leases")},
+        )
+        started[launcher] = directory, process
+    found, workers = {}, {}
     try:
-        found = wait_for_updates(tmp_path / "outputs", 10, process, jobs=2)
-        workers = processes.descendants(process.pid)
+        for launcher, (directory, process) in started.items():
+            found[launcher] = wait_for_updates(directory / "outputs", 10, process, jobs=2)
+            workers[launcher] = processes.descendants(process.pid)
     finally:
-        process.send_signal(signal.SIGTERM)
-        process.communicate(timeout=60)
-    assert process.returncode == 128 + signal.SIGTERM
+        for _, process in started.values():
+            process.send_signal(signal.SIGTERM)
+        for _, process in started.values():
+            process.communicate(timeout=60)
     time.sleep(1)
-    assert not [
-        pid for pid in workers if processes.alive(pid) and "resource_tracker" not in processes.command_line(pid)
-    ], "worker processes were left behind"
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    runs = client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
-    parent = next(run for run in runs if run.data.tags.get(names.SWEEP_ROLE) == "parent")
-    children = [run for run in runs if run is not parent]
-    assert parent.info.status == "KILLED" and parent.data.tags[names.FAILURE].startswith("interrupted by SIGTERM")
-    assert len(children) == 2 and {child.info.status for child in children} == {"KILLED"}
-    for child in children:
-        (journal,) = [path for path in found if path.parent == Path(child.data.tags[names.OUTPUT_DIR])]
-        assert_everything_measured_is_in(client, child, journal)
+    for launcher, (directory, process) in started.items():
+        assert process.returncode == 128 + signal.SIGTERM, launcher
+        assert not [
+            pid
+            for pid in workers[launcher]
+            if processes.alive(pid) and "resource_tracker" not in processes.command_line(pid)
+        ], f"{launcher}: worker processes were left behind"
+        client = MlflowClient(f"sqlite:///{directory / 'mlflow.db'}")
+        runs = client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
+        parent = next(run for run in runs if run.data.tags.get(names.SWEEP_ROLE) == "parent")
+        children = [run for run in runs if run is not parent]
+        assert parent.info.status == "KILLED" and parent.data.tags[names.FAILURE].startswith("interrupted by SIGTERM")
+        assert len(children) == 2 and {child.info.status for child in children} == {"KILLED"}, launcher
+        for child in children:
+            (journal,) = [path for path in found[launcher] if path.parent == Path(child.data.tags[names.OUTPUT_DIR])]
+            assert_everything_measured_is_in(client, child, journal)
 
 
 # --- the tracking server dies -----------------------------------------------------------------

@@ -6,6 +6,7 @@ its workers with it."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import RAY_PORT_ENV, leftovers
+from helpers import RAY_PORT_ENV, child_processes, leftovers, new_child_processes
 from mlflow.tracking import MlflowClient
 from test_faults import SLEEPY, assert_everything_measured_is_in, journals, start_cli, updates_in
 from test_launchers import _sweep_runs
@@ -80,11 +81,26 @@ def _gone(pids: list[int], timeout: float = 60) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
-@pytest.mark.usefixtures("migrated_store")
-def test_kill_9_of_one_job_is_its_own_death(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launcher: str) -> None:
-    monkeypatch.setenv(lease.LEASE_DIR_ENV, str(tmp_path / "leases"))
-    check_one_job_killed(tmp_path, *LAUNCHERS[launcher])
+def test_kill_9_of_one_job_is_its_own_death(tmp_path: Path, empty_store: Path) -> None:
+    """In each local launcher (basic, parallel, submitit_local): the three sweeps run side by side,
+    each in a folder with a store and a lease folder of its own."""
+    before = child_processes()
+    started = {}
+    try:
+        for launcher in sorted(LAUNCHERS):
+            directory = tmp_path / launcher
+            directory.mkdir()
+            shutil.copyfile(empty_store, directory / "mlflow.db")
+            env = {lease.LEASE_DIR_ENV: str(directory / "leases")}
+            started[launcher] = directory, start_one_job_killed(directory, *LAUNCHERS[launcher], env=env)
+        for directory, process in started.values():
+            check_one_job_killed(directory, process)
+    finally:
+        for _, process in started.values():
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+    check_nothing_left(before, tmp_path)
 
 
 @pytest.mark.slow
@@ -96,34 +112,42 @@ def test_kill_9_of_one_ray_job_is_its_own_death(
     (plugins / "sleepy.py").write_text(SLEEPY)  # the cluster's workers load their plugins from there
     for key, value in {**RAY_PORT_ENV, **private, "AXOEXP_PLUGINS_DIR": str(plugins)}.items():
         monkeypatch.setenv(key, value)
-    check_one_job_killed(tmp_path, "hydra/launcher=ray_devices", f"hydra.launcher.ray.init.address={address}")
+    before = child_processes()  # a Ray instance, its workers
+    process = start_one_job_killed(tmp_path, "hydra/launcher=ray_devices", f"hydra.launcher.ray.init.address={address}")
+    try:
+        check_one_job_killed(tmp_path, process)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    check_nothing_left(before, tmp_path)
 
 
-def check_one_job_killed(tmp_path: Path, *launcher: str) -> None:
-    """Three jobs, the first long: it is killed -9 once it measured; the others finish."""
-    before = {child.pid for child in psutil.Process().children(recursive=True)}  # a Ray instance, its workers
-    process = start_cli(
+def start_one_job_killed(root: Path, *launcher: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """A sweep in ``root`` of three jobs, the first long: it is to be killed -9 once it measured."""
+    return start_cli(
         "-m",
         *launcher,
         *JOBS,
         f"run.measured_updates={LONG},{SHORT},{SHORT}",
-        f"hydra.sweep.dir={tmp_path / 'outputs' / 'sweep'}",  # absolute: Ray's workers run elsewhere
-        f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
-        cwd=tmp_path,
+        f"hydra.sweep.dir={root / 'outputs' / 'sweep'}",  # absolute: Ray's workers run elsewhere
+        f"tracking.uri=sqlite:///{root / 'mlflow.db'}",
+        cwd=root,
+        env=env,
     )
-    try:
-        victim_journal = _journal_of_long_job(tmp_path / "outputs", process, 10)
-        victim = int(_start_record(victim_journal)["tags"][names.PROCESS_PID])
-        os.kill(victim, signal.SIGKILL)
-        stdout, stderr = process.communicate(timeout=400)
-    finally:
-        if process.poll() is None:
-            process.kill()
+
+
+def check_one_job_killed(root: Path, process: subprocess.Popen[str]) -> None:
+    """The sweep's long job is killed -9 once it measured 10 updates; the others finish."""
+    victim_journal = _journal_of_long_job(root / "outputs", process, 10)
+    victim = int(_start_record(victim_journal)["tags"][names.PROCESS_PID])
+    os.kill(victim, signal.SIGKILL)
+    stdout, stderr = process.communicate(timeout=400)
     assert process.returncode == 1, stderr[-3000:]
     assert f"axoexp: the job's process {victim} was killed by SIGKILL; synced to run" in stderr, stderr[-3000:]
     assert "Traceback" not in stderr and "TerminatedWorkerError" not in stderr
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = f"sqlite:///{root / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)
     (parent,), children = _sweep_runs(uri)
     by_length = sorted(children, key=lambda run: -int(run.data.params["run.measured_updates"]))
@@ -140,12 +164,12 @@ def check_one_job_killed(tmp_path: Path, *launcher: str) -> None:
     assert "1 of 3 child runs did not finish; job0 died: " in parent.data.tags[names.FAILURE]
     assert f"run.measured_updates={LONG}" in parent.data.tags[names.FAILURE]
     assert "was killed by SIGKILL" in parent.data.tags[names.FAILURE]
-    ours = [  # below this test's process, but not below what ran before it (a Ray instance starts workers)
-        child
-        for child in psutil.Process().children(recursive=True)
-        if not {child.pid, *(ancestor.pid for ancestor in child.parents())} & before
-    ]
-    assert ours == [] and leftovers(str(tmp_path)) == [], "a process of the sweep was left behind"
+
+
+def check_nothing_left(before: set[int], root: Path) -> None:
+    """No process of the sweeps is left: none below this test's process, except below what ran
+    before them (a Ray instance starts workers), and none that names ``root``."""
+    assert new_child_processes(before) == [] and leftovers(str(root)) == [], "a process of the sweep was left behind"
 
 
 @pytest.mark.slow

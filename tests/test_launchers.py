@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from helpers import RAY_PORT_ENV, leftovers, run_cli
+from helpers import RAY_PORT_ENV, child_processes, leftovers, new_child_processes, run_cli
 from mlflow.tracking import MlflowClient
 
 from axoexp import lease, names
@@ -264,8 +264,9 @@ def test_sweep_through_submitit_local(tmp_path: Path) -> None:
     def run(*overrides: str) -> subprocess.CompletedProcess:
         return run_cli("-m", "hydra/launcher=submitit_local", *overrides, cwd=tmp_path, env=env)
 
+    before = child_processes()  # the session's Ray instance, if a test before this one started it
     check_fail_then_resume(run, f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "sweeps")
-    assert psutil.Process().children(recursive=True) == []
+    assert new_child_processes(before) == []
     assert leftovers(str(tmp_path)) == []
 
 

@@ -2,7 +2,8 @@
 
 Each ``python -m axoexp...`` line of a bash block is run in a fresh directory with the shipped
 plugins, in the order the page gives them (a report after the sweep it reports), with few
-updates where it times any. A command that needs CUDA is composed instead (Hydra's compose, in the test's process); one
+updates where it times any; those that only print (``--help``, ``--describe``, ``--cfg``) run
+alongside the others. A command that needs CUDA is composed instead (Hydra's compose, in the test's process); one
 that needs another launcher or a cluster is named with the reason it is not run. A ``$``
 line with its output in a plain block is run and must print that output.
 """
@@ -39,6 +40,7 @@ NOT_RUN = {  # a pattern in the command: why a CPU test does not run it
     "http://": "a tracking server on another host",
 }
 NEEDS_CUDA = ("device=cuda", "_h200")
+INFORMATIVE = {"--help", "--describe", "--cfg"}  # print and exit: nothing timed, no store, no output folder
 
 
 def blocks(page: Path, language: str) -> list[str]:
@@ -83,8 +85,7 @@ def plan(command: str) -> tuple[list[str] | None, str]:
         if multirun:
             return None, "a sweep on CUDA"
         return [module, *arguments], "composed only: needs CUDA"
-    informative = {"--help", "--describe", "--cfg"} & set(arguments)
-    if module == "axoexp" and not informative:
+    if module == "axoexp" and not INFORMATIVE & set(arguments):
         arguments = [*(a for a in arguments if not a.startswith(TIMED)), *FEW_UPDATES]
         if "hydra/sweeper=optuna" in arguments:
             arguments.append(FEW_TRIALS)
@@ -124,12 +125,28 @@ def workdir(tmp_path: Path, empty_store: Path) -> Path:
     return tmp_path
 
 
-def run(arguments: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+def start(arguments: list[str], cwd: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     env.pop("MLFLOW_TRACKING_URI", None)  # as a reader's shell: the default store in the working directory
-    return subprocess.run(
-        [sys.executable, "-m", *arguments], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    return subprocess.Popen(
+        [sys.executable, "-m", *arguments],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
+
+
+def run(arguments: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    process = start(arguments, cwd)
+    try:
+        stdout, stderr = process.communicate(timeout=600)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[page.name for page in PAGES])
@@ -138,19 +155,33 @@ def test_documented_commands_work_as_written(page: Path, workdir: Path, loaded_r
     if page.name == "README.md":
         assert len(documented) >= 10, "the README's commands were not found"
     ran = []
+    informative: dict[str, subprocess.Popen[str]] = {}  # they read no store and write nothing: run alongside
     covered = run_by_the_readme(page)
-    for command in documented:
-        arguments, why = plan(command)
-        if arguments is None or command in covered:
-            continue
-        if why.startswith("composed only"):  # in this process: composing is what a CPU can check
-            with initialize_config_module(config_module="axoexp.conf", version_base="1.3"):
-                compose("config", overrides=arguments[1:])
-            continue
-        result = run(arguments, workdir)
-        ok = (0, 1) if arguments[0] == FINDS_REGRESSIONS else (0,)
-        assert result.returncode in ok, f"{page.name}: `{command}` ({why}) failed:\n{result.stderr[-3000:]}"
-        ran.append(command)
+    try:
+        for command in documented:
+            arguments, why = plan(command)
+            if arguments is None or command in covered:
+                continue
+            if why.startswith("composed only"):  # in this process: composing is what a CPU can check
+                with initialize_config_module(config_module="axoexp.conf", version_base="1.3"):
+                    compose("config", overrides=arguments[1:])
+                continue
+            if arguments[0] == "axoexp" and INFORMATIVE & set(arguments):
+                informative[command] = start(arguments, workdir)
+                continue
+            result = run(arguments, workdir)
+            ok = (0, 1) if arguments[0] == FINDS_REGRESSIONS else (0,)
+            assert result.returncode in ok, f"{page.name}: `{command}` ({why}) failed:\n{result.stderr[-3000:]}"
+            ran.append(command)
+        for command, process in informative.items():
+            _, stderr = process.communicate(timeout=600)
+            assert process.returncode == 0, f"{page.name}: `{command}` failed:\n{stderr[-3000:]}"
+            ran.append(command)
+    finally:
+        for process in informative.values():
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
     if page.name == "README.md":  # the first run, a preset, the sweep and its report all ran
         assert any(c.startswith("python -m axoexp executor=eager") for c in ran)
         assert any("+experiment=eager_cpu" in c for c in ran)

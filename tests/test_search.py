@@ -133,16 +133,16 @@ SEARCH = (
 @pytest.mark.usefixtures("migrated_store")
 def test_a_multi_objective_study_resumes_and_the_report_names_its_pareto_front(tmp_path: Path) -> None:
     env = {"AXOEXP_LEASE_DIR": str(tmp_path / "leases")}
-    first = run_cli(*SEARCH, "hydra.sweeper.n_trials=5", cwd=tmp_path, env=env, timeout=600)
+    first = run_cli(*SEARCH, "hydra.sweeper.n_trials=3", cwd=tmp_path, env=env, timeout=600)
     assert first.returncode == 0, first.stderr[-3000:]
     assert (tmp_path / "optuna.db").is_file(), "the study lives beside the MLflow store"
-    second = run_cli(*SEARCH, "hydra.sweeper.n_trials=7", cwd=tmp_path, env=env, timeout=600)
+    second = run_cli(*SEARCH, "hydra.sweeper.n_trials=5", cwd=tmp_path, env=env, timeout=600)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "5 of 7 trials done" in second.stdout + second.stderr
+    assert "3 of 5 trials done" in second.stdout + second.stderr
 
     (summary,) = optuna.get_all_study_summaries(f"sqlite:///{tmp_path / 'optuna.db'}")
     study = optuna.load_study(study_name=summary.study_name, storage=f"sqlite:///{tmp_path / 'optuna.db'}")
-    assert [trial.number for trial in study.trials] == list(range(7))
+    assert [trial.number for trial in study.trials] == list(range(5))
     assert all(trial.state == optuna.trial.TrialState.COMPLETE for trial in study.trials)
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -151,7 +151,7 @@ def test_a_multi_objective_study_resumes_and_the_report_names_its_pareto_front(t
         (run for run in runs if run.data.tags.get(names.SWEEP_ROLE) == "parent"), key=lambda r: r.info.start_time
     )
     assert [parent.data.tags[names.STUDY] for parent in parents] == [study.study_name] * 2
-    for parent, numbers in zip(parents, (range(5), range(5, 7)), strict=True):
+    for parent, numbers in zip(parents, (range(3), range(3, 5)), strict=True):
         children = [run for run in runs if run.data.tags.get(names.PARENT_RUN_ID) == parent.info.run_id]
         assert sorted(int(run.data.tags[names.TRIAL]) for run in children) == list(numbers)
     trials = {int(run.data.tags[names.TRIAL]): run for run in runs if names.TRIAL in run.data.tags}
@@ -168,7 +168,7 @@ def test_a_multi_objective_study_resumes_and_the_report_names_its_pareto_front(t
     assert {trial.number for trial in study.best_trials} == {int(run.data.tags[names.TRIAL]) for run in front}
     listed = re.findall(r"^  trial +(\d+) .* run (\w+)$", report.stdout, re.MULTILINE)
     assert sorted(listed) == sorted((run.data.tags[names.TRIAL], run.info.run_id) for run in front)
-    assert f"{len(front)} of 7 complete trials (7 in all)" in report.stdout
+    assert f"{len(front)} of 5 complete trials (5 in all)" in report.stdout
     assert (Path(parents[1].data.tags[names.SWEEP_DIR]) / "pareto.png").is_file()
     assert not any(math.isnan(run.data.metrics["loss_final"]) for run in front)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import free_port, run_cli, sleepy_executor_plugin, start_mlflow
 from mlflow.tracking import MlflowClient
+from test_faults import start_cli
 
 from axoexp import names
 from axoexp.experiment import run_experiment
@@ -255,38 +256,41 @@ def test_dead_tracking_server_fails_fast_and_keeps_results_locally(tmp_path: Pat
     assert summary[0][names.update_metric("count")] == 3.0 and records[-1]["status"] == "FINISHED"
 
 
-def test_a_sweep_whose_every_job_is_refused_creates_no_run_and_says_why_in_one_line(tmp_path: Path) -> None:
-    result = run_cli("-m", "population.neurons=0,-1", cwd=tmp_path)
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1] == (
+REFUSED_SWEEPS = {  # sweeps refused before any run: their overrides and the one line each prints
+    "every_job_refused": (
+        ("population.neurons=0,-1",),
         "axoexp: no job of the sweep can run, so it created no run: "
         "job 0 (population.neurons=0): invalid experiment config: population.neurons=0: must be at least 1; "
-        "job 1 (population.neurons=-1): invalid experiment config: population.neurons=-1: must be at least 1"
-    )
-    assert "Traceback" not in result.stderr
-    if (tmp_path / "mlflow.db").exists():
-        assert _runs(f"sqlite:///{tmp_path / 'mlflow.db'}")[1] == [], "no empty FAILED parent"
-
-
-@pytest.mark.skipif(shutil.which("srun") is not None, reason="SLURM is installed here")
-def test_the_slurm_preset_without_slurm_is_one_line_and_no_run(tmp_path: Path) -> None:
-    result = run_cli("-m", "hydra/launcher=slurm", "population.neurons=2,3", cwd=tmp_path)
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1] == (
+        "job 1 (population.neurons=-1): invalid experiment config: population.neurons=-1: must be at least 1",
+    ),
+    "slurm_without_slurm": (
+        ("hydra/launcher=slurm", "population.neurons=2,3"),
         "axoexp: hydra/launcher=slurm needs SLURM, but 'srun' is not on PATH here; start the sweep on a "
-        "machine that has it, or use hydra/launcher=parallel or the default launcher"
-    )
-    assert "Traceback" not in result.stderr
-    if (tmp_path / "mlflow.db").exists():
-        assert _runs(f"sqlite:///{tmp_path / 'mlflow.db'}")[1] == [], "no empty FAILED parent"
+        "machine that has it, or use hydra/launcher=parallel or the default launcher",
+    ),
+    "parallel_without_workers": (
+        ("hydra/launcher=parallel", "hydra.launcher.n_jobs=0", "population.neurons=2,3"),
+        "axoexp: hydra.launcher.n_jobs=0: must be at least 1 (the worker processes of the sweep)",
+    ),
+}
 
 
-@pytest.mark.slow
-def test_a_parallel_sweep_without_workers_is_one_line_and_no_run(tmp_path: Path) -> None:
-    result = run_cli("-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=0", "population.neurons=2,3", cwd=tmp_path)
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1] == (
-        "axoexp: hydra.launcher.n_jobs=0: must be at least 1 (the worker processes of the sweep)"
-    )
-    if (tmp_path / "mlflow.db").exists():
-        assert _runs(f"sqlite:///{tmp_path / 'mlflow.db'}")[1] == [], "no empty FAILED parent"
+def test_a_sweep_that_cannot_run_creates_no_run_and_says_why_in_one_line(tmp_path: Path) -> None:
+    """Every job refused, the SLURM preset without SLURM, the parallel launcher without workers:
+    the three sweeps side by side, each in a folder of its own."""
+    cases = {
+        name: case
+        for name, case in REFUSED_SWEEPS.items()
+        if not (name == "slurm_without_slurm" and shutil.which("srun") is not None)  # SLURM is installed here
+    }
+    started = {}
+    for name, (overrides, _) in cases.items():
+        (tmp_path / name).mkdir()
+        started[name] = start_cli("-m", *overrides, cwd=tmp_path / name)
+    for name, process in started.items():
+        _, stderr = process.communicate(timeout=300)
+        assert process.returncode == 2, (name, stderr)
+        assert stderr.strip().splitlines()[-1] == cases[name][1]
+        assert "Traceback" not in stderr
+        if (tmp_path / name / "mlflow.db").exists():
+            assert _runs(f"sqlite:///{tmp_path / name / 'mlflow.db'}")[1] == [], f"{name}: no empty FAILED parent"

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
+from helpers import child_processes, new_child_processes
 from hydra import version as hydra_version
 from hydra.test_utils.launcher_common_tests import LauncherTestSuite
 from hydra.version import VersionBase
@@ -96,7 +97,8 @@ class TestParallelLauncher(LauncherTestSuite):
         # folders); a test before it in this process may have composed with version_base="1.3"
         base = VersionBase.instance()
         before, base.version_base = base.version_base, hydra_version._UNSPECIFIED_
+        processes = child_processes()  # the session's Ray instance, if a test before these started it
         yield
         base.version_base = before
         close_pool()  # its workers would wait for the next sweep in this process
-        assert psutil.Process().children(recursive=True) == []
+        assert new_child_processes(processes) == []

@@ -6,7 +6,10 @@ preconditions."""
 from __future__ import annotations
 
 import copy
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -94,24 +97,33 @@ def test_the_regions_refuse_a_population_subclass(make_config, plugin_registry) 
 @pytest.mark.slow
 def test_the_cli_refuses_in_one_line_and_runs_the_plugin_through_the_fused_kernel(tmp_path: Path) -> None:
     env = {"AXOEXP_PLUGINS_DIR": str(PLUGINS), "TRITON_INTERPRET": "1"}
-    refused = run_cli(
-        "population=doc_lite", "population.train_neuron=true", "executor=fused_eager", cwd=tmp_path, env=env
+    refused_in, ran_in = tmp_path / "refused", tmp_path / "ran"
+    refused_in.mkdir()
+    ran_in.mkdir()
+    refusing = subprocess.Popen(  # side by side with the run below, in a folder of its own
+        [sys.executable, "-m", "axoexp", "population=doc_lite", "population.train_neuron=true", "executor=fused_eager"],
+        cwd=refused_in,
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
-    assert refused.returncode == 2
-    assert refused.stderr.strip().count("\n") == 0 and "executors that can: compiled_cudagraph" in refused.stderr
-    assert not (tmp_path / "mlflow.db").exists() or not _runs(tmp_path), "no MLflow run"
-
     ran = run_cli(
         "population=doc_lite",
         "executor=fused_eager",
         "verify.enabled=true",
         "run.measured_updates=2",
-        cwd=tmp_path,
+        cwd=ran_in,
         env=env,
     )
+    _, refused = refusing.communicate(timeout=300)
+    assert refusing.returncode == 2
+    assert refused.strip().count("\n") == 0 and "executors that can: compiled_cudagraph" in refused
+    assert not (refused_in / "mlflow.db").exists() or not _runs(refused_in), "no MLflow run"
+
     assert ran.returncode == 0, ran.stderr
     assert re.search(r"verify\s+passed", ran.stdout)
-    (run,) = _runs(tmp_path)
+    (run,) = _runs(ran_in)
     assert run.data.tags[names.SHAPE] == "6x16x5" and run.data.metrics["verify_passed"] == 1.0
 
 
