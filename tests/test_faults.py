@@ -255,8 +255,9 @@ def _kill_server(server: subprocess.Popen[bytes]) -> None:
 
 
 @pytest.mark.slow
-def test_server_killed_mid_run_switches_to_the_journal_then_sync(tmp_path: Path) -> None:
+def test_server_killed_mid_run_switches_to_the_journal_then_sync(tmp_path: Path, empty_store: Path) -> None:
     (tmp_path / "server").mkdir()
+    shutil.copyfile(empty_store, tmp_path / "server" / "mlflow.db")  # the server need not create its store
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
     server = start_mlflow("server", tmp_path / "server", port, own_session=True)

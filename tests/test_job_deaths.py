@@ -173,34 +173,51 @@ def check_nothing_left(before: set[int], root: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("migrated_store")
-def test_kill_9_of_a_parallel_worker_fails_its_job_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_kill_9_of_a_parallel_worker_or_of_the_sweeps_main_process(tmp_path: Path, empty_store: Path) -> None:
+    """Two parallel sweeps side by side, each in a folder with a store and a lease folder of its
+    own: in one a worker process is killed -9, in the other the sweep's main process."""
+    started = {}
+    leases = {}
+    for name in ("worker", "main"):
+        (tmp_path / name).mkdir()
+        shutil.copyfile(empty_store, tmp_path / name / "mlflow.db")
+        leases[name] = {lease.LEASE_DIR_ENV: str(tmp_path / name / "leases")}
+    (tmp_path / "worker" / "plugins").mkdir()
+    (tmp_path / "worker" / "plugins" / "gated.py").write_text(GATED)
+    hold = tmp_path / "worker" / "plugins" / "hold"
+    hold.touch()  # both jobs wait at their 6th update, so both are measuring at the kill
+    try:
+        started["worker"] = start_cli(
+            "-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", "executor=gated", *JOBS[1:],
+            f"run.measured_updates={LONG},{MID},{SHORT}", cwd=tmp_path / "worker", env=leases["worker"],
+        )  # fmt: skip
+        started["main"] = start_cli(
+            "-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", *JOBS, f"run.measured_updates={LONG}",
+            "population.neurons=2,3", cwd=tmp_path / "main", env=leases["main"],
+        )  # fmt: skip
+        check_a_killed_worker(tmp_path / "worker", started["worker"])
+        check_a_killed_main_process(tmp_path / "main", started["main"])
+    finally:
+        for process in started.values():
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+
+
+def check_a_killed_worker(root: Path, process: subprocess.Popen[str]) -> None:
     """kill -9 of the parallel launcher's worker process itself (what ran the job's process) while
     its job and a sibling measure: the pool replaces it; only its job is lost, with everything it
     measured kept."""
-    monkeypatch.setenv(lease.LEASE_DIR_ENV, str(tmp_path / "leases"))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    (tmp_path / "plugins").mkdir()
-    (tmp_path / "plugins" / "gated.py").write_text(GATED)
-    hold = tmp_path / "plugins" / "hold"
-    hold.touch()  # both jobs wait at their 6th update, so both are measuring at the kill
-    process = start_cli(
-        "-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", "executor=gated", *JOBS[1:],
-        f"run.measured_updates={LONG},{MID},{SHORT}", f"tracking.uri={uri}", cwd=tmp_path,
-    )  # fmt: skip
-    try:
-        victim_journal = _journal_of_long_job(tmp_path / "outputs", process, 5)
-        sibling_journal = _journal_in_flight(tmp_path / "outputs", process, MID)
-        job = psutil.Process(int(_start_record(victim_journal)["tags"][names.PROCESS_PID]))
-        worker = job.parent()
-        assert worker is not None and worker.ppid() == process.pid, "the job's parent is a worker of the sweep"
-        family = [member.pid for member in psutil.Process(process.pid).children(recursive=True)]
-        worker.kill()
-        hold.unlink()
-        stdout, stderr = process.communicate(timeout=400)
-    finally:
-        if process.poll() is None:
-            process.kill()
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    victim_journal = _journal_of_long_job(root / "outputs", process, 5)
+    sibling_journal = _journal_in_flight(root / "outputs", process, MID)
+    job = psutil.Process(int(_start_record(victim_journal)["tags"][names.PROCESS_PID]))
+    worker = job.parent()
+    assert worker is not None and worker.ppid() == process.pid, "the job's parent is a worker of the sweep"
+    family = [member.pid for member in psutil.Process(process.pid).children(recursive=True)]
+    worker.kill()
+    (root / "plugins" / "hold").unlink()
+    stdout, stderr = process.communicate(timeout=400)
     assert process.returncode == 1, stderr[-3000:]
     assert f"axoexp: job 0's worker process {worker.pid} was killed by SIGKILL; " in stderr, stderr[-3000:]
     assert "Traceback" not in stderr and "TerminatedWorkerError" not in stderr, stderr[-3000:]
@@ -242,33 +259,22 @@ def _journal_in_flight(root: Path, process: subprocess.Popen[str], planned: int)
     pytest.fail(f"no job of {planned} measured updates journaled 5 updates within 300 s")
 
 
-@pytest.mark.slow
-@pytest.mark.usefixtures("migrated_store")
-def test_kill_9_of_a_parallel_sweeps_main_process_takes_its_workers_with_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(lease.LEASE_DIR_ENV, str(tmp_path / "leases"))
-    process = start_cli(
-        "-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", *JOBS, f"run.measured_updates={LONG}",
-        "population.neurons=2,3", cwd=tmp_path,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 300
-        while len(found := journals(tmp_path / "outputs")) < 2 or not all(len(updates_in(j)) >= 5 for j in found):
-            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
-            time.sleep(0.2)
-        family = psutil.Process(process.pid).children(recursive=True)
-        process.kill()
-        process.communicate(timeout=60)
-        assert _gone([member.pid for member in family]) == [], "workers outlived the sweep's main process"
-    finally:
-        if process.poll() is None:
-            process.kill()
-    assert leftovers(str(tmp_path)) == []
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    _, children = _sweep_runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
+def check_a_killed_main_process(root: Path, process: subprocess.Popen[str]) -> None:
+    """kill -9 of a parallel sweep's main process while its two jobs measure takes its workers with
+    it; each job's process gets SIGTERM as its worker goes, and ends its run KILLED."""
+    deadline = time.monotonic() + 300
+    while len(found := journals(root / "outputs")) < 2 or not all(len(updates_in(j)) >= 5 for j in found):
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.2)
+    family = psutil.Process(process.pid).children(recursive=True)
+    process.kill()
+    process.communicate(timeout=60)
+    assert _gone([member.pid for member in family]) == [], "workers outlived the sweep's main process"
+    assert leftovers(str(root)) == []
+    client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+    _, children = _sweep_runs(f"sqlite:///{root / 'mlflow.db'}")
     assert len(children) == 2
-    for child in children:  # each job's process got SIGTERM as its worker went, and ended its run
+    for child in children:
         assert child.info.status == "KILLED" and child.data.tags[names.FAILURE] == "interrupted by SIGTERM"
         assert_everything_measured_is_in(client, child, Path(child.data.tags[names.JOURNAL]))
 

@@ -202,9 +202,10 @@ def test_report_without_a_sweep_says_so_in_one_line(tmp_path: Path, make_config)
 
 
 @pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
-    """A real ``mlflow server`` on 127.0.0.1 with its own sqlite store."""
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory, empty_store: Path):
+    """A real ``mlflow server`` on 127.0.0.1 with its own sqlite store (a copy of the empty one)."""
     root = tmp_path_factory.mktemp("server")
+    shutil.copyfile(empty_store, root / "mlflow.db")
     port = free_port()
     server = start_mlflow("server", root, port)
     uri = f"http://127.0.0.1:{port}"
