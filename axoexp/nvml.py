@@ -51,6 +51,13 @@ def _visible_handle(nvml: Any, index: int) -> Any:
     return nvml.nvmlDeviceGetHandleByUUID(entry.encode())
 
 
+def cuda_present() -> bool:
+    """Whether this process sees a CUDA GPU, asked without poisoning fork: ``torch.cuda.is_available()``
+    initialises the CUDA driver (``cudaGetDeviceCount``), and no process forked after that (a sweep's
+    job) can use CUDA; ``torch.cuda.device_count()`` asks NVML first while CUDA is uninitialised."""
+    return torch.cuda.device_count() > 0
+
+
 class GpuProbe:
     """NVML readings of the run's GPU (found by UUID, so CUDA_VISIBLE_DEVICES cannot mislead)."""
 

@@ -29,7 +29,7 @@ from axoexp.config import bounded_keys
 from axoexp.errors import BanksError, ConfigError, IncompatibleComponentsError, RegistryError
 from axoexp.executors.base import batch_loss
 from axoexp.interfaces import Executor, LossFn, PopulationSetup, adaptation_parameters
-from axoexp.nvml import gpu_probe
+from axoexp.nvml import cuda_present, gpu_probe
 from axoexp.registry import GROUPS, INIT_FROM, INIT_FROM_SHA256, REGISTRY, Component, Registry
 from axoexp.runtime import allowed_cpus
 from axoexp.tracking import configure_tracking, resolve_tracking_uri, store_problem
@@ -199,7 +199,7 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
         if executor_class(executor).requires_cuda and device.type != "cuda":
             problems.append(
                 f"executor={executor.name} needs CUDA, but device={config.device} "
-                f"(CUDA available here: {'yes' if torch.cuda.is_available() else 'no'}); "
+                f"(CUDA available here: {'yes' if cuda_present() else 'no'}); "
                 "use executor=eager, or device=cuda on a machine with a GPU"
             )
         capturable = resolve_capturable(settings["optimizer"]["capturable"], executor, device, problems)
@@ -340,7 +340,7 @@ def _parse_device(value: str, problems: list[str]) -> torch.device | None:
     except RuntimeError:
         problems.append(f"device={value!r} is not a device; use cpu, cuda or cuda:N")
         return None
-    if device.type == "cuda" and not torch.cuda.is_available():
+    if device.type == "cuda" and not cuda_present():
         problems.append(f"device={value} but CUDA is not available here; use device=cpu")
     elif device.type not in ("cpu", "cuda"):
         problems.append(f"device={value!r} is not supported; use cpu, cuda or cuda:N")

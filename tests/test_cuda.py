@@ -432,9 +432,16 @@ def test_planning_a_cuda_run_leaves_cuda_uninitialised(tmp_path: Path) -> None:
         "    config = compose('config', overrides=['device=cuda', 'executor=cudagraph'])\n"
         "plan_experiment(config, registry)\n"
         "print('INITIALISED', torch.cuda.is_initialized())\n"
+        "import os\n"
+        "child = os.fork()\n"  # what a sweep does next: is_available() before it would have poisoned this
+        "if child == 0:\n"
+        "    torch.zeros(1, device='cuda')\n"
+        "    os._exit(0)\n"
+        "print('CHILD', os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True)
     assert "INITIALISED False" in out.stdout, out.stdout + out.stderr
+    assert "CHILD 0" in out.stdout, "a process forked after planning uses CUDA: " + out.stdout + out.stderr
 
 
 # --- issue 23, part 1: the fused gradient transform and optimizer step (executor.fused_step=true) -----------

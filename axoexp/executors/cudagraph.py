@@ -21,6 +21,14 @@ Buckets = Annotated[Any, f"length buckets, one graph each, for batches of differ
 CAPTURE_STAGES = ("graph_capture", "module_and_optimizer_state_restore", "synchronize")
 
 
+def pool_bytes(pool: tuple[int, int]) -> int:
+    """Bytes the caching allocator holds in graph memory pool ``pool``: its segments in a memory
+    snapshot (as inductor's CUDA graph trees find them). A difference of ``memory_reserved`` around
+    the captures is not: the allocator may free other cached blocks meanwhile (the H200 read -12 MB)."""
+    segments = torch.cuda.memory_snapshot()
+    return sum(segment["total_size"] for segment in segments if tuple(segment["segment_pool_id"]) == tuple(pool))
+
+
 @component("executor", "cudagraph")
 class CudaGraphExecutor(Executor):
     """Captures zero_grad, forward, loss, backward, gradient transform and optimizer step.
@@ -104,13 +112,12 @@ class CudaGraphExecutor(Executor):
         """Capture every bucket's graph from one memory pool; time each apart; measure the pool."""
         phases: dict[str, float] = {}
         pool = torch.cuda.graph_pool_handle()
-        reserved = torch.cuda.memory_reserved(device)
         for bucket in sorted(self.bucket_examples, reverse=True):  # the largest first: later ones reuse its blocks
             with stopwatch(synchronizer(device), phases, names.bucket_phase(bucket)):
                 self.bucket_steps[bucket] = self.capture(
                     self.captured_forward(), *self.bucket_examples[bucket], bucket=bucket, pool=pool
                 )
-        self.prepared_metrics[names.GRAPH_POOL_BYTES] = float(torch.cuda.memory_reserved(device) - reserved)
+        self.prepared_metrics[names.GRAPH_POOL_BYTES] = float(pool_bytes(pool))
         return phases
 
     def capture(
