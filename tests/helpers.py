@@ -27,18 +27,36 @@ RAY_PORT_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # Ray then keeps ever
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
+def _cli_env(env: dict[str, str] | None) -> dict[str, str]:
+    return {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+
+
 def run_cli(
     *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
     """``python -m axoexp ARGS`` in a fresh process."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "axoexp", *args],
         cwd=cwd,
-        env=full_env,
+        env=_cli_env(env),
         capture_output=True,
         text=True,
         timeout=timeout,
+    )
+
+
+def start_cli(
+    *args: str, cwd: Path, module: str = "axoexp", env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """``python -m MODULE ARGS`` started in a fresh process, its output piped: :func:`run_cli` for
+    commands that run side by side or are signalled while they run."""
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        cwd=cwd,
+        text=True,
+        env=_cli_env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
 
 

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import helpers
 import pytest
 import torch
 from helpers import free_port, run_cli, sleepy_executor_plugin, start_mlflow
@@ -36,16 +37,10 @@ LONG_RUN = ("executor=sleepy", "run.warmup_updates=2", "run.measured_updates=100
 def start_cli(
     *args: str, cwd: Path, module: str = "axoexp", env: dict[str, str] | None = None
 ) -> subprocess.Popen[str]:
+    """:func:`helpers.start_cli` in ``cwd`` with the ``sleepy`` executor among its plugins."""
     (cwd / "plugins").mkdir(exist_ok=True)
     (cwd / "plugins" / "sleepy.py").write_text(SLEEPY)
-    return subprocess.Popen(
-        [sys.executable, "-m", module, *args],
-        cwd=cwd,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    return helpers.start_cli(*args, cwd=cwd, module=module, env=env)
 
 
 def sync(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -8,16 +8,15 @@ checkpoints, a plugin exiting at import. Each runs the real thing and reads the 
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import helpers
 import pytest
 import torch
 from helpers import run_cli
@@ -186,18 +185,7 @@ def test_a_corrupted_store_is_one_line_in_a_run_a_sweep_the_report_and_sync(tmp_
         ("axoexp.report",): 1,  # the report exits 1 on a store error
         ("axoexp.sync",): 2,
     }
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    started = {
-        command: subprocess.Popen(
-            [sys.executable, "-m", *command],
-            cwd=tmp_path,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for command in refused
-    }
+    started = {command: helpers.start_cli(*command[1:], cwd=tmp_path, module=command[0]) for command in refused}
     for command, process in started.items():
         stdout, stderr = process.communicate(timeout=300)
         assert process.returncode == refused[command], (command, stderr)

@@ -6,15 +6,12 @@ preconditions."""
 from __future__ import annotations
 
 import copy
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import PLUGINS, REPO, run_cli
+from helpers import PLUGINS, REPO, run_cli, start_cli
 from mlflow.tracking import MlflowClient
 
 from axoexp import names
@@ -100,13 +97,8 @@ def test_the_cli_refuses_in_one_line_and_runs_the_plugin_through_the_fused_kerne
     refused_in, ran_in = tmp_path / "refused", tmp_path / "ran"
     refused_in.mkdir()
     ran_in.mkdir()
-    refusing = subprocess.Popen(  # side by side with the run below, in a folder of its own
-        [sys.executable, "-m", "axoexp", "population=doc_lite", "population.train_neuron=true", "executor=fused_eager"],
-        cwd=refused_in,
-        env={**os.environ, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    refusing = start_cli(  # side by side with the run below, in a folder of its own
+        "population=doc_lite", "population.train_neuron=true", "executor=fused_eager", cwd=refused_in, env=env
     )
     ran = run_cli(
         "population=doc_lite",
