@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
@@ -58,6 +59,25 @@ def start_cli(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+
+
+def run_clis(
+    calls: Sequence[tuple[Sequence[str], Path, dict[str, str] | None]], timeout: float = 300
+) -> list[subprocess.CompletedProcess[str]]:
+    """:func:`run_cli` of each ``(args, cwd, env)``, all started at once: for commands that share
+    nothing (each its own folder), as a process's start-up (imports) is most of a short command."""
+    started = [start_cli(*args, cwd=cwd, env=env) for args, cwd, env in calls]
+    try:
+        finished = []
+        for process in started:
+            stdout, stderr = process.communicate(timeout=timeout)
+            finished.append(subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr))
+        return finished
+    finally:
+        for process in started:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
 
 
 def sleepy_executor_plugin(milliseconds: int) -> str:

@@ -1,26 +1,71 @@
-"""``python -m axoexp`` in fresh processes, as a user runs it."""
+"""``python -m axoexp`` in fresh processes, as a user runs it: every command of this module
+starts at once (module fixture ``ran``), each in a folder of its own, and each test reads its own."""
 
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import REPO, run_cli
+from helpers import REPO, run_clis
 from mlflow.tracking import MlflowClient
 
 from axoexp import names
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
+USER_ERRORS = [
+    (
+        "population.neurons=abc",
+        "population.neurons=abc: Value 'abc' of type 'str' could not be converted to Integer",
+    ),
+    (
+        "population.neurons=3.5",
+        "population.neurons=3.5: Value '3.5' of type 'float' could not be converted to Integer",
+    ),
+    ("optimizer.lr=abc", "optimizer.lr=abc: Value 'abc' of type 'str' could not be converted to Float"),
+    ("population.neurons=0", "invalid experiment config: population.neurons=0: must be at least 1"),
+    (
+        "population.time_steps=4",
+        "invalid experiment config: loss=causal_mse: a causal loss skips the first 4 warm-up steps, so it needs "
+        "more than 4 time steps, and the population's predictions have 4; give the population more time steps "
+        "or lower loss.warmup_steps",
+    ),
+    (
+        "executor=graphs",
+        "executor=graphs: no such option; valid executor options: compiled_cudagraph, "
+        "cudagraph, eager, fused_cudagraph, reduce_overhead, regional_cudagraph",
+    ),
+]
+COMMANDS = {  # a name: the command's arguments
+    "default": ("executor=eager", "loss=causal_mse"),
+    "cudagraph on cpu": ("executor=cudagraph", "device=cpu"),
+    "help": ("--help",),
+    "multirun": ("-m", "population.neurons=2,5", "run.measured_updates=3"),
+    "shipped plugin": ("loss=log_cosh", "run.measured_updates=3"),
+    "describe": ("--describe",),
+    **{override: (override,) for override, _ in USER_ERRORS},
+}
 
-def test_default_command_prints_timings_and_logs_to_mlflow_db_in_cwd(tmp_path: Path) -> None:
-    result = run_cli("executor=eager", "loss=causal_mse", cwd=tmp_path)
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[subprocess.CompletedProcess[str], Path]]:
+    """What each of ``COMMANDS`` printed and the folder it ran in: they share nothing, so they
+    run side by side."""
+    folders = {name: tmp_path_factory.mktemp("cli") for name in COMMANDS}
+    (folders["shipped plugin"] / "plugins").symlink_to(REPO / "plugins")
+    results = run_clis([(arguments, folders[name], None) for name, arguments in COMMANDS.items()])
+    return {name: (result, folders[name]) for name, result in zip(COMMANDS, results, strict=True)}
+
+
+def test_default_command_prints_timings_and_logs_to_mlflow_db_in_cwd(ran) -> None:
+    result, folder = ran["default"]
     assert result.returncode == 0, result.stderr
     assert re.search(r"update\s+\d+\.\d+ ms\s+median of 50\s+\(p10 ", result.stdout)
     run_id = re.search(r"mlflow run\s+([0-9a-f]{32})", result.stdout).group(1)
-    assert (tmp_path / "mlflow.db").is_file()
-    run = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(run_id)
+    assert (folder / "mlflow.db").is_file()
+    run = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}").get_run(run_id)
     assert run.info.status == "FINISHED"
     assert run.data.params["loss.name"] == "causal_mse"
     assert (Path(run.data.tags["output_dir"]) / "result.json").is_file()
@@ -30,17 +75,17 @@ def test_default_command_prints_timings_and_logs_to_mlflow_db_in_cwd(tmp_path: P
     assert "\x1b[" not in result.stdout + result.stderr, "no colour codes or progress bar when not a terminal"
 
 
-def test_cudagraph_on_cpu_exits_at_once_suggesting_eager(tmp_path: Path) -> None:
-    result = run_cli("executor=cudagraph", "device=cpu", cwd=tmp_path)
+def test_cudagraph_on_cpu_exits_at_once_suggesting_eager(ran) -> None:
+    result, folder = ran["cudagraph on cpu"]
     assert result.returncode == 2
     assert "executor=cudagraph needs CUDA, but device=cpu" in result.stderr
     assert "use executor=eager" in result.stderr
     assert "Traceback" not in result.stderr
-    assert not (tmp_path / "mlflow.db").exists()
+    assert not (folder / "mlflow.db").exists()
 
 
-def test_help_lists_every_group_and_option(tmp_path: Path) -> None:
-    result = run_cli("--help", cwd=tmp_path)
+def test_help_lists_every_group_and_option(ran) -> None:
+    result, _ = ran["help"]
     assert result.returncode == 0
     for line in (
         "executor: compiled_cudagraph, cudagraph, eager, fused_cudagraph, reduce_overhead, regional_cudagraph",
@@ -52,10 +97,10 @@ def test_help_lists_every_group_and_option(tmp_path: Path) -> None:
         assert line in result.stdout
 
 
-def test_multirun_sweeps_shapes_into_separate_runs(tmp_path: Path) -> None:
-    result = run_cli("-m", "population.neurons=2,5", "run.measured_updates=3", cwd=tmp_path)
+def test_multirun_sweeps_shapes_into_separate_runs(ran) -> None:
+    result, folder = ran["multirun"]
     assert result.returncode == 0, result.stderr
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
     runs = client.search_runs(
         [client.get_experiment_by_name("axoexp").experiment_id], filter_string=f"tags.`{names.PARENT_RUN_ID}` != ''"
     )
@@ -63,49 +108,23 @@ def test_multirun_sweeps_shapes_into_separate_runs(tmp_path: Path) -> None:
     assert all(run.info.status == "FINISHED" for run in runs)
 
 
-def test_shipped_example_plugin_is_found_in_plugins_of_the_cwd(tmp_path: Path) -> None:
-    (tmp_path / "plugins").symlink_to(REPO / "plugins")
-    result = run_cli("loss=log_cosh", "run.measured_updates=3", cwd=tmp_path)
+def test_shipped_example_plugin_is_found_in_plugins_of_the_cwd(ran) -> None:
+    result, _ = ran["shipped plugin"]
     assert result.returncode == 0, result.stderr
     assert "mlflow run" in result.stdout
 
 
-@pytest.mark.parametrize(
-    "override, message",
-    [
-        (
-            "population.neurons=abc",
-            "population.neurons=abc: Value 'abc' of type 'str' could not be converted to Integer",
-        ),
-        (
-            "population.neurons=3.5",
-            "population.neurons=3.5: Value '3.5' of type 'float' could not be converted to Integer",
-        ),
-        ("optimizer.lr=abc", "optimizer.lr=abc: Value 'abc' of type 'str' could not be converted to Float"),
-        ("population.neurons=0", "invalid experiment config: population.neurons=0: must be at least 1"),
-        (
-            "population.time_steps=4",
-            "invalid experiment config: loss=causal_mse: a causal loss skips the first 4 warm-up steps, so it needs "
-            "more than 4 time steps, and the population's predictions have 4; give the population more time steps "
-            "or lower loss.warmup_steps",
-        ),
-        (
-            "executor=graphs",
-            "executor=graphs: no such option; valid executor options: compiled_cudagraph, "
-            "cudagraph, eager, fused_cudagraph, reduce_overhead, regional_cudagraph",
-        ),
-    ],
-)
-def test_user_errors_exit_2_with_one_line_and_no_run(tmp_path: Path, override: str, message: str) -> None:
-    result = run_cli(override, cwd=tmp_path)
+@pytest.mark.parametrize("override, message", USER_ERRORS)
+def test_user_errors_exit_2_with_one_line_and_no_run(ran, override: str, message: str) -> None:
+    result, folder = ran[override]
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [f"axoexp: {message}"], result.stderr
     assert "Traceback" not in result.stderr
-    assert not (tmp_path / "mlflow.db").exists()
+    assert not (folder / "mlflow.db").exists()
 
 
-def test_describe_explains_every_key_with_type_default_and_help(tmp_path: Path) -> None:
-    result = run_cli("--describe", cwd=tmp_path)
+def test_describe_explains_every_key_with_type_default_and_help(ran) -> None:
+    result, _ = ran["describe"]
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert any(
