@@ -1,10 +1,13 @@
 """The commands the README and docs/ show work as written: those a CPU can run are run.
 
 Each ``python -m axoexp...`` line of a bash block is run in a fresh directory with the shipped
-plugins, in the order the page gives them (a report after the sweep it reports), with few
-updates where it times any; those that only print (``--help``, ``--describe``, ``--cfg``) run
-alongside the others. A command that needs CUDA is composed instead (Hydra's compose, in the test's process); one
-that needs another launcher or a cluster is named with the reason it is not run. A ``$``
+plugins, in the order the page gives them, with few updates where it times any. A command that
+reads what ran before it (the report, compare, sync: :data:`READERS`) waits for every command
+before it and runs alone, and a sweep waits for an earlier sweep (a rerun reuses its jobs); the
+others (single runs, those that only print: ``--help``, ``--describe``, ``--cfg``) start as the
+page reaches them, alongside what runs then. A command that needs CUDA is composed instead
+(Hydra's compose, in the test's process); one that needs another launcher or a cluster is named
+with the reason it is not run. A ``$``
 line with its output in a plain block is run and must print that output.
 """
 
@@ -41,6 +44,7 @@ NOT_RUN = {  # a pattern in the command: why a CPU test does not run it
 }
 NEEDS_CUDA = ("device=cuda", "_h200")
 INFORMATIVE = {"--help", "--describe", "--cfg"}  # print and exit: nothing timed, no store, no output folder
+READERS = ("axoexp.report", "axoexp.compare", "axoexp.sync")  # read the store or outputs that earlier commands wrote
 
 
 def blocks(page: Path, language: str) -> list[str]:
@@ -138,15 +142,17 @@ def start(arguments: list[str], cwd: Path) -> subprocess.Popen[str]:
     )
 
 
-def run(arguments: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    process = start(arguments, cwd)
-    try:
-        stdout, stderr = process.communicate(timeout=600)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
-    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+Started = list[tuple[str, str, list[str], subprocess.Popen[str]]]  # command, why it runs, arguments, process
+
+
+def finish(page: Path, started: Started, ran: list[str]) -> None:
+    """Wait for the ``started`` commands, in order; each must succeed."""
+    for command, why, arguments, process in started:
+        _, stderr = process.communicate(timeout=600)
+        ok = (0, 1) if arguments[0] == FINDS_REGRESSIONS else (0,)
+        assert process.returncode in ok, f"{page.name}: `{command}` ({why}) failed:\n{stderr[-3000:]}"
+        ran.append(command)
+    started.clear()
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[page.name for page in PAGES])
@@ -154,8 +160,8 @@ def test_documented_commands_work_as_written(page: Path, workdir: Path, loaded_r
     documented = commands(page)
     if page.name == "README.md":
         assert len(documented) >= 10, "the README's commands were not found"
-    ran = []
-    informative: dict[str, subprocess.Popen[str]] = {}  # they read no store and write nothing: run alongside
+    ran: list[str] = []
+    started: Started = []  # running now, in the page's order
     covered = run_by_the_readme(page)
     try:
         for command in documented:
@@ -166,19 +172,15 @@ def test_documented_commands_work_as_written(page: Path, workdir: Path, loaded_r
                 with initialize_config_module(config_module="axoexp.conf", version_base="1.3"):
                     compose("config", overrides=arguments[1:])
                 continue
-            if arguments[0] == "axoexp" and INFORMATIVE & set(arguments):
-                informative[command] = start(arguments, workdir)
-                continue
-            result = run(arguments, workdir)
-            ok = (0, 1) if arguments[0] == FINDS_REGRESSIONS else (0,)
-            assert result.returncode in ok, f"{page.name}: `{command}` ({why}) failed:\n{result.stderr[-3000:]}"
-            ran.append(command)
-        for command, process in informative.items():
-            _, stderr = process.communicate(timeout=600)
-            assert process.returncode == 0, f"{page.name}: `{command}` failed:\n{stderr[-3000:]}"
-            ran.append(command)
+            reader, sweep = arguments[0] in READERS, "-m" in arguments[1:]
+            if reader or (sweep and any("-m" in earlier[1:] for _, _, earlier, _ in started)):
+                finish(page, started, ran)
+            started.append((command, why, arguments, start(arguments, workdir)))
+            if reader:
+                finish(page, started, ran)
+        finish(page, started, ran)
     finally:
-        for process in informative.values():
+        for *_, process in started:
             if process.poll() is None:
                 process.kill()
                 process.communicate()
@@ -191,10 +193,22 @@ def test_documented_commands_work_as_written(page: Path, workdir: Path, loaded_r
 
 @pytest.mark.parametrize("page", PAGES, ids=[page.name for page in PAGES])
 def test_documented_errors_are_what_the_command_prints(page: Path, workdir: Path) -> None:
+    """Each ``$`` line and the line it prints; the commands are refused before they write anything,
+    so they run side by side."""
+    shown = []
     for block in blocks(page, ""):
         lines = block.splitlines()
-        for index, line in enumerate(lines[:-1]):
-            if line.startswith("$ python -m axoexp"):
-                result = run(shlex.split(line[2:])[2:], workdir)
-                assert lines[index + 1] in result.stderr.splitlines(), f"{line}: printed {result.stderr!r}"
-                assert result.returncode == 2
+        shown += [
+            (line, lines[index + 1]) for index, line in enumerate(lines[:-1]) if line.startswith("$ python -m axoexp")
+        ]
+    started = [start(shlex.split(line[2:])[2:], workdir) for line, _ in shown]
+    try:
+        for (line, printed), process in zip(shown, started, strict=True):
+            _, stderr = process.communicate(timeout=600)
+            assert printed in stderr.splitlines(), f"{line}: printed {stderr!r}"
+            assert process.returncode == 2
+    finally:
+        for process in started:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
