@@ -46,6 +46,34 @@ def migrated_store(tmp_path: Path, empty_store: Path) -> Path:
     return tmp_path / "mlflow.db"
 
 
+@pytest.fixture(scope="session")
+def killed_runs(tmp_path_factory: pytest.TempPathFactory, empty_store: Path) -> dict[int, tuple[int, Path, Path]]:
+    """Long runs killed -9 once they journaled 5, 15, 20 and 30 updates, for the tests of sync
+    (test_faults.py, test_faults_store.py), each test its own: by updates, the run's pid, its
+    journal and its folder. They start at once, each in a folder with a copy of the empty store
+    and a lease folder of its own (else each waits for the CPU lease another holds)."""
+    from test_faults import LONG_RUN, start_cli, wait_for_updates
+
+    started = {}
+    for updates in (5, 15, 20, 30):
+        folder = tmp_path_factory.mktemp(f"killed{updates}")
+        shutil.copyfile(empty_store, folder / "mlflow.db")
+        started[updates] = folder, start_cli(*LONG_RUN, cwd=folder, env={lease.LEASE_DIR_ENV: str(folder / "leases")})
+    killed = {}
+    try:
+        for updates, (folder, process) in started.items():
+            (journal,) = wait_for_updates(folder / "outputs", updates, process)
+            process.kill()
+            process.communicate(timeout=60)
+            killed[updates] = process.pid, journal, folder
+    finally:
+        for _, process in started.values():
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+    return killed
+
+
 @pytest.fixture
 def tracking_uri(migrated_store: Path) -> str:
     return f"sqlite:///{migrated_store}"

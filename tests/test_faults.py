@@ -150,24 +150,14 @@ def test_a_process_forked_during_a_run_dies_of_sigterm_rather_than_acting_for_th
     assert statuses == [-signal.SIGTERM, -signal.SIGTERM]
 
 
-def killed_after(updates: int, *, cwd: Path) -> tuple[subprocess.Popen[str], Path]:
-    """A long run killed with SIGKILL once it journaled ``updates`` updates, and its journal."""
-    process = start_cli(*LONG_RUN, cwd=cwd)
-    (journal,) = wait_for_updates(cwd / "outputs", updates, process)
-    process.kill()
-    process.communicate(timeout=60)
-    return process, journal
-
-
 @pytest.mark.slow
-@pytest.mark.usefixtures("migrated_store")
-def test_kill_9_then_sync_completes_the_run_from_its_journal(tmp_path: Path) -> None:
-    _, journal = killed_after(30, cwd=tmp_path)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_kill_9_then_sync_completes_the_run_from_its_journal(killed_runs) -> None:
+    _, journal, folder = killed_runs[30]  # conftest.py: killed -9 after 30 updates
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
     client, run = only_run(uri)
     assert run.info.status == "RUNNING" and not client.get_metric_history(run.info.run_id, names.UPDATE_SERIES)
 
-    synced = sync(str(tmp_path / "outputs"), cwd=tmp_path)
+    synced = sync(str(folder / "outputs"), cwd=folder)
     assert synced.returncode == 0, synced.stderr
     assert f"synced to run {run.info.run_id} (KILLED" in synced.stdout
     client, run = only_run(uri)
@@ -175,21 +165,20 @@ def test_kill_9_then_sync_completes_the_run_from_its_journal(tmp_path: Path) -> 
     assert_everything_measured_is_in(client, run, journal)
     assert run.info.end_time == read_journal(journal)[-1]["time"]
 
-    again = sync(str(tmp_path / "outputs"), cwd=tmp_path)
+    again = sync(str(folder / "outputs"), cwd=folder)
     assert f"already synced to run {run.info.run_id}" in again.stdout
     assert_everything_measured_is_in(client, only_run(uri)[1], journal)  # nothing logged twice
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("migrated_store")
-def test_sync_ends_running_runs_whose_process_is_gone(tmp_path: Path) -> None:
-    process, journal = killed_after(5, cwd=tmp_path)
+def test_sync_ends_running_runs_whose_process_is_gone(killed_runs) -> None:
+    pid, journal, folder = killed_runs[5]
     journal.unlink()  # a run without its journal is still ended, with the reason
-    synced = sync(cwd=tmp_path)
+    synced = sync(cwd=folder)
     assert synced.returncode == 0 and "its process is gone; ended KILLED" in synced.stdout
-    _, run = only_run(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    _, run = only_run(f"sqlite:///{folder / 'mlflow.db'}")
     assert run.info.status == "KILLED"
-    assert f"process {process.pid} on " in run.data.tags[names.FAILURE]
+    assert f"process {pid} on " in run.data.tags[names.FAILURE]
 
 
 @pytest.mark.slow

@@ -24,7 +24,6 @@ from mlflow.tracking import MlflowClient
 from test_faults import (
     LONG_RUN,
     assert_everything_measured_is_in,
-    killed_after,
     only_run,
     start_cli,
     sync,
@@ -278,10 +277,8 @@ def _damage_line(journal: Path, number: int) -> None:
 
 
 @pytest.mark.slow
-def test_damaged_journals_are_synced_by_record_and_reported_by_line(tmp_path: Path) -> None:
-    killed = tmp_path / "killed"
-    killed.mkdir()
-    _, journal = killed_after(20, cwd=killed)
+def test_damaged_journals_are_synced_by_record_and_reported_by_line(tmp_path: Path, killed_runs) -> None:
+    _, journal, killed = killed_runs[20]  # conftest.py: killed -9 after 20 updates
     _, run = only_run(f"sqlite:///{killed / 'mlflow.db'}")
     assert run.info.status == "RUNNING"
     records = read_journal_lines(journal).records
@@ -319,19 +316,18 @@ def test_damaged_journals_are_synced_by_record_and_reported_by_line(tmp_path: Pa
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("migrated_store")
-def test_a_run_a_sweep_ended_killed_is_completed_from_its_journal_once(tmp_path: Path) -> None:
+def test_a_run_a_sweep_ended_killed_is_completed_from_its_journal_once(killed_runs) -> None:
     """What a sweep does to a job killed -9: ends its run KILLED with no updates. Sync still
     uploads every journaled update (the entry point another process calls: sync_journal),
     keeps the sweep's reason and status, uploads .hydra/ as a folder, and counts nothing twice."""
-    _, journal = killed_after(15, cwd=tmp_path)
-    client, run = only_run(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    _, journal, folder = killed_runs[15]  # conftest.py: killed -9 after 15 updates
+    client, run = only_run(f"sqlite:///{folder / 'mlflow.db'}")
     end_dead_run(client, run.info.run_id, "the sweep was stopped (its job failed) before this run ended")
     assert stored_updates(client, run.info.run_id) == 0
 
-    synced = sync(str(tmp_path / "outputs"), cwd=tmp_path)
+    synced = sync(str(folder / "outputs"), cwd=folder)
     assert f"synced to run {run.info.run_id} (KILLED, {len(updates_in(journal))} updates)" in synced.stdout
-    client, run = only_run(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client, run = only_run(f"sqlite:///{folder / 'mlflow.db'}")
     assert run.info.status == "KILLED"
     assert run.data.tags[names.FAILURE] == "the sweep was stopped (its job failed) before this run ended"
     assert_everything_measured_is_in(client, run, journal)
@@ -339,7 +335,7 @@ def test_a_run_a_sweep_ended_killed_is_completed_from_its_journal_once(tmp_path:
         ".hydra/config.yaml",
         ".hydra/overrides.yaml",
     }
-    again = sync(str(tmp_path / "outputs"), cwd=tmp_path)
+    again = sync(str(folder / "outputs"), cwd=folder)
     assert f"already synced to run {run.info.run_id}" in again.stdout
     history = client.get_metric_history(run.info.run_id, names.UPDATE_SERIES)
     assert len(history) == len({metric.step for metric in history}) == len(updates_in(journal))
