@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import helpers
 import pytest
 from helpers import free_port, run_cli, sleepy_executor_plugin, start_mlflow
 from mlflow.tracking import MlflowClient
@@ -183,74 +184,80 @@ def test_report_tabulates_a_sweep_next_to_its_outputs_and_logs_it_to_the_parent(
 
 
 def test_report_without_a_sweep_says_so_in_one_line(tmp_path: Path, make_config) -> None:
-    work = tmp_path / "work"  # not tmp_path: make_config's own store is there
-    work.mkdir()
-    report = [sys.executable, "-m", "axoexp.report"]
-    missing = subprocess.run(report, cwd=work, capture_output=True, text=True, timeout=120)
-    assert missing.returncode == 2
-    assert missing.stderr.strip() == (
-        "axoexp.report: no MLflow store at sqlite:///mlflow.db; run a sweep first: python -m axoexp -m ..."
-    )
-    assert not (work / "mlflow.db").exists(), "the report creates no store"
+    """In a folder without a store and in one whose store holds a single run: the two reports run
+    side by side."""
+    missing, work = tmp_path / "missing", tmp_path / "work"  # not tmp_path: make_config's own store is there
+    for folder in (missing, work):
+        folder.mkdir()
     single = make_config(f"tracking.uri=sqlite:///{work / 'mlflow.db'}", "run.measured_updates=1")
     run_experiment(single, output_dir=work / "single")  # a store with one run, made in this process
-    no_sweep = subprocess.run(report, cwd=work, capture_output=True, text=True, timeout=120)
-    assert no_sweep.returncode == 2
-    assert no_sweep.stderr.strip().splitlines()[-1] == (
+    reported = [helpers.start_cli(cwd=folder, module="axoexp.report") for folder in (missing, work)]
+    (_, missing_err), (_, no_sweep_err) = (process.communicate(timeout=120) for process in reported)
+    assert reported[0].returncode == 2
+    assert missing_err.strip() == (
+        "axoexp.report: no MLflow store at sqlite:///mlflow.db; run a sweep first: python -m axoexp -m ..."
+    )
+    assert not (missing / "mlflow.db").exists(), "the report creates no store"
+    assert reported[1].returncode == 2
+    assert no_sweep_err.strip().splitlines()[-1] == (
         "axoexp.report: no sweep in experiment 'axoexp'; run one with python -m axoexp -m ..."
     )
 
 
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory, empty_store: Path):
-    """A real ``mlflow server`` on 127.0.0.1 with its own sqlite store (a copy of the empty one)."""
-    root = tmp_path_factory.mktemp("server")
-    shutil.copyfile(empty_store, root / "mlflow.db")
-    port = free_port()
-    server = start_mlflow("server", root, port)
-    uri = f"http://127.0.0.1:{port}"
+def test_a_sweep_logs_to_an_http_tracking_server_and_a_dead_one_fails_fast_keeping_results_locally(
+    tmp_path: Path, empty_store: Path
+) -> None:
+    """A sweep against a real ``mlflow server`` on 127.0.0.1 (its own sqlite store, a copy of the
+    empty one) and a run against a port nothing listens on: the run starts first and goes on while
+    the server starts and the sweep runs, each in a folder of its own."""
+    (tmp_path / "dead").mkdir()
+    dead_port, port = free_port(), free_port()
+    while port == dead_port:
+        port = free_port()
+    dead = f"http://127.0.0.1:{dead_port}"
+    start = time.monotonic()
+    unreachable = start_cli(f"tracking.uri={dead}", "run.measured_updates=3", cwd=tmp_path / "dead")
+    (tmp_path / "server").mkdir()
+    shutil.copyfile(empty_store, tmp_path / "server" / "mlflow.db")
+    server = start_mlflow("server", tmp_path / "server", port)
+    live = f"http://127.0.0.1:{port}"
     try:
-        yield uri
+        (tmp_path / "sweep").mkdir()
+        result = run_cli(
+            "-m", "population.neurons=2,3", "run.measured_updates=3", f"tracking.uri={live}", cwd=tmp_path / "sweep"
+        )
+        assert result.returncode == 0, result.stderr
+        client, runs = _runs(live)
+        (parent,), children = _split(runs)
+        assert parent.info.status == "FINISHED" and len(children) == 2
+        child = children[0]
+        assert child.data.metrics[names.update_metric("count")] == 3
+        assert {a.path for a in client.list_artifacts(child.info.run_id)} == {
+            ".hydra",
+            "banks.safetensors",
+            "config.yaml",
+            "result.json",
+        }
+        assert {a.path for a in client.list_artifacts(child.info.run_id, ".hydra")} == {
+            ".hydra/config.yaml",
+            ".hydra/hydra.yaml",
+            ".hydra/overrides.yaml",
+        }
+        assert len(child.inputs.dataset_inputs) == 1, "the workload, as a dataset input"
+        assert not (tmp_path / "sweep" / "mlflow.db").exists()
+        _, stderr = unreachable.communicate(timeout=300)
+        elapsed = time.monotonic() - start  # an upper bound: it may have ended while the sweep ran
     finally:
         server.terminate()
         server.wait(timeout=30)
-
-
-def test_sweep_logs_to_an_http_tracking_server(mlflow_server: str, tmp_path: Path) -> None:
-    result = run_cli(
-        "-m", "population.neurons=2,3", "run.measured_updates=3", f"tracking.uri={mlflow_server}", cwd=tmp_path
-    )
-    assert result.returncode == 0, result.stderr
-    client, runs = _runs(mlflow_server)
-    (parent,), children = _split(runs)
-    assert parent.info.status == "FINISHED" and len(children) == 2
-    child = children[0]
-    assert child.data.metrics[names.update_metric("count")] == 3
-    assert {a.path for a in client.list_artifacts(child.info.run_id)} == {
-        ".hydra",
-        "banks.safetensors",
-        "config.yaml",
-        "result.json",
-    }
-    assert {a.path for a in client.list_artifacts(child.info.run_id, ".hydra")} == {
-        ".hydra/config.yaml",
-        ".hydra/hydra.yaml",
-        ".hydra/overrides.yaml",
-    }
-    assert len(child.inputs.dataset_inputs) == 1, "the workload, as a dataset input"
-    assert not (tmp_path / "mlflow.db").exists()
-
-
-def test_dead_tracking_server_fails_fast_and_keeps_results_locally(tmp_path: Path) -> None:
-    dead = f"http://127.0.0.1:{free_port()}"
-    start = time.monotonic()
-    result = run_cli(f"tracking.uri={dead}", "run.measured_updates=3", cwd=tmp_path)
-    elapsed = time.monotonic() - start
-    assert result.returncode == 1
+        if unreachable.poll() is None:
+            unreachable.kill()
+            unreachable.communicate()
+    assert unreachable.returncode == 1
     assert elapsed < 150, f"took {elapsed:.0f} s: retries are not bounded (MLflow's default takes ~4 minutes)"
-    assert f"axoexp: MLflow tracking at {dead} is unreachable" in result.stderr
-    (result_file,) = (tmp_path / "outputs").glob("*/*/result.json")
-    assert f"python -m axoexp.sync {result_file.parent}" in result.stderr
+    assert f"axoexp: MLflow tracking at {dead} is unreachable" in stderr
+    (result_file,) = (tmp_path / "dead" / "outputs").glob("*/*/result.json")
+    assert f"python -m axoexp.sync {result_file.parent}" in stderr
     assert (result_file.parent / "config.yaml").is_file() and os.path.getsize(result_file) > 0
     records = read_journal_lines(result_file.parent / "journal.jsonl").records  # checksummed lines
     summary = [r["metrics"] for r in records if r["kind"] == "metrics" and names.update_metric("count") in r["metrics"]]
