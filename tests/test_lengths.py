@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import LENGTH_PLUGINS, registry_with_plugins, run_cli
+from helpers import LENGTH_PLUGINS, registry_with_plugins, run_clis
 from mlflow.tracking import MlflowClient
 
 from axoexp import names
@@ -124,15 +125,26 @@ def test_padding_without_the_mask_would_change_the_update() -> None:
     assert abs(float(exact - padded)) > 1e-4
 
 
+REFUSED = {  # the commands of this module's CLI tests: a name, the arguments
+    "longer than every bucket": ("executor=fused_cudagraph", "executor.buckets=[16]", "population.lengths=[12,24]"),
+    "bad lengths value": ("population.lengths=uniform:40",),
+}
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess[str]]:
+    """What each of ``REFUSED`` printed, each run in a folder of its own: side by side."""
+    folders = {name: tmp_path_factory.mktemp("lengths") for name in REFUSED}
+    calls = [
+        ((*arguments, f"tracking.uri=sqlite:///{folders[name]}/mlflow.db"), folders[name], None)
+        for name, arguments in REFUSED.items()
+    ]
+    return dict(zip(REFUSED, run_clis(calls), strict=True))
+
+
 @pytest.mark.slow
-def test_cli_refuses_a_length_longer_than_every_bucket_before_any_run(tmp_path) -> None:
-    result = run_cli(
-        "executor=fused_cudagraph",
-        "executor.buckets=[16]",
-        "population.lengths=[12,24]",
-        f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
-        cwd=tmp_path,
-    )
+def test_cli_refuses_a_length_longer_than_every_bucket_before_any_run(refused) -> None:
+    result = refused["longer than every bucket"]
     assert result.returncode == 2, result.stderr
     assert "executor=fused_cudagraph cannot run batches of these lengths: executor.buckets=[16]" in result.stderr
     assert "add a bucket of at least 24 (lengths are never truncated)" in result.stderr
@@ -141,8 +153,8 @@ def test_cli_refuses_a_length_longer_than_every_bucket_before_any_run(tmp_path) 
 
 
 @pytest.mark.slow
-def test_cli_refuses_a_bad_lengths_value_in_one_line(tmp_path) -> None:
-    result = run_cli("population.lengths=uniform:40", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", cwd=tmp_path)
+def test_cli_refuses_a_bad_lengths_value_in_one_line(refused) -> None:
+    result = refused["bad lengths value"]
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         "axoexp: invalid experiment config: population.lengths='uniform:40' is not null (every batch has the "

@@ -3,10 +3,11 @@ config, and the removal of axoexp's sweep callback, are refused before Hydra ins
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import run_cli
+from helpers import run_clis
 from hydra import compose, initialize_config_module
 from mlflow.tracking import MlflowClient
 from omegaconf import open_dict
@@ -77,35 +78,45 @@ def test_a_key_named_class_outside_logging_is_data(loaded_registry) -> None:
     assert check_targets(composed("+population.x.class=builtins.open")) is None
 
 
+INJECTED = ("+hydra.callbacks.x._target_=builtins.open", "+hydra.callbacks.x.mode=w", "run.measured_updates=2")
+CLI = {  # the commands of this module's CLI tests: a name, the arguments
+    "run": INJECTED,
+    "sweep": ("-m", *INJECTED),
+    "sweep value": ("-m", "+run.x._target_=os.system,axoexp.sweep.MlflowSweepCallback", "run.measured_updates=2"),
+}
+
+
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[subprocess.CompletedProcess[str], Path]]:
+    """What each of ``CLI`` printed and its folder: they share nothing, so they run side by side;
+    each injected callback would open its folder's victim.txt for writing."""
+    folders = {name: tmp_path_factory.mktemp("targets") for name in CLI}
+    calls = []
+    for name, arguments in CLI.items():
+        (folders[name] / "victim.txt").write_text("kept")
+        victim = (f"+hydra.callbacks.x.file={folders[name] / 'victim.txt'}",) if INJECTED[0] in arguments else ()
+        calls.append(((*arguments, *victim), folders[name], None))
+    return {name: (result, folders[name]) for name, result in zip(CLI, run_clis(calls), strict=True)}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", [[], ["-m"]])
-def test_the_cli_refuses_an_injected_callback_before_calling_it(tmp_path: Path, mode: list[str]) -> None:
-    victim = tmp_path / "victim.txt"
-    victim.write_text("kept")
-    result = run_cli(
-        *mode,
-        "+hydra.callbacks.x._target_=builtins.open",
-        f"+hydra.callbacks.x.file={victim}",
-        "+hydra.callbacks.x.mode=w",
-        "run.measured_updates=2",
-        cwd=tmp_path,
-    )
+@pytest.mark.parametrize("mode", ["run", "sweep"])
+def test_the_cli_refuses_an_injected_callback_before_calling_it(cli, mode: str) -> None:
+    result, folder = cli[mode]
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
         "axoexp: hydra.callbacks.x._target_=builtins.open: refused: only Callback classes from axoexp.*, hydra.* "
         "may be named here"
     ]
-    assert victim.read_text() == "kept"
-    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "outputs").exists(), "nothing ran"
+    assert (folder / "victim.txt").read_text() == "kept"
+    assert not (folder / "mlflow.db").exists() and not (folder / "outputs").exists(), "nothing ran"
 
 
 @pytest.mark.slow
-def test_a_sweep_value_naming_a_foreign_target_refuses_that_job(tmp_path: Path) -> None:
-    result = run_cli(
-        "-m", "+run.x._target_=os.system,axoexp.sweep.MlflowSweepCallback", "run.measured_updates=2", cwd=tmp_path
-    )
+def test_a_sweep_value_naming_a_foreign_target_refuses_that_job(cli) -> None:
+    result, folder = cli["sweep value"]
     assert result.returncode == 1
     assert "axoexp: run.x._target_=os.system: refused" in result.stderr
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(tracking_uri=f"sqlite:///{folder / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
     (parent,) = [run for run in runs if run.data.tags.get(names.SWEEP_ROLE) == "parent"]
     assert [run.info.status for run in runs if run is not parent] == ["FINISHED"], "the other job ran"
