@@ -13,7 +13,7 @@ from pathlib import Path
 
 import helpers
 import pytest
-from helpers import free_port, run_cli, sleepy_executor_plugin, start_mlflow
+from helpers import free_port, run_cli, run_clis, sleepy_executor_plugin, start_mlflow
 from mlflow.tracking import MlflowClient
 from test_faults import start_cli
 
@@ -53,11 +53,36 @@ def _split(runs: list) -> tuple[list, list]:
     return parents, [run for run in runs if run not in parents]
 
 
-@pytest.mark.usefixtures("migrated_store")
-def test_failing_job_fails_the_parent_but_keeps_the_others(tmp_path: Path) -> None:
-    (tmp_path / "plugins").mkdir()
-    (tmp_path / "plugins" / "flaky.py").write_text(FAILING_EXECUTOR)
-    result = run_cli("-m", "executor=eager,flaky", "population.neurons=0,2", "run.measured_updates=3", cwd=tmp_path)
+SWEEPS = {  # sweeps in the default launcher (one job at a time) that share nothing: a name, its plugin, its overrides
+    "failing": (
+        ("flaky.py", FAILING_EXECUTOR),
+        ("executor=eager,flaky", "population.neurons=0,2", "run.measured_updates=3"),
+    ),
+    "report": (
+        ("sleepy.py", SLOW_EXECUTOR),
+        ("executor=eager,sleepy", "population.neurons=2,3", "run.measured_updates=5"),
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def sweeps(
+    tmp_path_factory: pytest.TempPathFactory, empty_store: Path
+) -> dict[str, tuple[subprocess.CompletedProcess[str], Path]]:
+    """What each of ``SWEEPS`` printed and its folder (a copy of the empty store, its plugin): the
+    two run side by side."""
+    folders = {name: tmp_path_factory.mktemp("sweep") for name in SWEEPS}
+    calls = []
+    for name, ((file, plugin), overrides) in SWEEPS.items():
+        shutil.copyfile(empty_store, folders[name] / "mlflow.db")
+        (folders[name] / "plugins").mkdir()
+        (folders[name] / "plugins" / file).write_text(plugin)
+        calls.append((("-m", *overrides), folders[name], None))
+    return {name: (result, folders[name]) for name, result in zip(SWEEPS, run_clis(calls), strict=True)}
+
+
+def test_failing_job_fails_the_parent_but_keeps_the_others(sweeps) -> None:
+    result, folder = sweeps["failing"]
     assert result.returncode == 1, "a sweep in which a job failed exits 1"
     assert "axoexp: invalid experiment config: population.neurons=0: must be at least 1" in result.stderr
     for job, executor in ((0, "eager"), (2, "flaky")):  # every refused job is listed, not only the first
@@ -65,7 +90,7 @@ def test_failing_job_fails_the_parent_but_keeps_the_others(tmp_path: Path) -> No
             f"refused job {job} (executor={executor} population.neurons=0 run.measured_updates=3): "
             "invalid experiment config: population.neurons=0: must be at least 1"
         ) in result.stderr.splitlines()
-    _, runs = _runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    _, runs = _runs(f"sqlite:///{folder / 'mlflow.db'}")
     (parent,), children = _split(runs)
     assert parent.info.status == "FAILED"
     assert parent.data.tags[names.FAILURE] == (
@@ -150,16 +175,13 @@ def test_joblib_launcher_runs_each_job_in_its_own_process(tmp_path: Path) -> Non
     assert all(child.data.tags[names.PROCESS_PID] != launcher_pid for child in children)
 
 
-@pytest.mark.usefixtures("migrated_store")
-def test_report_tabulates_a_sweep_next_to_its_outputs_and_logs_it_to_the_parent(tmp_path: Path) -> None:
-    (tmp_path / "plugins").mkdir()
-    (tmp_path / "plugins" / "sleepy.py").write_text(SLOW_EXECUTOR)
-    sweep = run_cli("-m", "executor=eager,sleepy", "population.neurons=2,3", "run.measured_updates=5", cwd=tmp_path)
+def test_report_tabulates_a_sweep_next_to_its_outputs_and_logs_it_to_the_parent(sweeps) -> None:
+    sweep, folder = sweeps["report"]
     assert sweep.returncode == 0, sweep.stderr
     report = subprocess.run(
         # every run a row with a speedup whatever the machine's load (contended runs would stand apart)
         [sys.executable, "-m", "axoexp.report", "--format", "json", "--include-contended"],
-        cwd=tmp_path,
+        cwd=folder,
         capture_output=True,
         text=True,
         timeout=120,
@@ -174,13 +196,13 @@ def test_report_tabulates_a_sweep_next_to_its_outputs_and_logs_it_to_the_parent(
     ]
     assert all(row["speedup_vs_eager"] == 1.0 for row in rows if row["executor"] == "eager")
     assert {json.dumps(row["settings"]) for row in rows} == {'{"neurons": "2"}', '{"neurons": "3"}'}
-    client, runs = _runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client, runs = _runs(f"sqlite:///{folder / 'mlflow.db'}")
     (parent,), _ = _split(runs)
     sweep_dir = Path(parent.data.tags[names.SWEEP_DIR])
     assert (sweep_dir / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((sweep_dir / "report.json").read_text()) == rows
     assert sorted(a.path for a in client.list_artifacts(parent.info.run_id)) == ["report.json", "report.png"]
-    assert not list(tmp_path.glob("*.png")), "nothing lands in the current directory"
+    assert not list(folder.glob("*.png")), "nothing lands in the current directory"
 
 
 def test_report_without_a_sweep_says_so_in_one_line(tmp_path: Path, make_config) -> None:
