@@ -1,7 +1,8 @@
 """The README's cluster recipe, for real: an ``mlflow server --workers 4`` on PostgreSQL, and a
-parallel sweep of 8 jobs against it in which one job is killed -9 and the server is restarted
-once mid-sweep. PostgreSQL is Debian's (``apt-get install -y postgresql``; .ci/run installs it),
-started as the ``postgres`` user on a data directory of the test's own, never the system's."""
+parallel sweep of 4 jobs against it in which one job is killed -9 and the server is restarted
+once mid-sweep (the job beside the killed one, and the next, log across the restart).
+PostgreSQL is Debian's (``apt-get install -y postgresql``; .ci/run installs it), started as the
+``postgres`` user on a data directory of the test's own, never the system's."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from test_launchers import _sweep_runs
 from axoexp import lease, names
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
-SHORT = tuple(range(30, 37))  # measured updates of the seven jobs that finish
+SHORT = (30, 31, 32)  # measured updates of the jobs that finish, beside the killed one and after its death
 
 
 def _as_postgres(command: list[str]) -> list[str]:
@@ -113,7 +114,7 @@ def test_a_parallel_sweep_on_a_postgres_backed_server_survives_a_killed_job_and_
 
         client = MlflowClient(tracking_uri=uri)
         (parent,), children = _sweep_runs(uri)
-        assert len(children) == 8
+        assert len(children) == 1 + len(SHORT)
         assert parent.info.status == "FAILED" and "job0 died: " in parent.data.tags[names.FAILURE]
         by_journal = {path.parent: path for path in journals(tmp_path / "outputs")}
         for child in children:
