@@ -133,6 +133,7 @@ def test_a_run_started_from_another_runs_banks_continues_exactly_where_it_ended(
     assert run_experiment(by_file).eval_loss_before == first.eval_loss_after
 
 
+@pytest.mark.slow
 def test_a_run_interrupted_after_updates_keeps_its_banks_and_one_before_them_keeps_none(
     make_config, client, banks_registry
 ) -> None:
@@ -208,6 +209,7 @@ def test_the_command_refuses_banks_of_other_shapes_in_one_line_with_exit_2(tmp_p
     assert len(_runs(MlflowClient(tracking_uri=tracking_uri))) == 1
 
 
+@pytest.mark.slow
 def test_a_population_judged_only_once_built_ends_its_run_failed_on_banks_that_do_not_fit(
     make_config, client, banks_registry, tmp_path
 ) -> None:

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 from helpers import REPO
 
 from axoexp import metadata, names
@@ -35,6 +36,7 @@ def test_every_script_records_its_provenance() -> None:
         assert "metadata.provenance(" in script.read_text(), f"{script.name} records no provenance"
 
 
+@pytest.mark.slow
 def test_provenance_names_commit_dirty_flag_command_device_and_date() -> None:
     probe = "from axoexp import metadata; import json; print(json.dumps(metadata.provenance('cpu')))"
     output = subprocess.run(

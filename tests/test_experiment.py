@@ -140,11 +140,13 @@ def test_eager_run_is_logged_to_sqlite_and_reads_back(make_config, client, tmp_p
     assert json.loads((tmp_path / "result.json").read_text())["run_id"] == result.run_id
 
 
+@pytest.mark.slow
 def test_seeded_runs_repeat_their_losses_exactly(make_config) -> None:
     config = make_config("run.measured_updates=3")
     assert run_experiment(config).losses == run_experiment(config).losses
 
 
+@pytest.mark.slow
 def test_thread_calibration_consumes_no_update(make_config, client) -> None:
     """run.threads=null times updates with each candidate thread count after warm-up, then restores
     the module and optimizer: the measured updates continue from the warm-up's state."""
