@@ -328,6 +328,33 @@ def test_a_batched_plugin_population_runs_in_the_fused_kernel(make_config, plugi
     assert result.streams == 3 and result.verification is not None and result.verification.passed
 
 
+@pytest.mark.parametrize(
+    "loss",
+    [("loss=causal_mse",), ("loss=mse",), ("loss=huber", "loss.delta=0.05", "loss.warmup_steps=6")],
+    ids=["causal_mse", "mse", "huber"],
+)
+@pytest.mark.parametrize("in_kernel", [True, False])
+def test_the_fused_executor_computes_the_loss_in_its_kernels_and_verifies(
+    make_config, client, loss: tuple[str, ...], in_kernel: bool
+) -> None:
+    config = make_config(
+        "device=cuda",
+        "executor=fused_cudagraph",
+        f"executor.loss_in_kernel={str(in_kernel).lower()}",
+        *loss,
+        "population.time_steps=30",  # a partial last patch
+        "verify.enabled=true",
+        "verify.updates=5",
+        "verify.param_atol=1e-5",
+        "verify.loss_atol=1e-5",
+        "run.measured_updates=3",
+    )
+    result = run_experiment(config)
+    assert result.verification is not None and result.verification.passed, result.verification
+    assert result.verification.max_abs_param_change > 1e-5, "the compared updates must move the banks"
+    assert client.get_run(result.run_id).data.tags[names.FUSED_LOSS] == ("kernel" if in_kernel else "torch")
+
+
 BUCKETED = ("cudagraph", "regional_cudagraph", "fused_cudagraph")
 VARIED = ("population.lengths=[9,13,16,24,30]", "population.batches=6", "population.batch_size=2")
 

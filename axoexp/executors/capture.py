@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from axoexp.executors.base import eager_update, pad_steps
+from axoexp.executors.base import Objective, eager_update, pad_steps
 from axoexp.interfaces import GradientTransform, LossFn
 
 OptimizerSnapshot = dict[torch.Tensor, dict[str, Any]]
@@ -134,13 +134,14 @@ def capture_update(
     bucket: int | None = None,
     pool: Any = None,
     fused_step: Callable[[], None] | None = None,
+    objective: Objective | None = None,
 ) -> CapturedUpdate:
     """Capture one whole update for these shapes; module and optimizer end as they began.
 
     With ``bucket``, for batches of up to ``bucket`` steps: the example is padded to it and the
     loss masked to a length read from a static device scalar. ``pool``: the memory pool the
     graph allocates from (``torch.cuda.graph_pool_handle()``, shared by a run's bucket graphs).
-    ``fused_step``: the gradient transform and optimizer step in one call (:func:`eager_update`)."""
+    ``fused_step`` and ``objective``: as in :func:`eager_update`."""
     static_length = None
     if bucket is None:
         static_inputs, static_targets = example_inputs.clone(), example_targets.clone()
@@ -154,11 +155,13 @@ def capture_update(
         stream.wait_stream(torch.cuda.current_stream(example_inputs.device))
         with torch.cuda.stream(stream):
             for _ in range(warmup_steps):
-                eager_update(module, optimizer, loss_fn, transform, *batch, fused_step=fused_step)
+                eager_update(module, optimizer, loss_fn, transform, *batch, fused_step=fused_step, objective=objective)
                 release_autograd_graphs(module)  # no warm-up graph (nor its accumulators) outlives its update
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool, stream=stream):
-            static_loss = eager_update(module, optimizer, loss_fn, transform, *batch, fused_step=fused_step)
+            static_loss = eager_update(
+                module, optimizer, loss_fn, transform, *batch, fused_step=fused_step, objective=objective
+            )
         release_autograd_graphs(module)
         torch.cuda.current_stream(example_inputs.device).wait_stream(stream)
         torch.cuda.synchronize(example_inputs.device)

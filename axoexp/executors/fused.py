@@ -8,11 +8,19 @@ from typing import Annotated, Any
 import torch
 from axosim import AxoSimPopulation
 
+from axoexp import names
+from axoexp.components.losses import MeanOverSteps
 from axoexp.errors import IncompatibleComponentsError
-from axoexp.executors.base import UPDATE_STAGES
+from axoexp.executors.base import UPDATE_STAGES, Objective, batch_loss
 from axoexp.executors.cudagraph import Buckets, CudaGraphExecutor, WarmupSteps
 from axoexp.executors.step_rule import FUSED_STEP_KEY, fused_step_problem
-from axoexp.kernels.lite_population import fused_population_forward, fused_refusal, unsupported_reason
+from axoexp.interfaces import LossFn
+from axoexp.kernels.lite_population import (
+    fused_population_forward,
+    fused_population_loss,
+    fused_refusal,
+    unsupported_reason,
+)
 from axoexp.lengths import DEFAULT_BUCKETS
 from axoexp.registry import component
 
@@ -20,6 +28,11 @@ FusedStepOption = Annotated[
     bool,
     "gradient transform and optimizer step as one Triton launch (two with clip_norm) over flat banks; "
     "off by default: its parity and kernel count are not yet measured on the H200 (docs/fused.md)",
+]
+LossInKernelOption = Annotated[
+    bool,
+    "the loss and its gradient inside the recurrence kernels for mse, causal_mse and huber (other losses run in "
+    "torch either way; tag fused.loss says which ran)",
 ]
 
 
@@ -43,11 +56,36 @@ class FusedLiteForward(torch.nn.Module):
         """B streams: the kernel's rows are B x neurons."""
         return fused_population_forward(self.population, inputs)
 
+    def objective(self, loss_fn: LossFn) -> Objective | None:
+        """The update's forward and loss with the loss's error and gradient in the recurrence kernels
+        (:func:`fused_population_loss`), where ``loss_fn`` is a mean of a pointwise error the kernels
+        compute (the built-in mse, causal_mse and huber); None for any other loss."""
+        if not isinstance(loss_fn, MeanOverSteps) or loss_fn.pointwise is None:
+            return None
+        error, warmup_steps = loss_fn.pointwise, loss_fn.warmup_steps
+        patch = self.population.neuron.patch_size
+
+        def objective(inputs: torch.Tensor, targets: torch.Tensor, length: torch.Tensor | None) -> torch.Tensor:
+            if inputs.shape[-2] < patch:  # all warm-up: no recurrence to put the loss in
+                return batch_loss(self, loss_fn, inputs, targets, length)
+            return fused_population_loss(
+                self.population,
+                inputs,
+                targets,
+                error=error.kind,
+                delta=error.delta,
+                warmup_steps=warmup_steps,
+                length=length,
+            )
+
+        return objective
+
 
 @component("executor", "fused_cudagraph")
 class FusedCudaGraphExecutor(CudaGraphExecutor):
     """The forward's P4 recurrence runs as one Triton launch (backward: one more, in reverse
-    order) for every block of neurons; contact summaries and loss stay torch; the gradient
+    order) for every block of neurons; with ``loss_in_kernel`` the forward launch also computes the
+    loss and its gradient when the loss is a built-in mean error; contact summaries stay torch; the gradient
     transform and optimizer step stay torch too, unless ``fused_step`` runs them as one Triton
     launch (two with clip_norm) over flat views of the banks (docs/fused.md); the whole update
     is captured in one CUDA graph. float32, AxoSim-Lite populations, adaptation banks only."""
@@ -60,10 +98,13 @@ class FusedCudaGraphExecutor(CudaGraphExecutor):
         warmup_steps: WarmupSteps = 3,
         buckets: Buckets = DEFAULT_BUCKETS,
         fused_step: FusedStepOption = False,
+        loss_in_kernel: LossInKernelOption = True,
         **components: object,
     ) -> None:
         super().__init__(warmup_steps=warmup_steps, buckets=buckets, **components)
         self.fused = FusedLiteForward(self.module)
+        self.objective = self.fused.objective(self.loss_fn) if loss_in_kernel else None
+        self.prepared_tags[names.FUSED_LOSS] = "torch" if self.objective is None else "kernel"
         if fused_step:
             from axoexp.executors.fused_step import FusedStep
 
