@@ -329,14 +329,19 @@ for scaled in (False, True):
     constants = dict(shape, STORE_TOKEN_GRAD=scaled, SCALED=scaled)
     source = ASTSource(_lite_backward_kernel, {**backward, **dict.fromkeys(constants, "constexpr")}, constants)
     triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
+from axoexp.kernels.pad import BLOCK as PAD_BLOCK, _pad_kernel
+signature = {**dict.fromkeys(("inputs", "static_inputs", "targets", "static_targets"), "*fp32"), "length": "*i64",
+             **dict.fromkeys(("input_width", "static_input_width", "input_numel", "input_programs", "target_width",
+                              "static_target_width", "target_numel", "steps"), "i32"), "BLOCK": "constexpr"}
+triton.compile(ASTSource(_pad_kernel, signature, {"BLOCK": PAD_BLOCK}), target=GPUTarget("cuda", 90, 32))
 print("compiled")
 """
 
 
 @pytest.mark.slow  # a process of its own: Triton's interpreter, set in this one, compiles nothing
 def test_the_kernels_compile_for_an_h200_without_one(tmp_path: Path) -> None:
-    """Triton's compiler and the ptxas it ships build the fused step's and the recurrence's kernels (with
-    and without the loss) for sm_90 on any machine: what the
+    """Triton's compiler and the ptxas it ships build the fused step's, the recurrence's (with and
+    without the loss) and the bucket padding's kernels for sm_90 on any machine: what the
     interpreter tolerates but a GPU build would reject (types, shapes, masks) fails here."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))

@@ -12,6 +12,7 @@ autograd reports as "The AccumulateGrad node's stream does not match ..." on eve
 from __future__ import annotations
 
 import copy
+import importlib.util
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from axoexp.executors.base import Objective, eager_update, pad_steps
 from axoexp.interfaces import GradientTransform, LossFn
 
 OptimizerSnapshot = dict[torch.Tensor, dict[str, Any]]
+PAD_IN_ONE_LAUNCH = importlib.util.find_spec("triton") is not None
+"""Whether a bucket's batch is padded into its buffers by one Triton launch (else by torch's)."""
 
 
 class ReplayShapeError(ValueError):
@@ -84,7 +87,8 @@ class CapturedUpdate:
 
     With ``static_length`` the graph was captured for a length bucket (padded batches, masked
     loss): a batch of any length up to the bucket's is copied into the first steps of the
-    buffers, the rest zeroed, and its length written to ``static_length``, all on the stream."""
+    buffers, the rest zeroed, and its length written to ``static_length``, in one launch on the
+    stream (:func:`axoexp.kernels.pad.pad_into`; five torch launches where Triton is missing)."""
 
     graph: torch.cuda.CUDAGraph
     static_inputs: torch.Tensor
@@ -97,10 +101,15 @@ class CapturedUpdate:
             steps = inputs.shape[-2]
             if steps > self.static_inputs.shape[-2]:
                 raise ReplayShapeError(f"a batch of {steps} steps is longer than its bucket's graph")
-            for given, static in ((inputs, self.static_inputs), (targets, self.static_targets)):
-                static[..., :steps, :].copy_(given, non_blocking=True)
-                static[..., steps:, :].zero_()
-            self.static_length.fill_(steps)
+            if PAD_IN_ONE_LAUNCH:
+                from axoexp.kernels.pad import pad_into  # Triton: imported by bucketed runs only
+
+                pad_into(inputs, targets, self.static_inputs, self.static_targets, self.static_length)
+            else:
+                for given, static in ((inputs, self.static_inputs), (targets, self.static_targets)):
+                    static[..., :steps, :].copy_(given, non_blocking=True)
+                    static[..., steps:, :].zero_()
+                self.static_length.fill_(steps)
             self.graph.replay()
             return self.static_loss.clone()
         for role, given, static in (("inputs", inputs, self.static_inputs), ("targets", targets, self.static_targets)):
