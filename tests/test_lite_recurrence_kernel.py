@@ -274,3 +274,18 @@ def test_the_loss_in_the_kernels_is_chosen_for_the_built_in_mean_errors_only() -
     assert all(forward.objective(loss_fn) is not None for loss_fn in LOSSES.values())
     assert forward.objective(torch.nn.functional.mse_loss) is None, "a plugin's loss runs in torch"
     assert forward.objective(MeanOverSteps(torch.nn.functional.l1_loss, torch.abs, 0)) is None, "no pointwise error"
+
+
+def test_rows_per_program_other_than_a_power_of_two_are_refused_while_planning(make_config) -> None:
+    from axoexp.errors import ConfigError
+    from axoexp.plan import plan_experiment
+
+    with pytest.raises(ConfigError) as refused:
+        plan_experiment(make_config("executor=fused_cudagraph", "executor.block_n=3"))
+    assert "\n  - executor.block_n=3 is not a power of 2; give 1, 2, 4, 8, 16, ... or 0 to let it choose" in str(
+        refused.value
+    )
+    for block_n in (0, 1, 4):  # on this CPU only CUDA is missing
+        with pytest.raises(ConfigError) as refused:
+            plan_experiment(make_config("executor=fused_cudagraph", f"executor.block_n={block_n}", "device=cpu"))
+        assert "block_n" not in str(refused.value)

@@ -22,12 +22,17 @@ from axoexp.kernels.lite_population import (
     unsupported_reason,
 )
 from axoexp.lengths import DEFAULT_BUCKETS
-from axoexp.registry import component
+from axoexp.registry import NON_NEGATIVE, component
 
 FusedStepOption = Annotated[
     bool,
     "gradient transform and optimizer step as one Triton launch (two with clip_norm) over flat banks; "
-    "off by default: its parity and kernel count are not yet measured on the H200 (docs/fused.md)",
+    "off by default: a run whose optimizer or transform it cannot compute is refused, not run unfused (docs/fused.md)",
+]
+BlockNOption = Annotated[
+    int,
+    "rows (neurons x streams) each recurrence kernel program runs, a power of 2; 0 chooses (docs/fused.md)",
+    NON_NEGATIVE,
 ]
 LossInKernelOption = Annotated[
     bool,
@@ -42,19 +47,29 @@ def fused_step_config_problems(params: Mapping[str, Any], config: Mapping[str, A
     return [problem] if problem else []
 
 
+def block_n_problems(params: Mapping[str, Any]) -> list[str]:
+    """A ``block_n`` the kernels cannot take (Triton's block shapes are powers of 2)."""
+    block_n = params.get("block_n", 0)
+    if block_n and block_n & (block_n - 1):
+        return [f"executor.block_n={block_n} is not a power of 2; give 1, 2, 4, 8, 16, ... or 0 to let it choose"]
+    return []
+
+
 class FusedLiteForward(torch.nn.Module):
     """``population(inputs)`` with the P4 recurrence in the fused kernels (same parameters)."""
 
-    def __init__(self, population: AxoSimPopulation) -> None:
+    def __init__(self, population: AxoSimPopulation, block_n: int | None = None) -> None:
         super().__init__()
         self.population = population
+        self.block_n = block_n
+        """Rows per kernel program; None: the kernels' (:func:`axoexp.kernels.lite_recurrence.default_block_n`)."""
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        return fused_population_forward(self.population, inputs)
+        return fused_population_forward(self.population, inputs, block_n=self.block_n)
 
     def forward_batch(self, inputs: torch.Tensor) -> torch.Tensor:
         """B streams: the kernel's rows are B x neurons."""
-        return fused_population_forward(self.population, inputs)
+        return fused_population_forward(self.population, inputs, block_n=self.block_n)
 
     def objective(self, loss_fn: LossFn) -> Objective | None:
         """The update's forward and loss with the loss's error and gradient in the recurrence kernels
@@ -76,6 +91,7 @@ class FusedLiteForward(torch.nn.Module):
                 delta=error.delta,
                 warmup_steps=warmup_steps,
                 length=length,
+                block_n=self.block_n,
             )
 
         return objective
@@ -99,10 +115,11 @@ class FusedCudaGraphExecutor(CudaGraphExecutor):
         buckets: Buckets = DEFAULT_BUCKETS,
         fused_step: FusedStepOption = False,
         loss_in_kernel: LossInKernelOption = True,
+        block_n: BlockNOption = 0,
         **components: object,
     ) -> None:
         super().__init__(warmup_steps=warmup_steps, buckets=buckets, **components)
-        self.fused = FusedLiteForward(self.module)
+        self.fused = FusedLiteForward(self.module, block_n or None)
         self.objective = self.fused.objective(self.loss_fn) if loss_in_kernel else None
         self.prepared_tags[names.FUSED_LOSS] = "torch" if self.objective is None else "kernel"
         if fused_step:
@@ -112,7 +129,7 @@ class FusedCudaGraphExecutor(CudaGraphExecutor):
 
     @staticmethod
     def config_problems(params: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
-        return fused_step_config_problems(params, config)
+        return fused_step_config_problems(params, config) + block_n_problems(params)
 
     @classmethod
     def refusal(cls, *, module: torch.nn.Module, dtype: torch.dtype) -> str | None:
