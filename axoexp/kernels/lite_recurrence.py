@@ -361,10 +361,21 @@ def _lite_backward_kernel(
     tl.store(row_grad + 2 * TOKEN + 3 * STATE + OUTPUT + o, grad_output_offset, mask=o_ok)
 
 
-def default_block_n(token_dim: int, state_dim: int, outputs: int) -> int:
-    """Neurons per program: 16 (measured best with ``NUM_WARPS``), halved while the widest
-    (neurons, rows, columns) broadcast product of the in-register matrix-vector products
-    would exceed 1024 values, 32 a thread, so large widths do not spill registers."""
+ONE_ROW_PER_PROGRAM_UP_TO = 4096
+"""Rows up to which each program runs one row. Whole updates on an H200 (2026-12-04,
+``benchmarks/results/update-latency_h200_2026-12-04_block-n*.md``): one row per program was the
+fastest of 1, 2, 4, 8 and 16 at 64, 1024 and 4096 rows (16 per program 1.77x, 1.30x and 1.09x
+slower); at 16,384 rows 16 per program was 3% faster than one."""
+
+
+def default_block_n(token_dim: int, state_dim: int, outputs: int, rows: int) -> int:
+    """Rows per program: one up to :data:`ONE_ROW_PER_PROGRAM_UP_TO` rows (many programs, each a
+    short dependent chain: the recurrence is latency-bound), else 16 (measured best with
+    ``NUM_WARPS`` at 8k..1M rows), halved while the widest (rows, out, in) broadcast product of
+    the in-register matrix-vector products would exceed 1024 values, 32 a thread, so large widths
+    do not spill registers."""
+    if rows <= ONE_ROW_PER_PROGRAM_UP_TO:
+        return 1
     token, state, output = (triton.next_power_of_2(width) for width in (token_dim, state_dim, outputs))
     widest = max(state * token, state * state, output * state, output * token)
     block_n = 16
@@ -552,8 +563,10 @@ def _checked_weights(neuron: AxoSimLite, tokens: torch.Tensor, cache: torch.Tens
     return weights
 
 
-def _block_n(weights: tuple[torch.Tensor, ...], token_dim: int, block_n: int | None) -> int:
-    return default_block_n(token_dim, weights[0].shape[0], weights[4].shape[0]) if block_n is None else block_n
+def _block_n(weights: tuple[torch.Tensor, ...], tokens: torch.Tensor, block_n: int | None) -> int:
+    if block_n is not None:
+        return block_n
+    return default_block_n(tokens.shape[2], weights[0].shape[0], weights[4].shape[0], tokens.shape[1])
 
 
 def lite_recurrence(
@@ -572,7 +585,7 @@ def lite_recurrence(
     """
     weights = _checked_weights(neuron, tokens, cache)
     store_states = torch.is_grad_enabled() and (tokens.requires_grad or cache.requires_grad)
-    block_n = _block_n(weights, tokens.shape[2], block_n)
+    block_n = _block_n(weights, tokens, block_n)
     return LiteRecurrence.apply(tokens.contiguous(), cache.contiguous(), block_n, store_states, *weights)
 
 
@@ -615,7 +628,7 @@ def lite_recurrence_loss(
         "MASKED": length is not None,
         "OUTPUT_DIM": outputs,
     }
-    block_n = _block_n(weights, tokens.shape[2], block_n)
+    block_n = _block_n(weights, tokens, block_n)
     return LiteRecurrenceLoss.apply(
         tokens.contiguous(), cache.contiguous(), targets.contiguous(), length, loss, block_n, *weights
     )
