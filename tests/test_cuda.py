@@ -120,7 +120,11 @@ FULL_MATRIX = [
 ]
 TOLERANCE = {"fused_cudagraph": "1e-5"}  # its in-register sums run in another order than cuBLAS
 # 8 blocks: regions of 3, 3 and 2 (a short last region: a second graph of the region)
-EXECUTOR_OPTIONS = {"regional_cudagraph": ["executor.tokens_per_region=3"]}
+EXECUTOR_OPTIONS = {
+    "regional_cudagraph": ["executor.tokens_per_region=3"],
+    # the torch step here: the fused step (default auto) has its own matrix below
+    "fused_cudagraph": ["executor.fused_step=false"],
+}
 COMPILED = [
     (name, optimizer, transform)
     for name in ("compiled_cudagraph", "reduce_overhead")
@@ -352,7 +356,9 @@ def test_the_fused_executor_computes_the_loss_in_its_kernels_and_verifies(
     result = run_experiment(config)
     assert result.verification is not None and result.verification.passed, result.verification
     assert result.verification.max_abs_param_change > 1e-5, "the compared updates must move the banks"
-    assert client.get_run(result.run_id).data.tags[names.FUSED_LOSS] == ("kernel" if in_kernel else "torch")
+    tags = client.get_run(result.run_id).data.tags
+    assert tags[names.FUSED_LOSS] == ("kernel" if in_kernel else "torch")
+    assert tags[names.FUSED_STEP] == "kernel", "auto (the default) fuses adam after no transform"
 
 
 BUCKETED = ("cudagraph", "regional_cudagraph", "fused_cudagraph")

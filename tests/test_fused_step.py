@@ -206,6 +206,33 @@ def test_planning_refuses_a_fused_step_it_cannot_compute_in_one_line_naming_key_
     plan_experiment(make_config("executor=fused_eager", "executor.fused_step=true", *fusable), plugin_registry)
 
 
+def test_auto_fuses_what_the_kernel_computes_exactly_and_leaves_the_rest_to_torch(make_config, plugin_registry) -> None:
+    from axoexp.executors.fused import fused_step_for
+
+    banks = _banks()
+    fusable = gradient_transforms.clip_norm(parameters=banks, max_norm=1.0, norm_type=2.0)
+    fused, tag = fused_step_for("auto", torch.optim.Adam(banks, lr=1e-3), fusable)
+    assert isinstance(fused, fused_step.FusedStep) and tag == "kernel"
+    banks = _banks()
+    before = [bank.detach().clone() for bank in banks]
+    optimizer = torch.optim.Adam(banks, lr=1e-3)
+    unfusable = gradient_transforms.clip_norm(parameters=banks, max_norm=1.0, norm_type=3.0)
+    fused, tag = fused_step_for("auto", optimizer, unfusable)
+    assert fused is None and tag.startswith("torch: ") and "norm_type=3.0" in tag
+    assert all(bank.grad is None for bank in banks) and all(map(torch.equal, banks, before)), "banks left as they were"
+    with pytest.raises(IncompatibleComponentsError, match="norm_type=3.0"):
+        fused_step_for(True, optimizer, unfusable)
+    assert fused_step_for(False, optimizer, unfusable) == (None, "torch")
+    # auto is the default: planning refuses nothing for it; a setting that is not one is one line
+    unfusable_config = ("gradient_transform=clip_norm", "gradient_transform.norm_type=3")
+    plan_experiment(make_config("executor=fused_eager", *unfusable_config), plugin_registry)
+    with pytest.raises(ConfigError) as refused:
+        plan_experiment(make_config("executor=fused_eager", "executor.fused_step=sometimes"), plugin_registry)
+    assert str(refused.value) == (
+        "invalid experiment config: executor.fused_step=sometimes is not a setting; choose true, false or auto"
+    )
+
+
 def test_an_optimizer_or_transform_of_a_plugin_is_not_fused() -> None:
     config = {"optimizer": {"name": "lion"}, "gradient_transform": {"name": "none"}}
     assert fused_step_problem(config) == (

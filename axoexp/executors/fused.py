@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
 import torch
@@ -14,7 +14,7 @@ from axoexp.errors import IncompatibleComponentsError
 from axoexp.executors.base import UPDATE_STAGES, Objective, batch_loss
 from axoexp.executors.cudagraph import Buckets, CudaGraphExecutor, WarmupSteps
 from axoexp.executors.step_rule import FUSED_STEP_KEY, fused_step_problem
-from axoexp.interfaces import LossFn
+from axoexp.interfaces import GradientTransform, LossFn
 from axoexp.kernels.lite_population import (
     fused_population_forward,
     fused_population_loss,
@@ -25,10 +25,11 @@ from axoexp.lengths import DEFAULT_BUCKETS
 from axoexp.registry import NON_NEGATIVE, component
 
 FusedStepOption = Annotated[
-    bool,
-    "gradient transform and optimizer step as one Triton launch (two with clip_norm) over flat banks; "
-    "off by default: a run whose optimizer or transform it cannot compute is refused, not run unfused (docs/fused.md)",
+    Any,
+    "gradient transform and optimizer step as one Triton launch (two with clip_norm) over flat banks: true, false, "
+    "or auto (the default: where the kernel computes them exactly, else torch's; tag fused.step says which ran)",
 ]
+FUSED_STEP_SETTINGS = (True, False, "auto")
 BlockNOption = Annotated[
     int,
     "rows (neurons x streams) each recurrence kernel program runs, a power of 2; 0 chooses (docs/fused.md)",
@@ -42,9 +43,31 @@ LossInKernelOption = Annotated[
 
 
 def fused_step_config_problems(params: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
-    """With ``fused_step`` on: what of the config's optimizer and transform it cannot fuse exactly."""
-    problem = fused_step_problem(config) if params.get(FUSED_STEP_KEY) else None
+    """A ``fused_step`` setting that is not one, or with ``true``: what of the config's optimizer and
+    transform it cannot fuse exactly (``auto`` falls back to torch's instead)."""
+    setting = params.get(FUSED_STEP_KEY, "auto")
+    if setting not in FUSED_STEP_SETTINGS or isinstance(setting, (int, float)) and not isinstance(setting, bool):
+        return [f"executor.{FUSED_STEP_KEY}={setting} is not a setting; choose true, false or auto"]
+    problem = fused_step_problem(config) if setting is True else None
     return [problem] if problem else []
+
+
+def fused_step_for(
+    setting: bool | str, optimizer: torch.optim.Optimizer, transform: GradientTransform
+) -> tuple[Callable[[], None] | None, str]:
+    """The fused step a ``fused_step`` setting gives, and the :data:`axoexp.names.FUSED_STEP` tag saying
+    which step runs: ``kernel``, ``torch``, or with ``auto`` where the kernel cannot, ``torch: why``.
+    With ``true`` what it cannot compute raises :class:`IncompatibleComponentsError`."""
+    if setting is False:
+        return None, "torch"
+    from axoexp.executors.fused_step import FusedStep  # imports Triton
+
+    try:
+        return FusedStep(optimizer, transform), "kernel"
+    except IncompatibleComponentsError as error:
+        if setting is True:
+            raise
+        return None, f"torch: {error}"
 
 
 def block_n_problems(params: Mapping[str, Any]) -> list[str]:
@@ -113,7 +136,7 @@ class FusedCudaGraphExecutor(CudaGraphExecutor):
         *,
         warmup_steps: WarmupSteps = 3,
         buckets: Buckets = DEFAULT_BUCKETS,
-        fused_step: FusedStepOption = False,
+        fused_step: FusedStepOption = "auto",
         loss_in_kernel: LossInKernelOption = True,
         block_n: BlockNOption = 0,
         **components: object,
@@ -122,10 +145,9 @@ class FusedCudaGraphExecutor(CudaGraphExecutor):
         self.fused = FusedLiteForward(self.module, block_n or None)
         self.objective = self.fused.objective(self.loss_fn) if loss_in_kernel else None
         self.prepared_tags[names.FUSED_LOSS] = "torch" if self.objective is None else "kernel"
-        if fused_step:
-            from axoexp.executors.fused_step import FusedStep
-
-            self.fused_step = FusedStep(self.optimizer, self.gradient_transform)
+        self.fused_step, self.prepared_tags[names.FUSED_STEP] = fused_step_for(
+            fused_step, self.optimizer, self.gradient_transform
+        )
 
     @staticmethod
     def config_problems(params: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:

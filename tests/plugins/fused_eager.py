@@ -14,7 +14,13 @@ import torch
 from axoexp import component
 from axoexp.executors.base import eager_update
 from axoexp.executors.eager import EagerExecutor
-from axoexp.executors.fused import FusedLiteForward, FusedStepOption, LossInKernelOption, fused_step_config_problems
+from axoexp.executors.fused import (
+    FusedLiteForward,
+    FusedStepOption,
+    LossInKernelOption,
+    fused_step_config_problems,
+    fused_step_for,
+)
 from axoexp.kernels.lite_population import fused_refusal
 
 
@@ -23,16 +29,12 @@ class FusedEagerExecutor(EagerExecutor):
     """Eager updates through the fused kernel's forward and backward (and, optionally, fused step)."""
 
     def __init__(
-        self, *, fused_step: FusedStepOption = False, loss_in_kernel: LossInKernelOption = True, **components: Any
+        self, *, fused_step: FusedStepOption = "auto", loss_in_kernel: LossInKernelOption = True, **components: Any
     ) -> None:
         super().__init__(**components)
         self.forward = FusedLiteForward(self.module)  # type: ignore[arg-type]
         self.objective = self.forward.objective(self.loss_fn) if loss_in_kernel else None
-        self.fused_step = None
-        if fused_step:
-            from axoexp.executors.fused_step import FusedStep
-
-            self.fused_step = FusedStep(self.optimizer, self.gradient_transform)
+        self.fused_step, _ = fused_step_for(fused_step, self.optimizer, self.gradient_transform)
 
     @classmethod
     def refusal(cls, *, module: torch.nn.Module, dtype: torch.dtype) -> str | None:
