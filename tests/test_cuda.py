@@ -120,7 +120,11 @@ FULL_MATRIX = [
 ]
 TOLERANCE = {"fused_cudagraph": "1e-5"}  # its in-register sums run in another order than cuBLAS
 # 8 blocks: regions of 3, 3 and 2 (a short last region: a second graph of the region)
-EXECUTOR_OPTIONS = {"regional_cudagraph": ["executor.tokens_per_region=3"]}
+EXECUTOR_OPTIONS = {
+    "regional_cudagraph": ["executor.tokens_per_region=3"],
+    # the torch step here: the fused step (default auto) has its own matrix below
+    "fused_cudagraph": ["executor.fused_step=false"],
+}
 COMPILED = [
     (name, optimizer, transform)
     for name in ("compiled_cudagraph", "reduce_overhead")
@@ -326,6 +330,35 @@ def test_a_batched_plugin_population_runs_in_the_fused_kernel(make_config, plugi
     )
     result = run_experiment(config, registry=plugin_registry)
     assert result.streams == 3 and result.verification is not None and result.verification.passed
+
+
+@pytest.mark.parametrize(
+    "loss",
+    [("loss=causal_mse",), ("loss=mse",), ("loss=huber", "loss.delta=0.05", "loss.warmup_steps=6")],
+    ids=["causal_mse", "mse", "huber"],
+)
+@pytest.mark.parametrize("in_kernel", [True, False])
+def test_the_fused_executor_computes_the_loss_in_its_kernels_and_verifies(
+    make_config, client, loss: tuple[str, ...], in_kernel: bool
+) -> None:
+    config = make_config(
+        "device=cuda",
+        "executor=fused_cudagraph",
+        f"executor.loss_in_kernel={str(in_kernel).lower()}",
+        *loss,
+        "population.time_steps=30",  # a partial last patch
+        "verify.enabled=true",
+        "verify.updates=5",
+        "verify.param_atol=1e-5",
+        "verify.loss_atol=1e-5",
+        "run.measured_updates=3",
+    )
+    result = run_experiment(config)
+    assert result.verification is not None and result.verification.passed, result.verification
+    assert result.verification.max_abs_param_change > 1e-5, "the compared updates must move the banks"
+    tags = client.get_run(result.run_id).data.tags
+    assert tags[names.FUSED_LOSS] == ("kernel" if in_kernel else "torch")
+    assert tags[names.FUSED_STEP] == "kernel", "auto (the default) fuses adam after no transform"
 
 
 BUCKETED = ("cudagraph", "regional_cudagraph", "fused_cudagraph")

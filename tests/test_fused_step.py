@@ -206,6 +206,33 @@ def test_planning_refuses_a_fused_step_it_cannot_compute_in_one_line_naming_key_
     plan_experiment(make_config("executor=fused_eager", "executor.fused_step=true", *fusable), plugin_registry)
 
 
+def test_auto_fuses_what_the_kernel_computes_exactly_and_leaves_the_rest_to_torch(make_config, plugin_registry) -> None:
+    from axoexp.executors.fused import fused_step_for
+
+    banks = _banks()
+    fusable = gradient_transforms.clip_norm(parameters=banks, max_norm=1.0, norm_type=2.0)
+    fused, tag = fused_step_for("auto", torch.optim.Adam(banks, lr=1e-3), fusable)
+    assert isinstance(fused, fused_step.FusedStep) and tag == "kernel"
+    banks = _banks()
+    before = [bank.detach().clone() for bank in banks]
+    optimizer = torch.optim.Adam(banks, lr=1e-3)
+    unfusable = gradient_transforms.clip_norm(parameters=banks, max_norm=1.0, norm_type=3.0)
+    fused, tag = fused_step_for("auto", optimizer, unfusable)
+    assert fused is None and tag.startswith("torch: ") and "norm_type=3.0" in tag
+    assert all(bank.grad is None for bank in banks) and all(map(torch.equal, banks, before)), "banks left as they were"
+    with pytest.raises(IncompatibleComponentsError, match="norm_type=3.0"):
+        fused_step_for(True, optimizer, unfusable)
+    assert fused_step_for(False, optimizer, unfusable) == (None, "torch")
+    # auto is the default: planning refuses nothing for it; a setting that is not one is one line
+    unfusable_config = ("gradient_transform=clip_norm", "gradient_transform.norm_type=3")
+    plan_experiment(make_config("executor=fused_eager", *unfusable_config), plugin_registry)
+    with pytest.raises(ConfigError) as refused:
+        plan_experiment(make_config("executor=fused_eager", "executor.fused_step=sometimes"), plugin_registry)
+    assert str(refused.value) == (
+        "invalid experiment config: executor.fused_step=sometimes is not a setting; choose true, false or auto"
+    )
+
+
 def test_an_optimizer_or_transform_of_a_plugin_is_not_fused() -> None:
     config = {"optimizer": {"name": "lion"}, "gradient_transform": {"name": "none"}}
     assert fused_step_problem(config) == (
@@ -312,13 +339,36 @@ for norm in (0, 1, 2):
     constants = dict(NORM=norm, BLOCK=BLOCK)
     signature = {"grads": "*fp32", "partials": "*fp32", "numel": "i32", **dict.fromkeys(constants, "constexpr")}
     triton.compile(ASTSource(norm_partials_kernel, signature, constants), target=GPUTarget("cuda", 90, 32))
+from axoexp.kernels.lite_recurrence import _lite_backward_kernel, _lite_forward_kernel
+weights = ("input_weight", "recurrent_weight", "state_bias", "decay_logit", "output_weight", "output_bias",
+           "skip_weight")
+shape = dict(TOKEN=8, STATE=4, OUTPUT=8, TOKEN_PAD=8, STATE_PAD=4, OUTPUT_PAD=8, BLOCK_N=16)
+forward = {**dict.fromkeys(("tokens", "cache", *weights, "outputs", "states", "targets", "partials"), "*fp32"),
+           "length": "*i64", "neurons": "i32", "blocks": "i32", "time_steps": "i32", "warmup_steps": "i32",
+           "delta": "fp32"}
+for loss, masked in ((0, False), (1, False), (1, True), (2, True)):  # no loss; squared; masked; masked Huber
+    constants = dict(shape, STORE_STATES=True, LOSS=loss, MASKED=masked, OUTPUT_DIM=2)
+    source = ASTSource(_lite_forward_kernel, {**forward, **dict.fromkeys(constants, "constexpr")}, constants)
+    triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
+backward = {**dict.fromkeys(("tokens", "cache", *weights, "states", "grad_outputs", "grad_tokens", "grad_cache",
+                             "grad_scale"), "*fp32"), "neurons": "i32", "blocks": "i32"}
+for scaled in (False, True):
+    constants = dict(shape, STORE_TOKEN_GRAD=scaled, SCALED=scaled)
+    source = ASTSource(_lite_backward_kernel, {**backward, **dict.fromkeys(constants, "constexpr")}, constants)
+    triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
+from axoexp.kernels.pad import BLOCK as PAD_BLOCK, _pad_kernel
+signature = {**dict.fromkeys(("inputs", "static_inputs", "targets", "static_targets"), "*fp32"), "length": "*i64",
+             **dict.fromkeys(("input_width", "static_input_width", "input_numel", "input_programs", "target_width",
+                              "static_target_width", "target_numel", "steps"), "i32"), "BLOCK": "constexpr"}
+triton.compile(ASTSource(_pad_kernel, signature, {"BLOCK": PAD_BLOCK}), target=GPUTarget("cuda", 90, 32))
 print("compiled")
 """
 
 
 @pytest.mark.slow  # a process of its own: Triton's interpreter, set in this one, compiles nothing
 def test_the_kernels_compile_for_an_h200_without_one(tmp_path: Path) -> None:
-    """Triton's compiler and the ptxas it ships build the kernels for sm_90 on any machine: what the
+    """Triton's compiler and the ptxas it ships build the fused step's, the recurrence's (with and
+    without the loss) and the bucket padding's kernels for sm_90 on any machine: what the
     interpreter tolerates but a GPU build would reject (types, shapes, masks) fails here."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))

@@ -17,8 +17,12 @@ import torch
 ON_GPU = torch.cuda.is_available()  # without CUDA, conftest has set TRITON_INTERPRET=1
 pytest.importorskip("triton", reason="the fused AxoSim-Lite kernels need Triton")
 
+from axoexp.components.losses import MeanOverSteps, causal_mse, huber, mse  # noqa: E402
 from axoexp.components.population import lite  # noqa: E402
+from axoexp.executors.base import batch_loss, pad_steps  # noqa: E402
+from axoexp.executors.fused import FusedLiteForward  # noqa: E402
 from axoexp.kernels import fused_population_forward, lite_recurrence, unsupported_reason  # noqa: E402
+from axoexp.kernels.lite_population import fused_population_loss  # noqa: E402
 
 if not ON_GPU and not lite_recurrence.INTERPRETED:
     pytest.skip("triton was imported before TRITON_INTERPRET=1 could be set in this process", allow_module_level=True)
@@ -191,3 +195,97 @@ def test_batched_streams_match_forward_batch(
         assert (fused is None) == (eager is None) == (not parameter.requires_grad)
         if eager is not None:
             _assert_matches(fused, eager)
+
+
+# --- the loss in the kernels (issue 23): the mean error and its gradient without an assembled output --------
+
+
+LOSSES = {
+    "causal_mse": causal_mse(),
+    "mse": mse(),  # the warm-up zeros count in the loss
+    "huber": huber(delta=0.05),  # errors on both sides of delta
+    "causal_huber_6": huber(delta=0.05, warmup_steps=6),  # a warm-up longer than a patch
+}
+
+
+@pytest.mark.parametrize(
+    ("loss", "streams", "neurons", "time_steps", "length", "block_n"),
+    [
+        ("causal_mse", None, 3, 12, None, 2),  # ragged: 2 + 1
+        ("mse", None, 5, 10, None, None),  # a partial last patch, cut off
+        ("huber", None, 5, 16, None, 4),
+        ("causal_huber_6", 2, 3, 13, None, 4),  # 6 rows: a program straddles two streams
+        ("causal_mse", None, 3, 16, 11, None),  # padded to 16, the loss masked to 11 steps
+        ("mse", 3, 3, 16, 9, 4),
+        ("huber", None, 2, 16, 3, None),  # masked inside the warm-up patch: a loss, no gradient
+        ("huber", None, 2, 16, 6, None),
+    ],
+)
+def test_the_loss_in_the_kernels_equals_the_loss_of_the_eager_output(
+    loss: str, streams: int | None, neurons: int, time_steps: int, length: int | None, block_n: int | None
+) -> None:
+    """Loss and bank gradients of :func:`fused_population_loss` against the loss (its masked form
+    for padded batches; the mean over streams for batched ones) of axosim's own forward."""
+    setup = lite(
+        device=DEVICE,
+        dtype=torch.float32,
+        seed=neurons + time_steps,
+        neurons=neurons,
+        time_steps=time_steps,
+        contacts=3,
+        batches=1,
+        **({"batch_size": streams} if streams else {}),
+    )
+    population, (inputs, targets) = setup.module, setup.batches[0]
+    targets = targets + 0.3 * torch.randn(targets.shape, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    steps = None
+    if length is not None:  # a padded batch: its steps after ``length`` are zeros, as the capture pads them
+        inputs, targets = (
+            pad_steps(inputs[..., :length, :], time_steps),
+            pad_steps(targets[..., :length, :], time_steps),
+        )
+        steps = torch.tensor(length, device=DEVICE)
+    loss_fn = LOSSES[loss]
+    population.zero_grad(set_to_none=True)
+    expected = batch_loss(population, loss_fn, inputs, targets, steps)
+    expected.backward()
+    eager_grads = [parameter.grad.clone() for parameter in population.adaptation_parameters()]
+    population.zero_grad(set_to_none=True)
+    got = fused_population_loss(
+        population,
+        inputs,
+        targets,
+        error=loss_fn.pointwise.kind,
+        delta=loss_fn.pointwise.delta,
+        warmup_steps=loss_fn.warmup_steps,
+        length=steps,
+        block_n=block_n,
+    )
+    got.backward()
+    _assert_matches(got.detach(), expected.detach())
+    for parameter, eager in zip(population.adaptation_parameters(), eager_grads, strict=True):
+        assert (eager.abs().max() > 0) == (length is None or length > 4), "the banks get a gradient after warm-up"
+        _assert_matches(parameter.grad, eager)
+
+
+def test_the_loss_in_the_kernels_is_chosen_for_the_built_in_mean_errors_only() -> None:
+    population, _ = _population(neurons=2, time_steps=8, contacts=2, seed=18)
+    forward = FusedLiteForward(population)
+    assert all(forward.objective(loss_fn) is not None for loss_fn in LOSSES.values())
+    assert forward.objective(torch.nn.functional.mse_loss) is None, "a plugin's loss runs in torch"
+    assert forward.objective(MeanOverSteps(torch.nn.functional.l1_loss, torch.abs, 0)) is None, "no pointwise error"
+
+
+def test_rows_per_program_other_than_a_power_of_two_are_refused_while_planning(make_config) -> None:
+    from axoexp.errors import ConfigError
+    from axoexp.plan import plan_experiment
+
+    with pytest.raises(ConfigError) as refused:
+        plan_experiment(make_config("executor=fused_cudagraph", "executor.block_n=3"))
+    assert "\n  - executor.block_n=3 is not a power of 2; give 1, 2, 4, 8, 16, ... or 0 to let it choose" in str(
+        refused.value
+    )
+    for block_n in (0, 1, 4):  # on this CPU only CUDA is missing
+        with pytest.raises(ConfigError) as refused:
+            plan_experiment(make_config("executor=fused_cudagraph", f"executor.block_n={block_n}", "device=cpu"))
+        assert "block_n" not in str(refused.value)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import torch
 import torch.nn.functional as F
@@ -26,17 +27,30 @@ def skip_warmup(loss: LossFn, warmup_steps: int) -> LossFn:
     return causal
 
 
+@dataclass(frozen=True)
+class PointwiseError:
+    """An elementwise error by name, for code that computes it and its derivative itself (the fused
+    kernels): ``squared`` is torch's ``mse_loss``, ``huber`` torch's ``huber_loss`` at ``delta``."""
+
+    kind: Literal["squared", "huber"]
+    delta: float = 0.0
+
+
 class MeanOverSteps:
     """A loss that is the mean of an elementwise error over the steps after ``warmup_steps``.
 
     Called as ``loss(prediction, target)`` it is exactly ``reduced`` over those steps (today's
     numbers). :meth:`masked` takes the same mean over predictions padded at the end of the time
     axis, counting only the first ``length`` steps of each sequence, so a padded step contributes
-    nothing to the loss nor to any gradient (docs/lengths.md)."""
+    nothing to the loss nor to any gradient (docs/lengths.md). ``pointwise`` names the elementwise
+    error where it is one the fused kernels compute themselves (docs/fused.md)."""
 
-    def __init__(self, reduced: LossFn, elementwise: LossFn, warmup_steps: int) -> None:
+    def __init__(
+        self, reduced: LossFn, elementwise: LossFn, warmup_steps: int, pointwise: PointwiseError | None = None
+    ) -> None:
         self.elementwise = elementwise
         self.warmup_steps = warmup_steps
+        self.pointwise = pointwise
         self.reduced = skip_warmup(reduced, warmup_steps) if warmup_steps else reduced
 
     def __call__(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -69,7 +83,7 @@ def causal_mse(
     *, warmup_steps: Annotated[int, "leading output steps left out of the loss", NON_NEGATIVE] = WARMUP_STEPS
 ) -> LossFn:
     """Mean squared error over the steps after AxoSim-Lite's warm-up (the first 4 by default)."""
-    return MeanOverSteps(F.mse_loss, _squared_error, warmup_steps)
+    return MeanOverSteps(F.mse_loss, _squared_error, warmup_steps, PointwiseError("squared"))
 
 
 def _squared_error(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -79,7 +93,7 @@ def _squared_error(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tens
 @component("loss", "mse")
 def mse() -> LossFn:
     """Mean squared error over every step, warm-up included."""
-    return MeanOverSteps(F.mse_loss, _squared_error, 0)
+    return MeanOverSteps(F.mse_loss, _squared_error, 0, PointwiseError("squared"))
 
 
 @component("loss", "huber")
@@ -96,4 +110,4 @@ def huber(
     def elementwise(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return F.huber_loss(prediction, target, delta=delta, reduction="none")
 
-    return MeanOverSteps(loss, elementwise, warmup_steps)
+    return MeanOverSteps(loss, elementwise, warmup_steps, PointwiseError("huber", delta))

@@ -16,6 +16,10 @@ from axoexp.interfaces import STREAM_AXIS_RANK, GradientTransform, LossFn
 UPDATE_STAGES = ("zero_grad", "forward", "loss", "backward", "gradient_transform", "optimizer_step")
 NOT_TIMED = ("batch_generation", "host_loss_readback", "metric_logging")
 
+Objective = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+"""``objective(inputs, targets, length)``: the forward and loss of one update, differentiable in the
+banks (:func:`batch_loss` by default; the fused executor's runs the loss in its kernels)."""
+
 
 def batch_loss(
     module: torch.nn.Module,
@@ -57,13 +61,17 @@ def eager_update(
     length: torch.Tensor | None = None,
     *,
     fused_step: Callable[[], None] | None = None,
+    objective: Objective | None = None,
 ) -> torch.Tensor:
     """One update exactly as ``axosim.CudaGraphAdaptationStep`` captures it (with ``length``: on a
     padded batch, whose padded steps contribute nothing, :func:`batch_loss`). ``fused_step``, when
     given, does the gradient transform and the optimizer step in one call
-    (:class:`axoexp.executors.fused_step.FusedStep`)."""
+    (:class:`axoexp.executors.fused_step.FusedStep`); ``objective``, when given, the forward and loss."""
     optimizer.zero_grad(set_to_none=False)
-    loss = batch_loss(module, loss_fn, inputs, targets, length)
+    if objective is None:
+        loss = batch_loss(module, loss_fn, inputs, targets, length)
+    else:
+        loss = objective(inputs, targets, length)
     loss.backward()
     if fused_step is not None:
         fused_step()

@@ -12,6 +12,7 @@ autograd reports as "The AccumulateGrad node's stream does not match ..." on eve
 from __future__ import annotations
 
 import copy
+import importlib.util
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,10 +20,12 @@ from typing import Any
 
 import torch
 
-from axoexp.executors.base import eager_update, pad_steps
+from axoexp.executors.base import Objective, eager_update, pad_steps
 from axoexp.interfaces import GradientTransform, LossFn
 
 OptimizerSnapshot = dict[torch.Tensor, dict[str, Any]]
+PAD_IN_ONE_LAUNCH = importlib.util.find_spec("triton") is not None
+"""Whether a bucket's batch is padded into its buffers by one Triton launch (else by torch's)."""
 
 
 class ReplayShapeError(ValueError):
@@ -84,7 +87,8 @@ class CapturedUpdate:
 
     With ``static_length`` the graph was captured for a length bucket (padded batches, masked
     loss): a batch of any length up to the bucket's is copied into the first steps of the
-    buffers, the rest zeroed, and its length written to ``static_length``, all on the stream."""
+    buffers, the rest zeroed, and its length written to ``static_length``, in one launch on the
+    stream (:func:`axoexp.kernels.pad.pad_into`; five torch launches where Triton is missing)."""
 
     graph: torch.cuda.CUDAGraph
     static_inputs: torch.Tensor
@@ -97,10 +101,15 @@ class CapturedUpdate:
             steps = inputs.shape[-2]
             if steps > self.static_inputs.shape[-2]:
                 raise ReplayShapeError(f"a batch of {steps} steps is longer than its bucket's graph")
-            for given, static in ((inputs, self.static_inputs), (targets, self.static_targets)):
-                static[..., :steps, :].copy_(given, non_blocking=True)
-                static[..., steps:, :].zero_()
-            self.static_length.fill_(steps)
+            if PAD_IN_ONE_LAUNCH:
+                from axoexp.kernels.pad import pad_into  # Triton: imported by bucketed runs only
+
+                pad_into(inputs, targets, self.static_inputs, self.static_targets, self.static_length)
+            else:
+                for given, static in ((inputs, self.static_inputs), (targets, self.static_targets)):
+                    static[..., :steps, :].copy_(given, non_blocking=True)
+                    static[..., steps:, :].zero_()
+                self.static_length.fill_(steps)
             self.graph.replay()
             return self.static_loss.clone()
         for role, given, static in (("inputs", inputs, self.static_inputs), ("targets", targets, self.static_targets)):
@@ -134,13 +143,14 @@ def capture_update(
     bucket: int | None = None,
     pool: Any = None,
     fused_step: Callable[[], None] | None = None,
+    objective: Objective | None = None,
 ) -> CapturedUpdate:
     """Capture one whole update for these shapes; module and optimizer end as they began.
 
     With ``bucket``, for batches of up to ``bucket`` steps: the example is padded to it and the
     loss masked to a length read from a static device scalar. ``pool``: the memory pool the
     graph allocates from (``torch.cuda.graph_pool_handle()``, shared by a run's bucket graphs).
-    ``fused_step``: the gradient transform and optimizer step in one call (:func:`eager_update`)."""
+    ``fused_step`` and ``objective``: as in :func:`eager_update`."""
     static_length = None
     if bucket is None:
         static_inputs, static_targets = example_inputs.clone(), example_targets.clone()
@@ -154,11 +164,13 @@ def capture_update(
         stream.wait_stream(torch.cuda.current_stream(example_inputs.device))
         with torch.cuda.stream(stream):
             for _ in range(warmup_steps):
-                eager_update(module, optimizer, loss_fn, transform, *batch, fused_step=fused_step)
+                eager_update(module, optimizer, loss_fn, transform, *batch, fused_step=fused_step, objective=objective)
                 release_autograd_graphs(module)  # no warm-up graph (nor its accumulators) outlives its update
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool, stream=stream):
-            static_loss = eager_update(module, optimizer, loss_fn, transform, *batch, fused_step=fused_step)
+            static_loss = eager_update(
+                module, optimizer, loss_fn, transform, *batch, fused_step=fused_step, objective=objective
+            )
         release_autograd_graphs(module)
         torch.cuda.current_stream(example_inputs.device).wait_stream(stream)
         torch.cuda.synchronize(example_inputs.device)

@@ -9,7 +9,7 @@ import torch
 
 from axoexp import names
 from axoexp.components.losses import masked_form
-from axoexp.executors.base import UPDATE_STAGES
+from axoexp.executors.base import UPDATE_STAGES, Objective
 from axoexp.executors.capture import CapturedUpdate, capture_update
 from axoexp.interfaces import Batch, Executor, LossFn
 from axoexp.lengths import BUCKETS_SYNTAX, DEFAULT_BUCKETS, bucket_of, buckets_for
@@ -61,6 +61,8 @@ class CudaGraphExecutor(Executor):
         self.graphs_captured = 0
         self.fused_step: Callable[[], None] | None = None
         """The gradient transform and optimizer step as one call, where a subclass fuses them."""
+        self.objective: Objective | None = None
+        """The forward and loss of an update, where a subclass computes them its own way."""
 
     @classmethod
     def length_refusal(cls, *, params: Mapping[str, Any], lengths: list[int], loss_fn: LossFn | None) -> str | None:
@@ -143,6 +145,7 @@ class CudaGraphExecutor(Executor):
             bucket=bucket,
             pool=pool,
             fused_step=self.fused_step,
+            objective=self.objective,
         )
         self.graphs_captured += 1
         return captured

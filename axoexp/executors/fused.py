@@ -2,52 +2,129 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
 import torch
 from axosim import AxoSimPopulation
 
+from axoexp import names
+from axoexp.components.losses import MeanOverSteps
 from axoexp.errors import IncompatibleComponentsError
-from axoexp.executors.base import UPDATE_STAGES
+from axoexp.executors.base import UPDATE_STAGES, Objective, batch_loss
 from axoexp.executors.cudagraph import Buckets, CudaGraphExecutor, WarmupSteps
 from axoexp.executors.step_rule import FUSED_STEP_KEY, fused_step_problem
-from axoexp.kernels.lite_population import fused_population_forward, fused_refusal, unsupported_reason
+from axoexp.interfaces import GradientTransform, LossFn
+from axoexp.kernels.lite_population import (
+    fused_population_forward,
+    fused_population_loss,
+    fused_refusal,
+    unsupported_reason,
+)
 from axoexp.lengths import DEFAULT_BUCKETS
-from axoexp.registry import component
+from axoexp.registry import NON_NEGATIVE, component
 
 FusedStepOption = Annotated[
+    Any,
+    "gradient transform and optimizer step as one Triton launch (two with clip_norm) over flat banks: true, false, "
+    "or auto (the default: where the kernel computes them exactly, else torch's; tag fused.step says which ran)",
+]
+FUSED_STEP_SETTINGS = (True, False, "auto")
+BlockNOption = Annotated[
+    int,
+    "rows (neurons x streams) each recurrence kernel program runs, a power of 2; 0 chooses (docs/fused.md)",
+    NON_NEGATIVE,
+]
+LossInKernelOption = Annotated[
     bool,
-    "gradient transform and optimizer step as one Triton launch (two with clip_norm) over flat banks; "
-    "off by default: its parity and kernel count are not yet measured on the H200 (docs/fused.md)",
+    "the loss and its gradient inside the recurrence kernels for mse, causal_mse and huber (other losses run in "
+    "torch either way; tag fused.loss says which ran)",
 ]
 
 
 def fused_step_config_problems(params: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
-    """With ``fused_step`` on: what of the config's optimizer and transform it cannot fuse exactly."""
-    problem = fused_step_problem(config) if params.get(FUSED_STEP_KEY) else None
+    """A ``fused_step`` setting that is not one, or with ``true``: what of the config's optimizer and
+    transform it cannot fuse exactly (``auto`` falls back to torch's instead)."""
+    setting = params.get(FUSED_STEP_KEY, "auto")
+    if setting not in FUSED_STEP_SETTINGS or isinstance(setting, (int, float)) and not isinstance(setting, bool):
+        return [f"executor.{FUSED_STEP_KEY}={setting} is not a setting; choose true, false or auto"]
+    problem = fused_step_problem(config) if setting is True else None
     return [problem] if problem else []
+
+
+def fused_step_for(
+    setting: bool | str, optimizer: torch.optim.Optimizer, transform: GradientTransform
+) -> tuple[Callable[[], None] | None, str]:
+    """The fused step a ``fused_step`` setting gives, and the :data:`axoexp.names.FUSED_STEP` tag saying
+    which step runs: ``kernel``, ``torch``, or with ``auto`` where the kernel cannot, ``torch: why``.
+    With ``true`` what it cannot compute raises :class:`IncompatibleComponentsError`."""
+    if setting is False:
+        return None, "torch"
+    from axoexp.executors.fused_step import FusedStep  # imports Triton
+
+    try:
+        return FusedStep(optimizer, transform), "kernel"
+    except IncompatibleComponentsError as error:
+        if setting is True:
+            raise
+        return None, f"torch: {error}"
+
+
+def block_n_problems(params: Mapping[str, Any]) -> list[str]:
+    """A ``block_n`` the kernels cannot take (Triton's block shapes are powers of 2)."""
+    block_n = params.get("block_n", 0)
+    if block_n and block_n & (block_n - 1):
+        return [f"executor.block_n={block_n} is not a power of 2; give 1, 2, 4, 8, 16, ... or 0 to let it choose"]
+    return []
 
 
 class FusedLiteForward(torch.nn.Module):
     """``population(inputs)`` with the P4 recurrence in the fused kernels (same parameters)."""
 
-    def __init__(self, population: AxoSimPopulation) -> None:
+    def __init__(self, population: AxoSimPopulation, block_n: int | None = None) -> None:
         super().__init__()
         self.population = population
+        self.block_n = block_n
+        """Rows per kernel program; None: the kernels' (:func:`axoexp.kernels.lite_recurrence.default_block_n`)."""
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        return fused_population_forward(self.population, inputs)
+        return fused_population_forward(self.population, inputs, block_n=self.block_n)
 
     def forward_batch(self, inputs: torch.Tensor) -> torch.Tensor:
         """B streams: the kernel's rows are B x neurons."""
-        return fused_population_forward(self.population, inputs)
+        return fused_population_forward(self.population, inputs, block_n=self.block_n)
+
+    def objective(self, loss_fn: LossFn) -> Objective | None:
+        """The update's forward and loss with the loss's error and gradient in the recurrence kernels
+        (:func:`fused_population_loss`), where ``loss_fn`` is a mean of a pointwise error the kernels
+        compute (the built-in mse, causal_mse and huber); None for any other loss."""
+        if not isinstance(loss_fn, MeanOverSteps) or loss_fn.pointwise is None:
+            return None
+        error, warmup_steps = loss_fn.pointwise, loss_fn.warmup_steps
+        patch = self.population.neuron.patch_size
+
+        def objective(inputs: torch.Tensor, targets: torch.Tensor, length: torch.Tensor | None) -> torch.Tensor:
+            if inputs.shape[-2] < patch:  # all warm-up: no recurrence to put the loss in
+                return batch_loss(self, loss_fn, inputs, targets, length)
+            return fused_population_loss(
+                self.population,
+                inputs,
+                targets,
+                error=error.kind,
+                delta=error.delta,
+                warmup_steps=warmup_steps,
+                length=length,
+                block_n=self.block_n,
+            )
+
+        return objective
 
 
 @component("executor", "fused_cudagraph")
 class FusedCudaGraphExecutor(CudaGraphExecutor):
     """The forward's P4 recurrence runs as one Triton launch (backward: one more, in reverse
-    order) for every block of neurons; contact summaries and loss stay torch; the gradient
+    order) for every block of neurons; with ``loss_in_kernel`` the forward launch also computes the
+    loss and its gradient when the loss is a built-in mean error; contact summaries stay torch; the gradient
     transform and optimizer step stay torch too, unless ``fused_step`` runs them as one Triton
     launch (two with clip_norm) over flat views of the banks (docs/fused.md); the whole update
     is captured in one CUDA graph. float32, AxoSim-Lite populations, adaptation banks only."""
@@ -59,19 +136,22 @@ class FusedCudaGraphExecutor(CudaGraphExecutor):
         *,
         warmup_steps: WarmupSteps = 3,
         buckets: Buckets = DEFAULT_BUCKETS,
-        fused_step: FusedStepOption = False,
+        fused_step: FusedStepOption = "auto",
+        loss_in_kernel: LossInKernelOption = True,
+        block_n: BlockNOption = 0,
         **components: object,
     ) -> None:
         super().__init__(warmup_steps=warmup_steps, buckets=buckets, **components)
-        self.fused = FusedLiteForward(self.module)
-        if fused_step:
-            from axoexp.executors.fused_step import FusedStep
-
-            self.fused_step = FusedStep(self.optimizer, self.gradient_transform)
+        self.fused = FusedLiteForward(self.module, block_n or None)
+        self.objective = self.fused.objective(self.loss_fn) if loss_in_kernel else None
+        self.prepared_tags[names.FUSED_LOSS] = "torch" if self.objective is None else "kernel"
+        self.fused_step, self.prepared_tags[names.FUSED_STEP] = fused_step_for(
+            fused_step, self.optimizer, self.gradient_transform
+        )
 
     @staticmethod
     def config_problems(params: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
-        return fused_step_config_problems(params, config)
+        return fused_step_config_problems(params, config) + block_n_problems(params)
 
     @classmethod
     def refusal(cls, *, module: torch.nn.Module, dtype: torch.dtype) -> str | None:

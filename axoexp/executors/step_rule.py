@@ -6,7 +6,8 @@ The fused step (:mod:`axoexp.executors.fused_step`, whose kernels are in
 :mod:`axoexp.kernels.fused_step`) reproduces, over one flat view of the banks, exactly these:
 ``optimizer=adam``, ``adamw`` and ``sgd`` (any momentum, Nesterov, weight decay) after
 ``gradient_transform=none``, ``clip_value`` and ``clip_norm`` with ``norm_type`` 1, 2 or inf.
-Anything else (another p-norm, a plugin's optimizer or transform) is refused.
+Anything else (another p-norm, a plugin's optimizer or transform) is refused with ``fused_step=true``;
+``auto`` (the default) runs torch's step for it instead.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ summaries, runtime coefficients) or a copy of axosim's few lines around its roll
 token projection, the four warm-up zeros, the ``base_soma_prediction`` it keeps), so the
 output and the gradients of the adaptation banks are those of the eager forward up to
 float32 rounding. No host syncs, no data-dependent shapes: CUDA-graph capturable.
+:func:`fused_population_loss` goes one step further for the built-in mean errors: the loss and
+its gradient run inside the recurrence kernels, so no output is assembled.
 """
 
 from __future__ import annotations
@@ -161,3 +163,42 @@ def fused_population_forward(
     from axoexp.kernels.lite_recurrence import lite_recurrence
 
     return population_forward(population, inputs, functools.partial(lite_recurrence, block_n=block_n))
+
+
+def fused_population_loss(
+    population: AxoSimPopulation,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    error: str,
+    delta: float = 0.0,
+    warmup_steps: int,
+    length: torch.Tensor | None = None,
+    block_n: int | None = None,
+) -> torch.Tensor:
+    """The mean ``error`` (``squared``, or ``huber`` with threshold ``delta``) between
+    ``population(inputs)`` (``forward_batch`` for batched streams, whose loss is then the mean over
+    streams) and ``targets`` over the steps after ``warmup_steps`` (and before ``length``, for padded
+    batches), as :class:`axoexp.components.losses.MeanOverSteps` defines it, with the recurrence, the
+    error and its gradient in the fused kernels. The output itself is never assembled, so
+    ``base_soma_prediction`` is not kept. Needs at least one patch of steps."""
+    reason = unsupported_reason(population, inputs.dtype)
+    if reason is not None:
+        raise ValueError(reason)
+    from axoexp.kernels.lite_recurrence import lite_recurrence_loss
+
+    tokens, cache = lite_tokens(population, inputs)
+    if tokens.shape[0] == 0:
+        raise ValueError(f"the fused loss needs at least {population.neuron.patch_size} steps, got {inputs.shape[-2]}")
+    rows = tokens.shape[1]
+    return lite_recurrence_loss(
+        population.neuron,
+        tokens,
+        cache,
+        targets.reshape(rows, *targets.shape[-2:]),
+        error=error,
+        delta=delta,
+        warmup_steps=warmup_steps,
+        length=length,
+        block_n=block_n,
+    )

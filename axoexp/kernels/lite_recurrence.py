@@ -18,6 +18,12 @@ next step's inputs so their load latency overlaps the arithmetic. The forward sa
 pre-gain output from the saved states, carries ``dL/ds_b`` in registers, accumulates the
 cache gradients per neuron in registers and writes them once.
 
+With ``LOSS`` the forward kernel also takes the targets and computes a mean pointwise error
+(squared or Huber) over the steps the loss keeps: each program writes its rows' share of the
+loss, and in place of the forecasts it stores the loss's gradient with respect to them, which
+the backward kernel scales by the upstream gradient as it loads it. The assembled output, the
+loss and their backward (about a dozen small kernels) are then not needed.
+
 The neuron's own weights are constants here: axoexp adapts only the per-neuron banks, so
 ``lite_recurrence`` refuses weights that require grad rather than drop their gradients.
 """
@@ -83,6 +89,24 @@ def _load_vector(pointer, width, WIDTH: tl.constexpr):
     return tl.load(pointer + c, mask=c < width, other=0.0)[None, :]
 
 
+NO_LOSS: tl.constexpr = tl.constexpr(0)
+SQUARED: tl.constexpr = tl.constexpr(1)
+"""``LOSS`` code: the squared error, ``(y - t)^2`` (torch's ``mse_loss``)."""
+HUBER: tl.constexpr = tl.constexpr(2)
+"""``LOSS`` code: the Huber error with threshold ``delta`` (torch's ``huber_loss``)."""
+
+
+@triton.jit
+def _pointwise_error(difference, delta, LOSS: tl.constexpr):
+    """The error of ``difference`` = prediction - target and its derivative in the prediction,
+    as torch's ``mse_loss`` and ``huber_loss`` compute them."""
+    if LOSS == SQUARED:
+        return difference * difference, 2.0 * difference
+    magnitude = tl.abs(difference)
+    error = tl.where(magnitude < delta, 0.5 * difference * difference, delta * (magnitude - 0.5 * delta))
+    return error, tl.minimum(tl.maximum(difference, -delta), delta)
+
+
 @triton.jit
 def _lite_forward_kernel(
     tokens,
@@ -98,6 +122,12 @@ def _lite_forward_kernel(
     states,
     neurons,
     blocks,
+    targets,
+    length,
+    partials,
+    time_steps,
+    warmup_steps,
+    delta,
     TOKEN: tl.constexpr,
     STATE: tl.constexpr,
     OUTPUT: tl.constexpr,
@@ -106,8 +136,18 @@ def _lite_forward_kernel(
     OUTPUT_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
     STORE_STATES: tl.constexpr,
+    LOSS: tl.constexpr,
+    MASKED: tl.constexpr,
+    OUTPUT_DIM: tl.constexpr,
 ):
-    """One program runs every P4 block for BLOCK_N neurons; see the module docstring."""
+    """One program runs every P4 block for BLOCK_N neurons; see the module docstring.
+
+    With ``LOSS`` (:data:`SQUARED` or :data:`HUBER`, ``delta`` its threshold): ``targets`` are the
+    (rows, time_steps, OUTPUT_DIM) targets, the loss keeps steps ``warmup_steps`` .. ``end - 1``
+    with ``end`` = ``time_steps``, or with ``MASKED`` the smaller of it and the 0-dim ``length``;
+    ``outputs`` receives d(loss)/d(forecast) and ``partials[program]`` this program's rows' share
+    of the loss. Block ``b``'s forecast lane ``q`` is step ``PATCH (b + 1) + q // OUTPUT_DIM``; the
+    first PATCH steps predict zero (axosim's warm-up), so they add to the loss but take no gradient."""
     CACHE: tl.constexpr = 2 * TOKEN + 3 * STATE + 2 * OUTPUT
     rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     population = tl.cast(neurons, tl.int64)  # int64 row arithmetic: no overflow at scale
@@ -145,18 +185,46 @@ def _lite_forward_kernel(
     index = rows[:, None]
     token = tl.load(tokens + index * TOKEN + k, mask=k_ok, other=0.0)
     state = tl.zeros((BLOCK_N, STATE_PAD), dtype=tl.float32)
-    for _ in range(blocks):
+    if LOSS != NO_LOSS:
+        # Lane o of a block's forecast is o // OUTPUT_DIM steps after the block's first step.
+        PATCH: tl.constexpr = OUTPUT // OUTPUT_DIM
+        last = time_steps
+        if MASKED:
+            last = tl.minimum(tl.load(length).to(tl.int64), time_steps)
+        kept = tl.maximum(last - warmup_steps, 0)
+        scale = 1.0 / (tl.cast(kept, tl.float32) * tl.cast(neurons, tl.float32) * OUTPUT_DIM)
+        row_targets = targets + rows[:, None] * time_steps * OUTPUT_DIM + o
+        lane_step = o // OUTPUT_DIM
+        # axosim's warm-up: the first PATCH steps predict zero; their error counts, with no gradient.
+        kept_lanes = o_ok & (lane_step >= warmup_steps) & (lane_step < last)
+        target = tl.load(row_targets, mask=kept_lanes, other=0.0)
+        error, _ = _pointwise_error(-target, delta, LOSS)
+        total = tl.where(kept_lanes, error, 0.0)
+        target = tl.load(row_targets + OUTPUT, mask=o_ok & (PATCH + lane_step < last), other=0.0)
+    for block in range(blocks):
         following = index + population
         next_token = tl.load(tokens + following * TOKEN + k, mask=k_ok & (following < end), other=0.0)
         adapted = (token + token_offset) * token_scale
         proposal = _tanh(_matvec(adapted, w_in) + _matvec(state, w_rec) + state_shift)
         state = decay * state + (1.0 - decay) * (proposal * state_scale)
         head = _matvec(state, w_out) + head_bias + _matvec(adapted, w_skip)
-        tl.store(outputs + index * OUTPUT + o, head * output_scale + output_offset, mask=o_ok)
+        forecast = head * output_scale + output_offset
+        if LOSS != NO_LOSS:
+            step = PATCH * (block + 1) + lane_step
+            next_target = tl.load(row_targets + (block + 2) * OUTPUT, mask=o_ok & (step + PATCH < last), other=0.0)
+            kept_lanes = o_ok & (step >= warmup_steps) & (step < last)
+            error, slope = _pointwise_error(forecast - target, delta, LOSS)
+            total += tl.where(kept_lanes, error, 0.0)
+            tl.store(outputs + index * OUTPUT + o, tl.where(kept_lanes, slope * scale, 0.0), mask=o_ok)
+            target = next_target
+        else:
+            tl.store(outputs + index * OUTPUT + o, forecast, mask=o_ok)
         if STORE_STATES:
             tl.store(states + index * STATE + s, state, mask=s_ok)
         index = following
         token = next_token
+    if LOSS != NO_LOSS:
+        tl.store(partials + tl.program_id(0), tl.sum(tl.sum(total, axis=1), axis=0) * scale)
 
 
 @triton.jit
@@ -176,6 +244,7 @@ def _lite_backward_kernel(
     grad_cache,
     neurons,
     blocks,
+    grad_scale,
     TOKEN: tl.constexpr,
     STATE: tl.constexpr,
     OUTPUT: tl.constexpr,
@@ -184,8 +253,10 @@ def _lite_backward_kernel(
     OUTPUT_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
     STORE_TOKEN_GRAD: tl.constexpr,
+    SCALED: tl.constexpr,
 ):
-    """Reverse-time adjoint of ``_lite_forward_kernel`` from its saved states.
+    """Reverse-time adjoint of ``_lite_forward_kernel`` from its saved states; with ``SCALED``
+    every output gradient is multiplied by the 0-dim ``grad_scale`` as it is loaded.
 
     With g = dL/ds_b (from later blocks plus this block's output):
         dL/du_b = dL/dy_b * (1 + output_gain),  u_b the pre-gain output
@@ -239,11 +310,12 @@ def _lite_backward_kernel(
     state = tl.load(states + index * STATE + s, mask=s_ok, other=0.0)
     previous = tl.load(states + (index - population) * STATE + s, mask=s_ok & (index >= population), other=0.0)
     token = tl.load(tokens + index * TOKEN + k, mask=k_ok, other=0.0)
-    grad_output = tl.load(grad_outputs + index * OUTPUT + o, mask=o_ok, other=0.0)
+    scale = tl.load(grad_scale) if SCALED else 1.0
+    grad_output = tl.load(grad_outputs + index * OUTPUT + o, mask=o_ok, other=0.0) * scale
     for _ in range(blocks):
         earlier = index - population
         next_token = tl.load(tokens + earlier * TOKEN + k, mask=k_ok & (earlier >= 0), other=0.0)
-        next_grad_output = tl.load(grad_outputs + earlier * OUTPUT + o, mask=o_ok & (earlier >= 0), other=0.0)
+        next_grad_output = tl.load(grad_outputs + earlier * OUTPUT + o, mask=o_ok & (earlier >= 0), other=0.0) * scale
         next_previous = tl.load(
             states + (earlier - population) * STATE + s,
             mask=s_ok & (earlier >= population),
@@ -289,10 +361,21 @@ def _lite_backward_kernel(
     tl.store(row_grad + 2 * TOKEN + 3 * STATE + OUTPUT + o, grad_output_offset, mask=o_ok)
 
 
-def default_block_n(token_dim: int, state_dim: int, outputs: int) -> int:
-    """Neurons per program: 16 (measured best with ``NUM_WARPS``), halved while the widest
-    (neurons, rows, columns) broadcast product of the in-register matrix-vector products
-    would exceed 1024 values, 32 a thread, so large widths do not spill registers."""
+ONE_ROW_PER_PROGRAM_UP_TO = 4096
+"""Rows up to which each program runs one row. Whole updates on an H200 (2026-12-04,
+``benchmarks/results/update-latency_h200_2026-12-04_block-n*.md``): one row per program was the
+fastest of 1, 2, 4, 8 and 16 at 64, 1024 and 4096 rows (16 per program 1.77x, 1.30x and 1.09x
+slower); at 16,384 rows 16 per program was 3% faster than one."""
+
+
+def default_block_n(token_dim: int, state_dim: int, outputs: int, rows: int) -> int:
+    """Rows per program: one up to :data:`ONE_ROW_PER_PROGRAM_UP_TO` rows (many programs, each a
+    short dependent chain: the recurrence is latency-bound), else 16 (measured best with
+    ``NUM_WARPS`` at 8k..1M rows), halved while the widest (rows, out, in) broadcast product of
+    the in-register matrix-vector products would exceed 1024 values, 32 a thread, so large widths
+    do not spill registers."""
+    if rows <= ONE_ROW_PER_PROGRAM_UP_TO:
+        return 1
     token, state, output = (triton.next_power_of_2(width) for width in (token_dim, state_dim, outputs))
     widest = max(state * token, state * state, output * state, output * token)
     block_n = 16
@@ -333,6 +416,81 @@ def _launch_config(
     return (triton.cdiv(tokens.shape[1], block_n),), constants
 
 
+NO_LOSS_ARGUMENTS = {
+    "time_steps": 0,
+    "warmup_steps": 0,
+    "delta": 0.0,
+    "LOSS": NO_LOSS.value,
+    "MASKED": False,
+    "OUTPUT_DIM": 1,
+}
+"""The forward kernel's loss arguments when it computes no loss (the pointers are any tensor's)."""
+
+
+def _forward(
+    tokens: torch.Tensor,
+    cache: torch.Tensor,
+    weights: tuple[torch.Tensor, ...],
+    block_n: int,
+    *,
+    store_states: bool,
+    loss: dict[str, Any] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Launch the forward kernel: (outputs, states, partials). Without ``loss`` the outputs are
+    the forecasts and ``partials`` is None; with it (the kernel's loss arguments, :class:`LiteRecurrenceLoss`)
+    the outputs are the loss's gradient and ``partials`` the programs' shares of the loss. Without
+    stored states ``outputs`` stands in as the states' pointer, and as any unused one."""
+    blocks, neurons, _ = tokens.shape
+    outputs = tokens.new_empty(blocks, neurons, weights[4].shape[0])
+    states = tokens.new_empty(blocks, neurons, weights[0].shape[0]) if store_states else outputs
+    grid, constants = _launch_config(tokens, weights, block_n)
+    partials = None if loss is None else tokens.new_empty(grid)
+    if neurons:  # CUDA refuses an empty grid
+        _lite_forward_kernel[grid](
+            tokens,
+            cache,
+            *weights,
+            outputs,
+            states,
+            neurons,
+            blocks,
+            **(loss or NO_LOSS_ARGUMENTS | {"targets": outputs, "length": outputs}),
+            partials=outputs if partials is None else partials,
+            STORE_STATES=store_states,
+            num_warps=NUM_WARPS,
+            **constants,
+        )
+    return outputs, states, partials
+
+
+def _backward(ctx: Any, grad_outputs: torch.Tensor, grad_scale: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    """Launch the backward kernel from what the forward saved: (token gradient or None, cache gradient)."""
+    tokens, cache, states, *weights = ctx.saved_tensors[:3] + ctx.saved_tensors[-ctx.weights :]
+    blocks, neurons, _ = tokens.shape
+    need_tokens = ctx.needs_input_grad[0]
+    grad_tokens = torch.empty_like(tokens) if need_tokens else None
+    grad_cache = torch.empty_like(cache)
+    grid, constants = _launch_config(tokens, tuple(weights), ctx.block_n)
+    if neurons:
+        _lite_backward_kernel[grid](
+            tokens,
+            cache,
+            *weights,
+            states,
+            grad_outputs.contiguous(),
+            tokens if grad_tokens is None else grad_tokens,  # without a token gradient the kernel stores none
+            grad_cache,
+            neurons,
+            blocks,
+            tokens if grad_scale is None else grad_scale,
+            STORE_TOKEN_GRAD=need_tokens,
+            SCALED=grad_scale is not None,
+            num_warps=NUM_WARPS,
+            **constants,
+        )
+    return grad_tokens, grad_cache
+
+
 class LiteRecurrence(torch.autograd.Function):
     """Autograd for the fused recurrence: gradients for ``tokens`` and ``cache`` only."""
 
@@ -345,57 +503,70 @@ class LiteRecurrence(torch.autograd.Function):
         store_states: bool,
         *weights: torch.Tensor,
     ) -> torch.Tensor:
-        blocks, neurons, _ = tokens.shape
-        outputs = tokens.new_empty(blocks, neurons, weights[4].shape[0])
-        # Without a backward the states are not stored and ``outputs`` stands in as the pointer.
-        states = tokens.new_empty(blocks, neurons, weights[0].shape[0]) if store_states else outputs
-        grid, constants = _launch_config(tokens, weights, block_n)
-        if neurons:  # CUDA refuses an empty grid
-            _lite_forward_kernel[grid](
-                tokens,
-                cache,
-                *weights,
-                outputs,
-                states,
-                neurons,
-                blocks,
-                STORE_STATES=store_states,
-                num_warps=NUM_WARPS,
-                **constants,
-            )
+        outputs, states, _ = _forward(tokens, cache, weights, block_n, store_states=store_states)
         if store_states:
             ctx.save_for_backward(tokens, cache, states, *weights)
-        ctx.block_n = block_n
+        ctx.block_n, ctx.weights = block_n, len(weights)
         return outputs
 
     @staticmethod
-    def backward(
+    def backward(ctx: Any, grad_outputs: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        grad_tokens, grad_cache = _backward(ctx, grad_outputs, None)
+        return (grad_tokens, grad_cache if ctx.needs_input_grad[1] else None, None, None, *(None,) * ctx.weights)
+
+
+class LiteRecurrenceLoss(torch.autograd.Function):
+    """The recurrence and a mean pointwise error over its forecasts in the forward kernel
+    (:func:`lite_recurrence_loss`): returns the 0-dim loss; gradients for ``tokens`` and ``cache``."""
+
+    @staticmethod
+    def forward(
         ctx: Any,
-        grad_outputs: torch.Tensor,
-    ) -> tuple[torch.Tensor | None, ...]:
-        tokens, cache, states, *weights = ctx.saved_tensors
-        blocks, neurons, _ = tokens.shape
-        need_tokens, need_cache = ctx.needs_input_grad[:2]
-        grad_tokens = torch.empty_like(tokens) if need_tokens else None
-        grad_cache = torch.empty_like(cache)
-        # Without a token gradient the kernel stores none; ``tokens`` stands in as the pointer.
-        grid, constants = _launch_config(tokens, tuple(weights), ctx.block_n)
-        if neurons:
-            _lite_backward_kernel[grid](
-                tokens,
-                cache,
-                *weights,
-                states,
-                grad_outputs.contiguous(),
-                tokens if grad_tokens is None else grad_tokens,
-                grad_cache,
-                neurons,
-                blocks,
-                STORE_TOKEN_GRAD=need_tokens,
-                num_warps=NUM_WARPS,
-                **constants,
-            )
-        return (grad_tokens, grad_cache if need_cache else None, None, None, *(None for _ in weights))
+        tokens: torch.Tensor,
+        cache: torch.Tensor,
+        targets: torch.Tensor,
+        length: torch.Tensor | None,
+        loss: dict[str, Any],
+        block_n: int,
+        *weights: torch.Tensor,
+    ) -> torch.Tensor:
+        arguments = {**loss, "targets": targets, "length": targets if length is None else length}
+        grad_forecasts, states, partials = _forward(tokens, cache, weights, block_n, store_states=True, loss=arguments)
+        ctx.save_for_backward(tokens, cache, states, grad_forecasts, *weights)
+        ctx.block_n, ctx.weights = block_n, len(weights)
+        assert partials is not None
+        return partials.sum()
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        grad_forecasts = ctx.saved_tensors[3]
+        grad_tokens, grad_cache = _backward(ctx, grad_forecasts, grad_loss.contiguous())
+        return (grad_tokens, grad_cache if ctx.needs_input_grad[1] else None, *(None,) * (4 + ctx.weights))
+
+
+def _checked_weights(neuron: AxoSimLite, tokens: torch.Tensor, cache: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The neuron's weights for the kernels, after checking dtypes, shapes and that no weight trains."""
+    weights = tuple(weight.contiguous() for weight in _weights(neuron))
+    if (
+        tokens.dtype != torch.float32
+        or cache.dtype != torch.float32
+        or any(weight.dtype != torch.float32 for weight in weights)
+    ):
+        raise TypeError("the fused AxoSim-Lite recurrence runs float32 only")
+    blocks, neurons, token_dim = tokens.shape
+    if token_dim != neuron.config.token_dim or blocks < 1:
+        raise ValueError(f"tokens must have shape (blocks >= 1, neurons, {neuron.config.token_dim})")
+    if tuple(cache.shape) != (neurons, neuron.cache_width):
+        raise ValueError(f"cache must have shape {(neurons, neuron.cache_width)}")
+    if torch.is_grad_enabled() and any(weight.requires_grad for weight in weights):
+        raise ValueError("the fused AxoSim-Lite recurrence gives no gradient to neuron weights")
+    return weights
+
+
+def _block_n(weights: tuple[torch.Tensor, ...], tokens: torch.Tensor, block_n: int | None) -> int:
+    if block_n is not None:
+        return block_n
+    return default_block_n(tokens.shape[2], weights[0].shape[0], weights[4].shape[0], tokens.shape[1])
 
 
 def lite_recurrence(
@@ -412,22 +583,52 @@ def lite_recurrence(
     forecasts, time-major, float32. Gradients reach ``tokens`` and ``cache``; a neuron
     weight that requires grad (with grad mode on) is refused.
     """
-    weights = tuple(weight.contiguous() for weight in _weights(neuron))
-    if (
-        tokens.dtype != torch.float32
-        or cache.dtype != torch.float32
-        or any(weight.dtype != torch.float32 for weight in weights)
-    ):
-        raise TypeError("the fused AxoSim-Lite recurrence runs float32 only")
-    blocks, neurons, token_dim = tokens.shape
-    if token_dim != neuron.config.token_dim or blocks < 1:
-        raise ValueError(f"tokens must have shape (blocks >= 1, neurons, {neuron.config.token_dim})")
-    if tuple(cache.shape) != (neurons, neuron.cache_width):
-        raise ValueError(f"cache must have shape {(neurons, neuron.cache_width)}")
-    grad = torch.is_grad_enabled()
-    if grad and any(weight.requires_grad for weight in weights):
-        raise ValueError("the fused AxoSim-Lite recurrence gives no gradient to neuron weights")
-    if block_n is None:
-        block_n = default_block_n(token_dim, weights[0].shape[0], weights[4].shape[0])
-    store_states = grad and (tokens.requires_grad or cache.requires_grad)
+    weights = _checked_weights(neuron, tokens, cache)
+    store_states = torch.is_grad_enabled() and (tokens.requires_grad or cache.requires_grad)
+    block_n = _block_n(weights, tokens, block_n)
     return LiteRecurrence.apply(tokens.contiguous(), cache.contiguous(), block_n, store_states, *weights)
+
+
+ERROR_CODES = {"squared": SQUARED.value, "huber": HUBER.value}
+"""The pointwise errors the forward kernel computes, by :class:`axoexp.components.losses.PointwiseError` kind."""
+
+
+def lite_recurrence_loss(
+    neuron: AxoSimLite,
+    tokens: torch.Tensor,
+    cache: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    error: str,
+    delta: float = 0.0,
+    warmup_steps: int,
+    length: torch.Tensor | None = None,
+    block_n: int | None = None,
+) -> torch.Tensor:
+    """The mean ``error`` (``squared`` or ``huber`` with threshold ``delta``) between the population's
+    output and ``targets``, with the recurrence, the error and its gradient in the kernels.
+
+    ``tokens`` and ``cache`` as for :func:`lite_recurrence`; ``targets``: (rows, time_steps,
+    outputs). The output is axosim's: ``patch`` warm-up zeros, then the forecasts. The mean runs
+    over the rows, the outputs and steps ``warmup_steps`` .. ``end - 1``, where ``end`` is
+    ``time_steps``, or with ``length`` (a 0-dim integer tensor on the device, read only there) the
+    smaller of the two: :meth:`axoexp.components.losses.MeanOverSteps.masked` for padded batches.
+    """
+    weights = _checked_weights(neuron, tokens, cache)
+    rows, time_steps, outputs = targets.shape
+    if (rows, outputs) != (tokens.shape[1], neuron.config.output_dim) or targets.dtype != torch.float32:
+        raise ValueError(f"targets must be float32 of shape ({tokens.shape[1]}, time, {neuron.config.output_dim})")
+    if error not in ERROR_CODES:
+        raise ValueError(f"error must be one of {sorted(ERROR_CODES)}, got {error!r}")
+    loss = {
+        "time_steps": time_steps,
+        "warmup_steps": warmup_steps,
+        "delta": float(delta),
+        "LOSS": ERROR_CODES[error],
+        "MASKED": length is not None,
+        "OUTPUT_DIM": outputs,
+    }
+    block_n = _block_n(weights, tokens, block_n)
+    return LiteRecurrenceLoss.apply(
+        tokens.contiguous(), cache.contiguous(), targets.contiguous(), length, loss, block_n, *weights
+    )

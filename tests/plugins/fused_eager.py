@@ -1,7 +1,8 @@
 """An executor with preconditions that runs on the CPU: eager updates whose forward is the fused
-AxoSim-Lite kernel (in Triton's CPU interpreter without a GPU), and with ``fused_step`` the fused
-gradient transform and optimizer step too. Its refusals are the fused executor's, so planning
-judges a population and a fused step for it exactly as for ``fused_cudagraph``."""
+AxoSim-Lite kernel (in Triton's CPU interpreter without a GPU), with the loss in the kernels as
+``fused_cudagraph`` runs it, and with ``fused_step`` the fused gradient transform and optimizer
+step too. Its refusals are the fused executor's, so planning judges a population and a fused
+step for it exactly as for ``fused_cudagraph``."""
 
 from __future__ import annotations
 
@@ -13,7 +14,13 @@ import torch
 from axoexp import component
 from axoexp.executors.base import eager_update
 from axoexp.executors.eager import EagerExecutor
-from axoexp.executors.fused import FusedLiteForward, FusedStepOption, fused_step_config_problems
+from axoexp.executors.fused import (
+    FusedLiteForward,
+    FusedStepOption,
+    LossInKernelOption,
+    fused_step_config_problems,
+    fused_step_for,
+)
 from axoexp.kernels.lite_population import fused_refusal
 
 
@@ -21,13 +28,13 @@ from axoexp.kernels.lite_population import fused_refusal
 class FusedEagerExecutor(EagerExecutor):
     """Eager updates through the fused kernel's forward and backward (and, optionally, fused step)."""
 
-    def __init__(self, *, fused_step: FusedStepOption = False, **components: Any) -> None:
+    def __init__(
+        self, *, fused_step: FusedStepOption = "auto", loss_in_kernel: LossInKernelOption = True, **components: Any
+    ) -> None:
         super().__init__(**components)
-        self.fused_step = None
-        if fused_step:
-            from axoexp.executors.fused_step import FusedStep
-
-            self.fused_step = FusedStep(self.optimizer, self.gradient_transform)
+        self.forward = FusedLiteForward(self.module)  # type: ignore[arg-type]
+        self.objective = self.forward.objective(self.loss_fn) if loss_in_kernel else None
+        self.fused_step, _ = fused_step_for(fused_step, self.optimizer, self.gradient_transform)
 
     @classmethod
     def refusal(cls, *, module: torch.nn.Module, dtype: torch.dtype) -> str | None:
@@ -38,7 +45,13 @@ class FusedEagerExecutor(EagerExecutor):
         return fused_step_config_problems(params, config)
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        forward = FusedLiteForward(self.module)  # type: ignore[arg-type]
         return eager_update(
-            forward, self.optimizer, self.loss_fn, self.gradient_transform, inputs, targets, fused_step=self.fused_step
+            self.forward,
+            self.optimizer,
+            self.loss_fn,
+            self.gradient_transform,
+            inputs,
+            targets,
+            fused_step=self.fused_step,
+            objective=self.objective,
         )
