@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -20,7 +21,9 @@ PUBLISHED_ROW = re.compile(
 )
 
 
+@functools.cache
 def composed(name: str, *overrides: str) -> DictConfig:
+    """The preset composed with ``overrides``, once per session (both tests below read each preset)."""
     with initialize_config_module(config_module="axoexp.conf", version_base="1.3"):
         return compose("config", overrides=[f"+experiment={name}", *overrides], return_hydra_config=True)
 
