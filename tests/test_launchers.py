@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -19,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from helpers import RAY_PORT_ENV, child_processes, leftovers, new_child_processes, run_cli
+from helpers import RAY_PORT_ENV, child_processes, leftovers, new_child_processes, run_cli, run_clis
 from mlflow.tracking import MlflowClient
 
 from axoexp import lease, names
@@ -270,22 +271,55 @@ def test_sweep_through_submitit_local(tmp_path: Path) -> None:
     assert leftovers(str(tmp_path)) == []
 
 
+def _sbatch_stand_in(folder: Path) -> dict[str, str]:
+    """A ``bin`` folder in ``folder`` whose ``sbatch`` keeps the script it is given as
+    ``submitted.sh`` and refuses it (no SLURM here); the environment that puts it first on PATH."""
+    bin_dir = folder / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\ncp "$1" {folder / "submitted.sh"}\necho refused >&2\nexit 1\n')
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 1\n")  # submitit checks that it exists
+    for tool in ("sbatch", "srun"):
+        (bin_dir / tool).chmod(0o755)
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+
+
+PRESET_SWEEPS = {  # a name: the sweep's overrides, what its folder needs (the environment it adds)
+    "parallel": (
+        ("hydra/launcher=parallel", "hydra.launcher.n_jobs=2", "population.neurons=2,3", "run.measured_updates=20"),
+        lambda folder: {lease.LEASE_DIR_ENV: str(folder / "leases")},
+    ),
+    "slurm": (("hydra/launcher=slurm", "hydra.launcher.partition=gpu", "population.neurons=2,3"), _sbatch_stand_in),
+}
+
+
+@pytest.fixture(scope="module")
+def preset_sweeps(
+    tmp_path_factory: pytest.TempPathFactory, empty_store: Path
+) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    """What each of ``PRESET_SWEEPS`` printed and its folder (a copy of the empty store, a HOME and
+    TMPDIR of its own, as ``private_home`` gives a test): the two share nothing, so they run side by side."""
+    before = set(os.listdir(tempfile.gettempdir()))
+    folders = {name: tmp_path_factory.mktemp(name) for name in PRESET_SWEEPS}
+    calls = []
+    for name, (overrides, prepare) in PRESET_SWEEPS.items():
+        folder = folders[name]
+        shutil.copyfile(empty_store, folder / "mlflow.db")
+        for private in ("home", "tmp"):
+            (folder / private).mkdir()
+        env = {"HOME": str(folder / "home"), "TMPDIR": str(folder / "tmp"), **prepare(folder)}
+        calls.append((("-m", *overrides), folder, env))
+    results = run_clis(calls)
+    created = set(os.listdir(tempfile.gettempdir())) - before
+    assert not [name for name in created if name.startswith(("joblib", "submitit"))], created
+    return {name: (result, folders[name]) for name, result in zip(PRESET_SWEEPS, results, strict=True)}
+
+
 @pytest.mark.slow
-@pytest.mark.usefixtures("migrated_store")
-def test_parallel_preset_times_one_cpu_job_at_a_time_on_all_cpus(tmp_path: Path) -> None:
+def test_parallel_preset_times_one_cpu_job_at_a_time_on_all_cpus(preset_sweeps) -> None:
     """More jobs at once than CPU sets: the lease makes them take turns."""
-    env = {lease.LEASE_DIR_ENV: str(tmp_path / "leases")}
-    result = run_cli(
-        "-m",
-        "hydra/launcher=parallel",
-        "hydra.launcher.n_jobs=2",
-        "population.neurons=2,3",
-        "run.measured_updates=20",
-        cwd=tmp_path,
-        env=env,
-    )
+    result, folder = preset_sweeps["parallel"]
     assert result.returncode == 0, result.stderr[-3000:]
-    (parent,), children = _sweep_runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (parent,), children = _sweep_runs(f"sqlite:///{folder / 'mlflow.db'}")
     assert parent.info.status == "FINISHED" and len(children) == 2
     assert len({child.data.tags[names.PROCESS_PID] for child in children}) == 2, "one process per job"
     held = sorted(
@@ -298,21 +332,11 @@ def test_parallel_preset_times_one_cpu_job_at_a_time_on_all_cpus(tmp_path: Path)
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("migrated_store")
-def test_slurm_preset_submits_a_gpu_array_through_sbatch(tmp_path: Path) -> None:
+def test_slurm_preset_submits_a_gpu_array_through_sbatch(preset_sweeps) -> None:
     """Up to sbatch: the script submitit writes for hydra/launcher=slurm (no SLURM here)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "sbatch").write_text(f'#!/bin/sh\ncp "$1" {tmp_path / "submitted.sh"}\necho refused >&2\nexit 1\n')
-    (bin_dir / "srun").write_text("#!/bin/sh\nexit 1\n")  # submitit checks that it exists
-    for tool in ("sbatch", "srun"):
-        (bin_dir / tool).chmod(0o755)
-    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    result = run_cli(
-        "-m", "hydra/launcher=slurm", "hydra.launcher.partition=gpu", "population.neurons=2,3", cwd=tmp_path, env=env
-    )
+    result, folder = preset_sweeps["slurm"]
     assert result.returncode == 1
-    script = (tmp_path / "submitted.sh").read_text()
+    script = (folder / "submitted.sh").read_text()
     for flag in (
         "--gpus-per-node=1",
         "--exclusive",
@@ -324,7 +348,7 @@ def test_slurm_preset_submits_a_gpu_array_through_sbatch(tmp_path: Path) -> None
         "--signal=USR2@120",
     ):
         assert f"#SBATCH {flag}\n" in script, f"{flag} missing from:\n{script}"
-    (parent,), children = _sweep_runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (parent,), children = _sweep_runs(f"sqlite:///{folder / 'mlflow.db'}")
     assert parent.info.status == "FAILED" and children == [], "a sweep whose submission failed is not FINISHED"
 
 
