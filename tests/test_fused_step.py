@@ -377,3 +377,15 @@ def test_the_kernels_compile_for_an_h200_without_one(tmp_path: Path) -> None:
         [sys.executable, "-c", COMPILE_FOR_H200], capture_output=True, text=True, env=env, timeout=600, check=False
     )
     assert done.returncode == 0 and done.stdout.strip() == "compiled", done.stderr[-3000:]
+
+
+def test_the_fused_step_zeroes_every_banks_gradient_in_one_fill_of_their_flat_buffer() -> None:
+    banks = _banks()
+    optimizer = torch.optim.SGD(banks, lr=0.1)
+    fused = fused_step.FusedStep(optimizer, None)
+    for bank, gradient in zip(banks, _gradients(0), strict=True):
+        bank.grad.copy_(gradient)
+    fused.zero_grad()
+    assert all(torch.equal(bank.grad, torch.zeros_like(bank)) for bank in banks)
+    assert all(bank.grad.untyped_storage().data_ptr() == fused.grads.untyped_storage().data_ptr() for bank in banks)
+    assert not fused.grads.any(), "the flat buffer is what was zeroed"

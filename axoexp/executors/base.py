@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
@@ -15,6 +16,17 @@ from axoexp.interfaces import STREAM_AXIS_RANK, GradientTransform, LossFn
 # The stages one update may contain, for the timing tags.
 UPDATE_STAGES = ("zero_grad", "forward", "loss", "backward", "gradient_transform", "optimizer_step")
 NOT_TIMED = ("batch_generation", "host_loss_readback", "metric_logging")
+
+
+class StepFusion(Protocol):
+    """The gradient transform and optimizer step as one call, over gradients it zeroes itself
+    (:class:`axoexp.executors.fused_step.FusedStep`)."""
+
+    def __call__(self) -> None: ...
+
+    def zero_grad(self) -> None:
+        """Zero every gradient the step reads, in place (as ``optimizer.zero_grad(set_to_none=False)``)."""
+
 
 Objective = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
 """``objective(inputs, targets, length)``: the forward and loss of one update, differentiable in the
@@ -60,14 +72,17 @@ def eager_update(
     targets: torch.Tensor,
     length: torch.Tensor | None = None,
     *,
-    fused_step: Callable[[], None] | None = None,
+    fused_step: StepFusion | None = None,
     objective: Objective | None = None,
 ) -> torch.Tensor:
     """One update exactly as ``axosim.CudaGraphAdaptationStep`` captures it (with ``length``: on a
     padded batch, whose padded steps contribute nothing, :func:`batch_loss`). ``fused_step``, when
-    given, does the gradient transform and the optimizer step in one call
-    (:class:`axoexp.executors.fused_step.FusedStep`); ``objective``, when given, the forward and loss."""
-    optimizer.zero_grad(set_to_none=False)
+    given, zeroes the gradients and does the gradient transform and the optimizer step in one call
+    each (:class:`axoexp.executors.fused_step.FusedStep`); ``objective``, when given, the forward and loss."""
+    if fused_step is None:
+        optimizer.zero_grad(set_to_none=False)
+    else:
+        fused_step.zero_grad()
     if objective is None:
         loss = batch_loss(module, loss_fn, inputs, targets, length)
     else:

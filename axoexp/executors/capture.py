@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from axoexp.executors.base import Objective, eager_update, pad_steps
+from axoexp.executors.base import Objective, StepFusion, eager_update, pad_steps
 from axoexp.interfaces import GradientTransform, LossFn
 
 OptimizerSnapshot = dict[torch.Tensor, dict[str, Any]]
@@ -142,7 +142,7 @@ def capture_update(
     warmup_steps: int,
     bucket: int | None = None,
     pool: Any = None,
-    fused_step: Callable[[], None] | None = None,
+    fused_step: StepFusion | None = None,
     objective: Objective | None = None,
 ) -> CapturedUpdate:
     """Capture one whole update for these shapes; module and optimizer end as they began.

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 import torch
 
 from axoexp import names
 from axoexp.components.losses import masked_form
-from axoexp.executors.base import UPDATE_STAGES, Objective
+from axoexp.executors.base import UPDATE_STAGES, Objective, StepFusion
 from axoexp.executors.capture import CapturedUpdate, capture_update
 from axoexp.interfaces import Batch, Executor, LossFn
 from axoexp.lengths import BUCKETS_SYNTAX, DEFAULT_BUCKETS, bucket_of, buckets_for
@@ -59,7 +59,7 @@ class CudaGraphExecutor(Executor):
         """Bucket -> an example batch of a length in it; empty when every batch has one length."""
         self.bucket_steps: dict[int, CapturedUpdate] = {}
         self.graphs_captured = 0
-        self.fused_step: Callable[[], None] | None = None
+        self.fused_step: StepFusion | None = None
         """The gradient transform and optimizer step as one call, where a subclass fuses them."""
         self.objective: Objective | None = None
         """The forward and loss of an update, where a subclass computes them its own way."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 import torch
@@ -11,7 +11,7 @@ from axosim import AxoSimPopulation
 from axoexp import names
 from axoexp.components.losses import MeanOverSteps
 from axoexp.errors import IncompatibleComponentsError
-from axoexp.executors.base import UPDATE_STAGES, Objective, batch_loss
+from axoexp.executors.base import UPDATE_STAGES, Objective, StepFusion, batch_loss
 from axoexp.executors.cudagraph import Buckets, CudaGraphExecutor, WarmupSteps
 from axoexp.executors.step_rule import FUSED_STEP_KEY, fused_step_problem
 from axoexp.interfaces import GradientTransform, LossFn
@@ -54,7 +54,7 @@ def fused_step_config_problems(params: Mapping[str, Any], config: Mapping[str, A
 
 def fused_step_for(
     setting: bool | str, optimizer: torch.optim.Optimizer, transform: GradientTransform
-) -> tuple[Callable[[], None] | None, str]:
+) -> tuple[StepFusion | None, str]:
     """The fused step a ``fused_step`` setting gives, and the :data:`axoexp.names.FUSED_STEP` tag saying
     which step runs: ``kernel``, ``torch``, or with ``auto`` where the kernel cannot, ``torch: why``.
     With ``true`` what it cannot compute raises :class:`IncompatibleComponentsError`."""

@@ -92,6 +92,10 @@ class FusedStep:
         """Kernel launches per call."""
         return 2 if self.rule.transform == "clip_norm" else 1
 
+    def zero_grad(self) -> None:
+        """Zero every bank's gradient: one fill of the flat buffer they are views of."""
+        self.grads.zero_()
+
     def __call__(self) -> None:
         rule = self.rule
         grid = (triton.cdiv(self.numel, BLOCK),)
