@@ -87,6 +87,7 @@ def _half_built(path: Path) -> None:
     engine.dispose()
 
 
+@pytest.mark.slow  # it runs the printed mv and builds a store from scratch (a migration: seconds on a busy disk)
 def test_a_half_built_store_is_named_with_the_command_that_moves_it_aside(make_config, tmp_path: Path) -> None:
     store = tmp_path / "old" / "mlflow.db"
     store.parent.mkdir()
