@@ -7,11 +7,12 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import helpers
@@ -238,7 +239,48 @@ def _kill_server(server: subprocess.Popen[bytes]) -> None:
     server.wait(timeout=30)
 
 
+@pytest.fixture(scope="module")
+def hung_server_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[], tuple[str, float, Path]]]:
+    """A short run against a server that accepts connections and never answers, started when the
+    first test that asks for it starts (it mostly waits, so the killed server's test runs beside
+    it); a function that waits for it: what it printed on stderr, the seconds it took, its folder."""
+    folder = tmp_path_factory.mktemp("hung")
+    ended: list[tuple[str, float]] = []  # what it printed on stderr, the seconds it took
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(16)
+        start = time.monotonic()
+        process = start_cli(
+            f"tracking.uri=http://127.0.0.1:{hung.getsockname()[1]}",
+            "tracking.http_timeout_s=2",
+            "tracking.http_max_retries=1",
+            "run.measured_updates=3",
+            cwd=folder,
+        )
+
+        def collect() -> None:  # the only reader of its pipes; notes when it ended
+            stderr = process.communicate(timeout=300)[1]
+            ended.append((stderr, time.monotonic() - start))
+
+        collector = threading.Thread(target=collect)
+        collector.start()
+
+        def finished() -> tuple[str, float, Path]:
+            collector.join(timeout=300)
+            ((stderr, elapsed),) = ended
+            assert process.returncode == 1, stderr
+            return stderr, elapsed, folder
+
+        try:
+            yield finished
+        finally:
+            if process.poll() is None:
+                process.kill()
+            collector.join(timeout=60)
+
+
 @pytest.mark.slow
+@pytest.mark.usefixtures("hung_server_run")  # it runs beside this test
 def test_server_killed_mid_run_switches_to_the_journal_then_sync(tmp_path: Path, empty_store: Path) -> None:
     (tmp_path / "server").mkdir()
     shutil.copyfile(empty_store, tmp_path / "server" / "mlflow.db")  # the server need not create its store
@@ -283,24 +325,11 @@ def test_server_killed_mid_run_switches_to_the_journal_then_sync(tmp_path: Path,
 
 
 @pytest.mark.slow
-def test_a_hung_server_is_given_up_on_within_the_configured_timeouts(tmp_path: Path) -> None:
-    import socket
-
-    with socket.socket() as hung:  # accepts connections, never answers
-        hung.bind(("127.0.0.1", 0))
-        hung.listen(16)
-        start = time.monotonic()
-        result = run_cli(
-            f"tracking.uri=http://127.0.0.1:{hung.getsockname()[1]}",
-            "tracking.http_timeout_s=2",
-            "tracking.http_max_retries=1",
-            "run.measured_updates=3",
-            cwd=tmp_path,
-        )
-        elapsed = time.monotonic() - start
-    assert result.returncode == 1 and "is unreachable" in result.stderr
+def test_a_hung_server_is_given_up_on_within_the_configured_timeouts(hung_server_run) -> None:
+    stderr, elapsed, folder = hung_server_run()
+    assert "is unreachable" in stderr
     assert elapsed < 40, f"gave up after {elapsed:.0f} s"
-    (journal,) = journals(tmp_path / "outputs")
+    (journal,) = journals(folder / "outputs")
     assert len(updates_in(journal)) == 8
 
 
