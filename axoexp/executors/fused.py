@@ -123,11 +123,12 @@ class FusedLiteForward(torch.nn.Module):
 @component("executor", "fused_cudagraph")
 class FusedCudaGraphExecutor(CudaGraphExecutor):
     """The forward's P4 recurrence runs as one Triton launch (backward: one more, in reverse
-    order) for every block of neurons; with ``loss_in_kernel`` the forward launch also computes the
-    loss and its gradient when the loss is a built-in mean error; contact summaries stay torch; the gradient
-    transform and optimizer step stay torch too, unless ``fused_step`` runs them as one Triton
-    launch (two with clip_norm) over flat views of the banks (docs/fused.md); the whole update
-    is captured in one CUDA graph. float32, AxoSim-Lite populations, adaptation banks only."""
+    order) for ``block_n`` neurons a program; with ``loss_in_kernel`` the forward launch also
+    computes the loss and its gradient when the loss is a built-in mean error; with ``fused_step``
+    (``auto``: wherever it computes them exactly) the gradient transform and optimizer step are one
+    Triton launch (two with clip_norm) over flat views of the banks; contact summaries stay torch;
+    the whole update is captured in one CUDA graph (docs/fused.md). float32, AxoSim-Lite
+    populations, adaptation banks only."""
 
     update_includes = ("input_copy", "graph_replay", *UPDATE_STAGES, "loss_clone", "synchronize")
 
