@@ -7,8 +7,8 @@ before it and runs alone, and a sweep waits for an earlier sweep (a rerun reuses
 others (single runs, those that only print: ``--help``, ``--describe``, ``--cfg``) start as the
 page reaches them, alongside what runs then. A command that needs CUDA is composed instead
 (Hydra's compose, in the test's process); one that needs another launcher or a cluster is named
-with the reason it is not run. A ``$``
-line with its output in a plain block is run and must print that output.
+with the reason it is not run. A ``$`` line with its output in a plain block is run and must
+print that output.
 """
 
 from __future__ import annotations
