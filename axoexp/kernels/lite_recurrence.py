@@ -30,7 +30,7 @@ The neuron's own weights are constants here: axoexp adapts only the per-neuron b
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 import triton
@@ -465,6 +465,7 @@ def _forward(
 
 def _backward(ctx: Any, grad_outputs: torch.Tensor, grad_scale: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
     """Launch the backward kernel from what the forward saved: (token gradient or None, cache gradient)."""
+    # Both Functions save tokens, cache and states first and the weights last (the loss's gradient between).
     tokens, cache, states, *weights = ctx.saved_tensors[:3] + ctx.saved_tensors[-ctx.weights :]
     blocks, neurons, _ = tokens.shape
     need_tokens = ctx.needs_input_grad[0]
@@ -534,8 +535,7 @@ class LiteRecurrenceLoss(torch.autograd.Function):
         grad_forecasts, states, partials = _forward(tokens, cache, weights, block_n, store_states=True, loss=arguments)
         ctx.save_for_backward(tokens, cache, states, grad_forecasts, *weights)
         ctx.block_n, ctx.weights = block_n, len(weights)
-        assert partials is not None
-        return partials.sum()
+        return cast(torch.Tensor, partials).sum()
 
     @staticmethod
     def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
