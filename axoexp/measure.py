@@ -12,7 +12,7 @@ from contextlib import suppress
 import numpy as np
 import torch
 
-from axoexp import names
+from axoexp import names, signals
 from axoexp.executors.capture import state_preserved
 from axoexp.interfaces import Batch, Executor, RunLog
 from axoexp.lengths import by_bucket, padding_overhead
@@ -55,11 +55,13 @@ def run_updates(
                 events[completed][1].record(stream)
             sync()
             latency_ms = round((time.perf_counter_ns() - start) / 1e6, MILLISECOND_DIGITS)  # as logged
-            completed += 1
-            trace.latencies_ms.append(latency_ms)
-            trace.losses.append(float(loss))
-            for observer in observers:
-                observer.update_finished(window_name, index, latency_ms, trace.losses[-1])
+            loss_value = float(loss)
+            with signals.deferred():  # in the trace (MLflow's series) and the journal both, or neither
+                completed += 1
+                trace.latencies_ms.append(latency_ms)
+                trace.losses.append(loss_value)
+                for observer in observers:
+                    observer.update_finished(window_name, index, latency_ms, loss_value)
     except BaseException:
         with suppress(RuntimeError):  # a broken CUDA context must not hide the update's own error
             trace.device_ms += elapsed_ms(events, completed)

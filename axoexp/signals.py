@@ -7,7 +7,8 @@ ignored, so the clean-up itself is not interrupted. HTTP timeouts to the trackin
 shortened at the first signal, so the clean-up fits in SLURM's grace period (30 s by default).
 A process forked from the run (inductor's compile workers are) gets the default handlers
 back: it is not the run, and a signal to it (SLURM signals every process of a job) must not
-act for the run, e.g. signal a sweep's workers.
+act for the run, e.g. signal a sweep's workers. Inside :func:`deferred` the first signal acts
+only when the block ends, so what the block records together is recorded whole.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ SHUTDOWN_HTTP_TIMEOUT_S = 3
 """Seconds per request to the tracking store once a signal came, with no retries."""
 
 _received: list[str] = []
+_deferring = 0
+"""How many :func:`deferred` blocks the main thread is in."""
+_deferred: list[Callable[[], None]] = []
+"""The stop a signal asked for inside them, run as the outermost block ends."""
 
 
 class Interrupted(KeyboardInterrupt):
@@ -62,9 +67,16 @@ def install(before_raising: Callable[[str], None] | None = None) -> dict[int, An
         if len(_received) > 1:
             return  # already stopping
         _shorten_http_timeouts()
-        if before_raising is not None:
-            before_raising(name)
-        raise Interrupted(name)
+
+        def stop() -> None:
+            if before_raising is not None:
+                before_raising(name)
+            raise Interrupted(name)
+
+        if _deferring:
+            _deferred.append(stop)
+            return
+        stop()
 
     return {signum: signal.signal(signum, handle) for signum in HANDLED}
 
@@ -98,3 +110,19 @@ def interruptible() -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+@contextmanager
+def deferred() -> Iterator[None]:
+    """A stop signal that arrives inside the block raises :class:`Interrupted` as the block ends,
+    not inside it: e.g. an update is added to the run's trace and to its journal both or neither,
+    so MLflow and the journal never disagree about the last update. Python runs signal handlers
+    in the main thread only, so this needs nothing more than a counter."""
+    global _deferring
+    _deferring += 1
+    try:
+        yield
+    finally:
+        _deferring -= 1
+        if not _deferring and _deferred:
+            _deferred.pop()()

@@ -18,7 +18,7 @@ from pathlib import Path
 import helpers
 import pytest
 import torch
-from helpers import free_port, run_cli, sleepy_executor_plugin, start_mlflow
+from helpers import REPO, free_port, run_cli, sleepy_executor_plugin, start_mlflow
 from mlflow.tracking import MlflowClient
 
 from axoexp import lease, metadata, names, processes
@@ -149,6 +149,33 @@ def test_a_process_forked_during_a_run_dies_of_sigterm_rather_than_acting_for_th
         thread.join(timeout=30)
         assert signal.getsignal(signal.SIGTERM).__module__ == "axoexp.signals"  # the run keeps its own
     assert statuses == [-signal.SIGTERM, -signal.SIGTERM]
+
+
+DEFERRED_STOP = """
+import os, signal
+from axoexp.signals import Interrupted, deferred, interruptible
+seen = []
+try:
+    with interruptible(), deferred():
+        with deferred():  # nested: the stop waits for the outermost block
+            os.kill(os.getpid(), signal.SIGTERM)
+            seen.append("inner block went on")
+        seen.append("outer block went on")
+    seen.append("not reached")
+except Interrupted as stopped:
+    seen.append(f"then {stopped}")
+print(seen)
+"""
+
+
+def test_a_stop_signal_inside_a_deferred_block_acts_as_the_block_ends() -> None:
+    """What run_updates records together (the trace MLflow logs from, and the journal) is recorded
+    whole: a SIGTERM between the two once left MLflow one update ahead of the journal (CI, 2026-12-04).
+    In a process of its own: a signal leaves its mark on the process (the signal noted, HTTP timeouts cut)."""
+    done = subprocess.run(
+        [sys.executable, "-c", DEFERRED_STOP], capture_output=True, text=True, timeout=60, cwd=REPO, check=False
+    )
+    assert done.stdout.strip() == str(["inner block went on", "outer block went on", "then interrupted by SIGTERM"])
 
 
 @pytest.mark.slow
