@@ -293,18 +293,13 @@ def test_rows_per_program_other_than_a_power_of_two_are_refused_while_planning(m
 # Every test above runs it (``front=True`` is the default); these check what is particular to it.
 
 
-def test_neurons_sharing_a_morphology_sum_into_its_bank_row() -> None:
-    """The morphology bank's gradient is the sum over the neurons of each morphology (its index_add)."""
-    population, inputs = _population(neurons=6, time_steps=10, contacts=3, seed=19, morphologies=2)
-    assert population.morphology_indices.unique().numel() < population.population_size, "neurons share rows"
-    _check(population, inputs, block_n=4)  # ragged: 4 + 2, a partial last patch
-
-
 @pytest.mark.parametrize(
     ("streams", "length", "block_n"),
     [(None, None, 2), (2, 9, 4)],  # ragged: 2 + 1; batched, ragged (4 + 2), padded and masked
 )
-def test_the_torch_front_matches_the_front_in_the_kernels(streams: int | None, length: int | None, block_n) -> None:
+def test_the_torch_front_matches_the_front_in_the_kernels(
+    streams: int | None, length: int | None, block_n: int
+) -> None:
     """``front=False`` (``executor.front_in_kernel=false``) computes the same loss, output and gradients."""
     setup = lite(
         device=DEVICE,
@@ -329,10 +324,9 @@ def test_the_torch_front_matches_the_front_in_the_kernels(streams: int | None, l
         )
         loss.backward()
         grads = [parameter.grad.clone() for parameter in population.adaptation_parameters()]
-        _, output_grads = _forward_backward(
+        output, output_grads = _forward_backward(
             population, inputs, lambda p, x, front=front: fused_population_forward(p, x, block_n=block_n, front=front)
         )
-        output = fused_population_forward(population, inputs, block_n=block_n, front=front).detach()
         runs[front] = (loss.detach(), output, *grads, *output_grads)
     for in_kernel, in_torch in zip(runs[True], runs[False], strict=True):
         _assert_matches(in_kernel, in_torch)
@@ -340,10 +334,12 @@ def test_the_torch_front_matches_the_front_in_the_kernels(streams: int | None, l
 
 def test_the_front_reads_the_banks_live_and_recomputes_its_constants_after_a_write() -> None:
     """A bank's value is never cached; the constants (route features x input projection) follow an
-    in-place write to a buffer, into the same tensor (a captured graph keeps its pointer)."""
+    in-place write to a buffer, into the same tensor (a captured graph keeps its pointer). Three
+    neurons of two morphologies: the morphology bank's gradient sums over neurons (its index_add)."""
     from axoexp.kernels.lite_population import population_front
 
-    population, inputs = _population(neurons=3, time_steps=8, contacts=2, seed=21)
+    population, inputs = _population(neurons=3, time_steps=10, contacts=2, seed=21, morphologies=2)
+    assert population.morphology_indices.unique().numel() < population.population_size, "neurons share a row"
     front = population_front(population)
     assert population_front(population) is front, "unchanged sources: the cached constants"
     with torch.no_grad():
