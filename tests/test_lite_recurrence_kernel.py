@@ -143,7 +143,7 @@ def test_unsupported_reasons() -> None:
 
 
 def test_recurrence_refuses_trainable_neuron_weights() -> None:
-    population, _ = _population(neurons=2, time_steps=8, contacts=2, seed=10)
+    population, inputs = _population(neurons=2, time_steps=8, contacts=2, seed=10)
     neuron = population.neuron
     tokens = torch.zeros(2, 2, neuron.config.token_dim, device=DEVICE)
     cache = torch.zeros(2, neuron.cache_width, device=DEVICE)
@@ -152,6 +152,14 @@ def test_recurrence_refuses_trainable_neuron_weights() -> None:
         lite_recurrence.lite_recurrence(neuron, tokens, cache)
     with torch.no_grad():
         assert lite_recurrence.lite_recurrence(neuron, tokens, cache).shape == (2, 2, 8)
+    from axoexp.kernels.lite_population import population_front
+
+    neuron.skip_head.weight.requires_grad_(False)
+    neuron.input_projection.bias.requires_grad_(True)
+    with pytest.raises(ValueError, match="no gradient to the contact inputs or the input projection"):
+        lite_recurrence.lite_front_recurrence(
+            neuron, population_front(population), inputs, tuple(population.adaptation_parameters())
+        )
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,13 @@ loss, and in place of the forecasts it stores the loss's gradient with respect t
 the backward kernel scales by the upstream gradient as it loads it. The assembled output, the
 loss and their backward (about a dozen small kernels) are then not needed.
 
+With ``FRONT`` (:func:`lite_front_recurrence`) the kernels also compute what axosim computes
+before the recurrence: each block's token from the raw contact inputs of its 4 steps times the
+efficacies ``exp(synaptic_log_efficacy)``, through a per-neuron matrix that is the input projection's
+weight times each contact's route features (:class:`Front`), and the cache as the behaviour bank's
+row plus the morphology bank's. The backward recomputes the tokens the same way, accumulates the
+log-efficacies' gradient per row in registers next to the cache's, and writes both once.
+
 The neuron's own weights are constants here: axoexp adapts only the per-neuron banks, so
 ``lite_recurrence`` refuses weights that require grad rather than drop their gradients.
 """
@@ -891,7 +898,7 @@ def _checked_front(
         raise ValueError(f"the behaviour and morphology banks must have {width} columns, one behaviour row a neuron")
     if log_efficacy.shape != (front.neurons, front.contacts):
         raise ValueError(f"the log-efficacies must have shape {(front.neurons, front.contacts)}")
-    if torch.is_grad_enabled() and (inputs.requires_grad or front.projection.requires_grad):
+    if torch.is_grad_enabled() and (inputs.requires_grad or front.projection_bias.requires_grad):
         raise ValueError("the fused front gives no gradient to the contact inputs or the input projection")
     return weights
 
