@@ -133,6 +133,40 @@ def _project(window, efficacy, projection, projection_bias):
 
 
 @triton.jit
+def _front_rows(
+    morphology,
+    morphology_indices,
+    log_efficacy,
+    projection,
+    bank_row,
+    row_ok,
+    CACHE: tl.constexpr,
+    TOKEN: tl.constexpr,
+    TOKEN_PAD: tl.constexpr,
+    CONTACTS: tl.constexpr,
+    CONTACTS_PAD: tl.constexpr,
+    PATCH: tl.constexpr,
+    PATCH_PAD: tl.constexpr,
+):
+    """Per row of the neuron ``bank_row``: a pointer to its morphology bank row, its efficacies in the
+    window's lanes (BLOCK_N, WINDOW) and its (BLOCK_N, TOKEN_PAD, WINDOW) projection, zero where padded."""
+    morphology_row = tl.load(morphology_indices + bank_row[:, None], mask=row_ok, other=0)
+    _, contact, in_window = _window_lanes(CONTACTS, CONTACTS_PAD, PATCH, PATCH_PAD)
+    efficacy = tl.exp(
+        tl.load(log_efficacy + bank_row[:, None] * CONTACTS + contact, mask=row_ok & in_window, other=0.0)
+    )
+    WINDOW: tl.constexpr = PATCH_PAD * CONTACTS_PAD
+    token = tl.arange(0, TOKEN_PAD)[None, :, None]
+    lane = tl.arange(0, WINDOW)[None, None, :]
+    projection_matrix = tl.load(
+        projection + bank_row[:, None, None] * (TOKEN * WINDOW) + token * WINDOW + lane,
+        mask=row_ok[:, :, None] & (token < TOKEN),
+        other=0.0,
+    )
+    return morphology + morphology_row * CACHE, efficacy, projection_matrix
+
+
+@triton.jit
 def _cache_lanes(row_cache, row_morphology, lanes, mask, FRONT: tl.constexpr):
     """Lanes of each row's adaptation cache: the cache's, or with FRONT the behaviour bank's
     plus the morphology bank's."""
@@ -238,19 +272,20 @@ def _lite_forward_kernel(
     row_cache = cache + bank_row[:, None] * CACHE
     row_morphology = row_cache
     if FRONT:
-        morphology_row = tl.load(morphology_indices + bank_row, mask=rows < neurons, other=0)
-        row_morphology = morphology + morphology_row[:, None] * CACHE
-        WINDOW: tl.constexpr = PATCH_STEPS_PAD * CONTACTS_PAD
-        _, contact, in_window = _window_lanes(CONTACTS, CONTACTS_PAD, PATCH_STEPS, PATCH_STEPS_PAD)
-        efficacy = tl.exp(
-            tl.load(log_efficacy + bank_row[:, None] * CONTACTS + contact, mask=row_ok & in_window, other=0.0)
-        )
-        kk = tl.arange(0, TOKEN_PAD)[None, :, None]
-        lane = tl.arange(0, WINDOW)[None, None, :]
-        projection_matrix = tl.load(
-            projection + bank_row[:, None, None] * (TOKEN * WINDOW) + kk * WINDOW + lane,
-            mask=row_ok[:, :, None] & (kk < TOKEN),
-            other=0.0,
+        row_morphology, efficacy, projection_matrix = _front_rows(
+            morphology,
+            morphology_indices,
+            log_efficacy,
+            projection,
+            bank_row,
+            row_ok,
+            CACHE,
+            TOKEN,
+            TOKEN_PAD,
+            CONTACTS,
+            CONTACTS_PAD,
+            PATCH_STEPS,
+            PATCH_STEPS_PAD,
         )
         token_bias = _load_vector(projection_bias, TOKEN, TOKEN_PAD)
     token_offset = _cache_lanes(row_cache, row_morphology, k, k_ok, FRONT)
@@ -411,19 +446,21 @@ def _lite_backward_kernel(
     row_cache = cache + bank_row[:, None] * CACHE
     row_morphology = row_cache
     if FRONT:
-        morphology_row = tl.load(morphology_indices + bank_row, mask=rows < neurons, other=0)
-        row_morphology = morphology + morphology_row[:, None] * CACHE
         WINDOW: tl.constexpr = PATCH_STEPS_PAD * CONTACTS_PAD
-        _, contact, in_window = _window_lanes(CONTACTS, CONTACTS_PAD, PATCH_STEPS, PATCH_STEPS_PAD)
-        efficacy = tl.exp(
-            tl.load(log_efficacy + bank_row[:, None] * CONTACTS + contact, mask=row_ok & in_window, other=0.0)
-        )
-        kk = tl.arange(0, TOKEN_PAD)[None, :, None]
-        lane = tl.arange(0, WINDOW)[None, None, :]
-        projection_matrix = tl.load(
-            projection + bank_row[:, None, None] * (TOKEN * WINDOW) + kk * WINDOW + lane,
-            mask=row_ok[:, :, None] & (kk < TOKEN),
-            other=0.0,
+        row_morphology, efficacy, projection_matrix = _front_rows(
+            morphology,
+            morphology_indices,
+            log_efficacy,
+            projection,
+            bank_row,
+            row_ok,
+            CACHE,
+            TOKEN,
+            TOKEN_PAD,
+            CONTACTS,
+            CONTACTS_PAD,
+            PATCH_STEPS,
+            PATCH_STEPS_PAD,
         )
         token_bias = _load_vector(projection_bias, TOKEN, TOKEN_PAD)
     token_offset = _cache_lanes(row_cache, row_morphology, k, k_ok, FRONT)
