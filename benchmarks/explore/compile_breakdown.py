@@ -112,6 +112,9 @@ def worker(shape: str, spec: dict) -> None:
             torch._dynamo.utils.compilation_time_metrics.get("async_compile.precompile", [])
         ),
         kernels_compiled=torch._dynamo.utils.counters["inductor"]["async_compile_cache_miss"],
+        kernels_autotuned=len(
+            torch._dynamo.utils.compilation_time_metrics.get("CachingAutotuner.benchmark_all_configs", [])
+        ),
     )
     marks.update(
         phases_ms={key: round(value, 1) for key, value in phases.items()},
@@ -136,7 +139,8 @@ def worker(shape: str, spec: dict) -> None:
     if profiler is not None:
         import pstats
 
-        pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(45)
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(60)
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(25)
 
 
 def main() -> None:
@@ -169,7 +173,12 @@ def main() -> None:
                         str(args.out),
                         json.dumps(spec),
                     ],
-                    env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, **workers},
+                    env={
+                        **os.environ,
+                        "TORCHINDUCTOR_CACHE_DIR": cache,
+                        "TRITON_CACHE_DIR": f"{cache}/triton",
+                        **workers,
+                    },
                     capture_output=True,
                     text=True,
                     timeout=args.timeout,
@@ -184,7 +193,7 @@ def main() -> None:
                     flush=True,
                 )
                 if spec.get("profile"):
-                    print(done.stderr[-9000:], flush=True)
+                    print(done.stderr[-16000:], flush=True)
 
 
 if __name__ == "__main__":
