@@ -13,10 +13,7 @@ blocks fit in one region, the whole forward is compiled as one graph instead (as
 ``compiled_cudagraph`` compiles it): one region would leave three pieces where one fuses.
 By default inductor also rewrites the model's tiny matmuls as pointwise code that fuses with
 the rest of each block (``matmul_decomposition``), which makes the captured update several
-times faster than cuBLAS calls between small kernels, and gives each kernel one launch
-configuration instead of compiling several and timing them at its first run
-(``autotune_kernels``): on the H200 at 64x256x32 that compiled 4 kernels with several
-configurations rather than 13, about 1 s less of a 7-10 s cold compile, the same replay.
+times faster than cuBLAS calls between small kernels.
 """
 
 from __future__ import annotations
@@ -61,22 +58,13 @@ class RegionalLiteForward(torch.nn.Module):
     float32 rounding); the whole forward compiled as one graph when its blocks fit in one region."""
 
     def __init__(
-        self,
-        population: AxoSimPopulation,
-        tokens_per_region: int,
-        compile_edges: bool,
-        decompose_matmuls: bool,
-        autotune_kernels: bool = False,
+        self, population: AxoSimPopulation, tokens_per_region: int, compile_edges: bool, decompose_matmuls: bool
     ) -> None:
         super().__init__()
         self.population = population
         self.tokens_per_region = tokens_per_region
         self.decompose_matmuls = decompose_matmuls
-        options = {
-            **INDUCTOR_OPTIONS,
-            "triton.autotune_pointwise": autotune_kernels,  # also the reductions' configurations
-            **(matmul_decomposition.OPTIONS if decompose_matmuls else {}),
-        }
+        options = {**INDUCTOR_OPTIONS, **(matmul_decomposition.OPTIONS if decompose_matmuls else {})}
         self.region = torch.compile(run_tokens, dynamic=False, fullgraph=True, options=options)
         self.prologue = (
             torch.compile(lite_tokens, dynamic=False, fullgraph=True, options=options) if compile_edges else lite_tokens
@@ -146,11 +134,6 @@ class RegionalCudaGraphExecutor(compiler_startup.StartsCompilerEarly, CudaGraphE
         decompose_matmuls: Annotated[
             bool, "inductor rewrites the model's tiny matmuls as pointwise code that fuses with each block's other work"
         ] = True,
-        autotune_kernels: Annotated[
-            bool,
-            "inductor compiles several launch configurations per kernel and times them at its first run "
-            "(about 1 s more to compile cold at 64x256x32, no faster replay there)",
-        ] = False,
         cache_dir: Annotated[
             str | None,
             "inductor cache, shared by jobs of the same shape; "
@@ -165,7 +148,6 @@ class RegionalCudaGraphExecutor(compiler_startup.StartsCompilerEarly, CudaGraphE
             tokens_per_region,
             compile_edges,
             decompose_matmuls,
-            autotune_kernels,
         )
 
     @classmethod
