@@ -6,16 +6,21 @@ under capture, what a factory's ``config_problems`` refuses, a population an exe
 run, banks to start from that do not fit) is collected into one :class:`ConfigError`, raised
 before any MLflow run exists.
 
-The population is built once while planning, on the meta device (:func:`probe_population`):
-its factory runs as it will in the run, but no tensor holds memory or data. What it builds
-decides each executor's preconditions (:meth:`axoexp.interfaces.Executor.refusal`) and gives
-the run its shape and streams, for any population, whatever its parameters are called.
+The population is built once while planning (:func:`probe_population`): its factory runs as it
+will in the run. What it builds decides each executor's preconditions
+(:meth:`axoexp.interfaces.Executor.refusal`) and the loss's (one forward and loss at the real
+shapes), and gives the run its shape and streams, for any population, whatever its parameters
+are called. For a CUDA run it is built on the meta device, where no tensor holds memory or data;
+for a CPU run on the CPU itself, at the run's own shapes (a meta forward runs every operation
+through torch's Python references, whose wrappers import ``torch._dynamo``: seconds, against
+milliseconds for the default population built on the CPU; docs/startup.md), and kept on the
+meta device once checked.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import psutil
@@ -63,7 +68,7 @@ class Plan:
     capturable: bool
     registry: Registry
     probe: PopulationSetup | None = None
-    """The population built on the meta device while planning (None where its factory cannot build there)."""
+    """The population built while planning, on the meta device (None where its factory cannot build it)."""
     initial_banks: InitialBanks | None = None
     """The adapted banks ``population.init_from`` names, read and checked; loaded once built."""
 
@@ -185,8 +190,10 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
     probe = None
     if "population" in components and device is not None and dtype is not None and not problems:
         problems += memory_problems(components["population"], params["population"], device, dtype)
-        if not problems:  # it fits: build it on the meta device, to see what it is
-            probe = probe_population(components["population"], params["population"], dtype, int(config.seed))
+        if not problems:  # it fits: build it, to see what it is
+            probe = probe_population(
+                components["population"], params["population"], probe_device(device), dtype, int(config.seed)
+            )
     store = store_problem(resolve_tracking_uri(config.tracking.uri))
     if store:
         problems.append(store)
@@ -244,6 +251,7 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
             + (problems[0] if len(problems) == 1 else "".join(f"\n  - {problem}" for problem in problems))
         )
     assert device is not None and dtype is not None
+    probe = on_meta(probe) if probe is not None else None  # a CPU-built probe's memory goes back to the run
     return Plan(config, device, dtype, components, params, capturable, registry, probe, initial_banks)
 
 
@@ -273,22 +281,37 @@ def loss_problems(loss: Component, params: dict[str, Any], probe: PopulationSetu
     return []
 
 
+def probe_device(device: torch.device) -> torch.device:
+    """Where planning builds the population: the CPU for a CPU run (the run's own population,
+    exact at every shape, and faster to build there than on the meta device), else the meta device
+    (no memory taken on a GPU before the run holds its lease)."""
+    return device if device.type == "cpu" else META
+
+
 def probe_population(
-    population: Component, params: dict[str, Any], dtype: torch.dtype, seed: int
+    population: Component, params: dict[str, Any], device: torch.device, dtype: torch.dtype, seed: int
 ) -> PopulationSetup | None:
-    """The population as its factory builds it, on the meta device: the module's types,
-    dtypes and trainable parameters and the batches' shapes, with no memory or arithmetic
-    spent on tensors (the factory still runs its own host code, e.g. a random generator's
-    draws). None where the factory cannot build on the meta device: the executor's
-    preconditions are then checked on the real module, inside the run, and the shape is
-    read from the real batches."""
+    """The population as its factory builds it on ``device`` (:func:`probe_device`): the module's
+    types, dtypes and trainable parameters and the batches' shapes (on the meta device with no
+    memory or arithmetic spent on tensors; the factory still runs its own host code, e.g. a random
+    generator's draws). None where the factory cannot build there: the executor's preconditions
+    are then checked on the real module, inside the run, and the shape is read from the real
+    batches."""
     try:
-        return population.build(params, device=META, dtype=dtype, seed=seed)
+        return population.build(params, device=device, dtype=dtype, seed=seed)
     except Exception as error:  # e.g. a data-dependent check; the real build reports its own errors
-        log.info(
-            "population %s cannot be built on the meta device (%s); it is judged when built", population.name, error
-        )
+        log.info("population %s cannot be built on %s (%s); it is judged when built", population.name, device, error)
         return None
+
+
+def on_meta(probe: PopulationSetup) -> PopulationSetup:
+    """``probe`` with its module and batches moved to the meta device (shapes, dtypes and types kept)."""
+    return replace(
+        probe,
+        module=probe.module.to(META),
+        batches=[(inputs.to(META), targets.to(META)) for inputs, targets in probe.batches],
+        eval_batches=[(inputs.to(META), targets.to(META)) for inputs, targets in probe.eval_batches],
+    )
 
 
 def available_bytes(device: torch.device) -> int:

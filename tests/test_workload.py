@@ -221,15 +221,24 @@ def _reads_values(*, device: torch.device, dtype: torch.dtype, seed: int, scale:
     return setup
 
 
-def test_a_population_that_cannot_be_built_on_meta_is_judged_when_built(make_config, client, registry) -> None:
+def test_a_population_that_cannot_be_built_on_meta_is_judged_when_built(
+    make_config, client, registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CPU run's planning builds it on the CPU, where it reads its values; a CUDA run's on the
+    meta device (``probe_device``: this machine may have no GPU), where it cannot."""
     from hydra.core.config_store import ConfigStore
 
+    from axoexp import plan as planning
     from axoexp.config import node_class
 
     registry.register("population", "reads_values", _reads_values, source="tests/test_workload.py")
     ConfigStore.instance().store(
         group="population", name="reads_values", node=node_class(registry.get("population", "reads_values"))
     )
+    plan = plan_experiment(make_config("population=reads_values"), registry)
+    assert plan.probe is not None and plan.shape == "3x12x4", "built on the CPU"
+    assert plan.probe.batches[0][0].device == planning.META, "kept on the meta device once checked"
+    monkeypatch.setattr(planning, "probe_device", lambda device: planning.META)
     plan = plan_experiment(make_config("population=reads_values"), registry)
     assert plan.probe is None and plan.shape == "?"
     result = run_experiment(make_config("population=reads_values", "run.measured_updates=2"), registry=registry)
