@@ -32,6 +32,7 @@ from axoexp.banks import InitialBanks, read_initial_banks
 from axoexp.components.population import checkpoint_problem
 from axoexp.config import bounded_keys
 from axoexp.errors import BanksError, ConfigError, IncompatibleComponentsError, RegistryError
+from axoexp.executors import optimizer_calls
 from axoexp.executors.base import batch_loss
 from axoexp.interfaces import Executor, LossFn, PopulationSetup, adaptation_parameters
 from axoexp.nvml import cuda_present, gpu_probe
@@ -108,9 +109,10 @@ class Plan:
         e.g. ``"eager"`` for a reference; by default the planned one with its parameters.
         """
         parameters = adaptation_parameters(module)
-        optimizer = self.components["optimizer"].build(
-            self.params["optimizer"], parameters=parameters, capturable=self.capturable
-        )
+        with optimizer_calls.constructing():
+            optimizer = self.components["optimizer"].build(
+                self.params["optimizer"], parameters=parameters, capturable=self.capturable
+            )
         transform = self.components["gradient_transform"].build(
             self.params["gradient_transform"], parameters=parameters
         )

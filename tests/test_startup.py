@@ -101,11 +101,12 @@ def test_the_newest_schema_read_from_the_migration_scripts_is_alembics() -> None
 
 
 @pytest.mark.slow  # starts an interpreter
-def test_planning_a_cpu_run_imports_neither_dynamo_nor_the_stores_backend(empty_store: Path) -> None:
-    """The default CPU run's planning, against an existing store, in a fresh interpreter: the loss is
-    checked on the population built on the CPU (a meta forward imports ``torch._dynamo``), the store's
-    schema without SQLAlchemy and Alembic (the store's own thread imports them), and the probe ends
-    on the meta device."""
+def test_a_cpu_run_plans_and_updates_without_dynamo_or_planning_the_stores_backend(empty_store: Path) -> None:
+    """The default CPU run's planning (against an existing store) and updates, in a fresh interpreter:
+    the loss is checked on the population built on the CPU (a meta forward imports ``torch._dynamo``),
+    the store's schema without SQLAlchemy and Alembic (the store's own thread imports them), the probe
+    ends on the meta device, and torch.optim's construction, zero_grad and step leave the compiler
+    unimported (``axoexp.executors.optimizer_calls``)."""
     code = f"""
 import sys
 from hydra import compose, initialize_config_module
@@ -121,6 +122,10 @@ with initialize_config_module(config_module="axoexp.conf", version_base="1.3"):
 plan = plan_experiment(config, registry)
 modules = "torch._dynamo" in sys.modules, "sqlalchemy" in sys.modules
 print(plan.probe.module.behavior_adapter.device, plan.shape, *modules)
+setup = plan.build_population()
+executor = plan.build_executor(setup.module)
+losses = [float(executor.step(*batch)) for batch in setup.batches * 2]
+print(losses[-1] < losses[0], "torch._dynamo" in sys.modules)
 """
     output = subprocess.check_output([sys.executable, "-c", code], text=True).split()
-    assert output == ["meta", "3x12x4", "False", "False"]
+    assert output == ["meta", "3x12x4", "False", "False", "True", "False"]
