@@ -22,6 +22,15 @@ counter: the Triton kernels it set up, from source or from the cache) and
 workers had not answered yet), dynamo's ``calculate_time_spent`` and ``compile_times``
 breakdowns, the median of 200 replayed updates, and the provenance (commit, dirty flag, command
 line, device, date).
+
+    python benchmarks/explore/compile_breakdown.py --table breakdown.md breakdown.jsonl
+
+writes the rows of JSONL files as a markdown table: each cold compile split into dynamo's
+tracing, AOTAutograd (joint trace, its passes, the partition, the post-grad passes),
+inductor's lowering, its scheduling and code generation, the wait for the Triton kernels,
+the first-run timing of kernels with several launch configurations, the rest of dynamo's
+total, and what ``compile`` holds outside dynamo's total (the eager code before the block
+loop, the first runs).
 """
 
 from __future__ import annotations
@@ -112,6 +121,9 @@ def worker(shape: str, spec: dict) -> None:
             torch._dynamo.utils.compilation_time_metrics.get("async_compile.precompile", [])
         ),
         kernels_compiled=torch._dynamo.utils.counters["inductor"]["async_compile_cache_miss"],
+        kernels_autotuned=len(
+            torch._dynamo.utils.compilation_time_metrics.get("CachingAutotuner.benchmark_all_configs", [])
+        ),
     )
     marks.update(
         phases_ms={key: round(value, 1) for key, value in phases.items()},
@@ -136,25 +148,104 @@ def worker(shape: str, spec: dict) -> None:
     if profiler is not None:
         import pstats
 
-        pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(45)
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(60)
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(25)
+
+
+COMPILE_TIMES_COLUMNS = {  # column: entries of dynamo's compile_times, seconds summed
+    "dynamo trace": ("bytecode_tracing",),
+    "AOTAutograd": (
+        "aot_trace_joint_graph",
+        "_recursive_joint_graph_passes",
+        "min_cut_rematerialization_partition",
+        "_recursive_post_grad_passes",
+    ),
+    "lowering": ("GraphLowering.run",),
+    "scheduling + codegen": ("GraphLowering.codegen",),
+    "Triton wait": ("async_compile.wait",),
+}
+AUTOTUNE = "CachingAutotuner.benchmark_all_configs"  # at the kernels' first run, after the compile
+
+
+def compile_times_entries(text: str) -> dict[str, float]:
+    """Dynamo's ``compile_times(repr="str", aggregate=True)`` table as {entry: seconds}."""
+    entries = {}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        try:
+            entries[name.strip()] = float(value)
+        except ValueError:
+            continue
+    return entries
+
+
+def table(paths: list[Path]) -> str:
+    """The cold rows of ``paths`` as a markdown table of seconds per stage (see the docstring)."""
+    from axoexp import metadata, names
+
+    rows = [json.loads(line) for path in paths for line in path.read_text().splitlines() if line.strip()]
+    rows = [row for row in rows if row.get("phase") == "cold" and "error" not in row]
+    provenance = list({metadata.provenance_line(row["provenance"]): None for row in rows if "provenance" in row})
+    columns = ["start-up", "compile", *COMPILE_TIMES_COLUMNS, "rest of the compile", "autotune timing", "first run"]
+    lines = [
+        "# Cold compile, stage by stage",
+        "",
+        *(f"{line}  " for line in provenance),
+        "",
+        "Seconds. `start-up`: the `compiler_startup` wait; `compile`: the `compile` phase, split by the columns after",
+        "it: the compile's stages (forward and backward graphs together; `rest of the compile`: the rest of dynamo's",
+        "frame and backward compile), the first-run timing of kernels with several launch configurations, and the",
+        "rest of the first forward and backward (the eager code before the block loop, the loss, first launches).",
+        "",
+        f"| commit | spec | {' | '.join(columns)} | kernels compiled / autotuned | replay ms |",
+        "|---|---|" + "---:|" * (len(columns) + 2),
+    ]
+    for row in rows:
+        entries = compile_times_entries(row["compile_times"])
+        stages = {name: sum(entries.get(key, 0.0) for key in keys) for name, keys in COMPILE_TIMES_COLUMNS.items()}
+        total = row["time_spent"]["total_wall_time"]  # dynamo's frame compiles and backward compiles
+        compile_s = row["phases_ms"]["compile"] / 1e3
+        autotune = entries.get(AUTOTUNE, 0.0)
+        values = [
+            row["phases_ms"].get("compiler_startup", 0.0) / 1e3,
+            compile_s,
+            *stages.values(),
+            total - sum(stages.values()),
+            autotune,
+            compile_s - total - autotune,
+        ]
+        kernels = f"{row.get('kernels_compiled', '')} / {row.get('kernels_autotuned', '')}"
+        cells = " | ".join(f"{value:.2f}" for value in values)
+        commit = row.get("provenance", {}).get(names.GIT_COMMIT, "")[:7]
+        lines.append(
+            f"| {commit} | `{json.dumps(row['spec'])}` | {cells} | {kernels} | {row['replay_median_ms']:.3f} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("specs", nargs="+", type=json.loads)
+    parser.add_argument("specs", nargs="+", help="JSON specs; with --table, JSONL files")
+    parser.add_argument("--table", type=Path, help="write the rows of the JSONL files given as a markdown table")
     parser.add_argument("--shape", default="64x256x32")
-    parser.add_argument("--out", type=Path, required=True, help="JSON lines, one per process")
+    parser.add_argument("--out", type=Path, help="JSON lines, one per process")
     parser.add_argument("--timeout", type=float, default=150.0, help="seconds per process")
     parser.add_argument("--cold-only", action="store_true", help="skip the warm process of each SPEC")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.table:
+        args.table.write_text(table([Path(path) for path in args.specs]))
+        return
+    specs = [json.loads(spec) for spec in args.specs]
     if args.worker:
-        worker(args.shape, args.specs[0])
+        worker(args.shape, specs[0])
         return
     from axoexp import metadata
 
     record = metadata.provenance()
-    for spec in args.specs:
+    if args.out is None:
+        parser.error("--out is required unless --table")
+    for spec in specs:
         workers = {"TORCHINDUCTOR_WORKER_START": spec["workers"]} if "workers" in spec else {}
         with tempfile.TemporaryDirectory(prefix="inductor-") as cache:
             for phase in ("cold",) if args.cold_only else ("cold", "warm"):
@@ -169,7 +260,12 @@ def main() -> None:
                         str(args.out),
                         json.dumps(spec),
                     ],
-                    env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, **workers},
+                    env={
+                        **os.environ,
+                        "TORCHINDUCTOR_CACHE_DIR": cache,
+                        "TRITON_CACHE_DIR": f"{cache}/triton",
+                        **workers,
+                    },
                     capture_output=True,
                     text=True,
                     timeout=args.timeout,
@@ -184,7 +280,7 @@ def main() -> None:
                     flush=True,
                 )
                 if spec.get("profile"):
-                    print(done.stderr[-9000:], flush=True)
+                    print(done.stderr[-16000:], flush=True)
 
 
 if __name__ == "__main__":
