@@ -102,6 +102,7 @@ TIMING_UPDATE_INPUTS = "timing.update.inputs"
 COMPILE_CACHE = "compile.cache"  # cold | warm | in-process: where the compiled graphs came from
 COMPILE_CACHE_DIR = "compile.cache_dir"
 FUSED_LOSS = "fused.loss"  # kernel | torch: where fused_cudagraph computed the loss and its gradient
+FUSED_FRONT = "fused.front"  # kernel | torch: where fused_cudagraph computed the tokens, the cache and their gradients
 FUSED_STEP = "fused.step"  # kernel | torch | torch: why: fused_cudagraph's gradient transform and optimizer step
 
 # --- tags: the code, the versions and the hardware a result belongs to (axoexp.metadata)

@@ -343,17 +343,22 @@ from axoexp.kernels.lite_recurrence import _lite_backward_kernel, _lite_forward_
 weights = ("input_weight", "recurrent_weight", "state_bias", "decay_logit", "output_weight", "output_bias",
            "skip_weight")
 shape = dict(TOKEN=8, STATE=4, OUTPUT=8, TOKEN_PAD=8, STATE_PAD=4, OUTPUT_PAD=8, BLOCK_N=16)
+front = {**dict.fromkeys(("morphology", "log_efficacy", "projection", "projection_bias"), "*fp32"),
+         "morphology_indices": "*i64", "bank_rows": "i32", "input_steps": "i32"}
+fronts = [dict(FRONT=False, CONTACTS=1, CONTACTS_PAD=1, PATCH_STEPS=1, PATCH_STEPS_PAD=1),
+          dict(FRONT=True, CONTACTS=3, CONTACTS_PAD=4, PATCH_STEPS=4, PATCH_STEPS_PAD=4)]
 forward = {**dict.fromkeys(("tokens", "cache", *weights, "outputs", "states", "targets", "partials"), "*fp32"),
            "length": "*i64", "neurons": "i32", "blocks": "i32", "time_steps": "i32", "warmup_steps": "i32",
-           "delta": "fp32"}
-for loss, masked in ((0, False), (1, False), (1, True), (2, True)):  # no loss; squared; masked; masked Huber
-    constants = dict(shape, STORE_STATES=True, LOSS=loss, MASKED=masked, OUTPUT_DIM=2)
+           "delta": "fp32", **front}
+# no loss; squared; masked; masked Huber; each with the front in torch and in the kernel
+for (loss, masked), front_constants in itertools.product(((0, False), (1, False), (1, True), (2, True)), fronts):
+    constants = dict(shape, STORE_STATES=True, LOSS=loss, MASKED=masked, OUTPUT_DIM=2, **front_constants)
     source = ASTSource(_lite_forward_kernel, {**forward, **dict.fromkeys(constants, "constexpr")}, constants)
     triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
 backward = {**dict.fromkeys(("tokens", "cache", *weights, "states", "grad_outputs", "grad_tokens", "grad_cache",
-                             "grad_scale"), "*fp32"), "neurons": "i32", "blocks": "i32"}
-for scaled in (False, True):
-    constants = dict(shape, STORE_TOKEN_GRAD=scaled, SCALED=scaled)
+                             "grad_scale"), "*fp32"), "neurons": "i32", "blocks": "i32", **front}
+for scaled, front_constants in itertools.product((False, True), fronts):
+    constants = dict(shape, STORE_INPUT_GRAD=scaled, SCALED=scaled, **front_constants)
     source = ASTSource(_lite_backward_kernel, {**backward, **dict.fromkeys(constants, "constexpr")}, constants)
     triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
 from axoexp.kernels.pad import BLOCK as PAD_BLOCK, _pad_kernel
@@ -368,8 +373,9 @@ print("compiled")
 @pytest.mark.slow  # a process of its own: Triton's interpreter, set in this one, compiles nothing
 def test_the_kernels_compile_for_an_h200_without_one(tmp_path: Path) -> None:
     """Triton's compiler and the ptxas it ships build the fused step's, the recurrence's (with and
-    without the loss) and the bucket padding's kernels for sm_90 on any machine: what the
-    interpreter tolerates but a GPU build would reject (types, shapes, masks) fails here."""
+    without the loss, with the front in torch and in the kernels) and the bucket padding's kernels
+    for sm_90 on any machine: what the interpreter tolerates but a GPU build would reject (types,
+    shapes, masks) fails here."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env["TRITON_CACHE_DIR"] = str(tmp_path)

@@ -143,7 +143,7 @@ def test_unsupported_reasons() -> None:
 
 
 def test_recurrence_refuses_trainable_neuron_weights() -> None:
-    population, _ = _population(neurons=2, time_steps=8, contacts=2, seed=10)
+    population, inputs = _population(neurons=2, time_steps=8, contacts=2, seed=10)
     neuron = population.neuron
     tokens = torch.zeros(2, 2, neuron.config.token_dim, device=DEVICE)
     cache = torch.zeros(2, neuron.cache_width, device=DEVICE)
@@ -152,6 +152,14 @@ def test_recurrence_refuses_trainable_neuron_weights() -> None:
         lite_recurrence.lite_recurrence(neuron, tokens, cache)
     with torch.no_grad():
         assert lite_recurrence.lite_recurrence(neuron, tokens, cache).shape == (2, 2, 8)
+    from axoexp.kernels.lite_population import population_front
+
+    neuron.skip_head.weight.requires_grad_(False)
+    neuron.input_projection.bias.requires_grad_(True)
+    with pytest.raises(ValueError, match="no gradient to the contact inputs or the input projection"):
+        lite_recurrence.lite_front_recurrence(
+            neuron, population_front(population), inputs, tuple(population.adaptation_parameters())
+        )
 
 
 @pytest.mark.parametrize(
@@ -287,3 +295,78 @@ def test_rows_per_program_other_than_a_power_of_two_are_refused_while_planning(m
     with pytest.raises(ConfigError) as refused:
         plan_experiment(make_config("executor=fused_cudagraph", "executor.block_n=3"))
     assert f"\n  - {problem}" in str(refused.value)
+
+
+# --- the front in the kernels (issue 23): tokens, cache and their gradients from the raw inputs and banks -----
+# Every test above runs it (``front=True`` is the default); these check what is particular to it.
+
+
+@pytest.mark.parametrize(
+    ("streams", "length", "block_n"),
+    [(None, None, 2), (2, 9, 4)],  # ragged: 2 + 1; batched, ragged (4 + 2), padded and masked
+)
+def test_the_torch_front_matches_the_front_in_the_kernels(
+    streams: int | None, length: int | None, block_n: int
+) -> None:
+    """``front=False`` (``executor.front_in_kernel=false``) computes the same loss, output and gradients."""
+    setup = lite(
+        device=DEVICE,
+        dtype=torch.float32,
+        seed=20,
+        neurons=3,
+        time_steps=12,
+        contacts=3,
+        batches=1,
+        **({"batch_size": streams} if streams else {}),
+    )
+    population, (inputs, targets) = setup.module, setup.batches[0]
+    steps = None
+    if length is not None:
+        inputs, targets = pad_steps(inputs[..., :length, :], 12), pad_steps(targets[..., :length, :], 12)
+        steps = torch.tensor(length, device=DEVICE)
+    runs = {}
+    for front in (True, False):
+        population.zero_grad(set_to_none=True)
+        loss = fused_population_loss(
+            population, inputs, targets, error="squared", warmup_steps=4, length=steps, block_n=block_n, front=front
+        )
+        loss.backward()
+        grads = [parameter.grad.clone() for parameter in population.adaptation_parameters()]
+        output, output_grads = _forward_backward(
+            population, inputs, lambda p, x, front=front: fused_population_forward(p, x, block_n=block_n, front=front)
+        )
+        runs[front] = (loss.detach(), output, *grads, *output_grads)
+    for in_kernel, in_torch in zip(runs[True], runs[False], strict=True):
+        _assert_matches(in_kernel, in_torch)
+
+
+def test_the_front_reads_the_banks_live_and_recomputes_its_constants_after_a_write() -> None:
+    """A bank's value is never cached; the constants (route features x input projection) follow an
+    in-place write to a buffer, into the same tensor (a captured graph keeps its pointer). Three
+    neurons of two morphologies: the morphology bank's gradient sums over neurons (its index_add)."""
+    from axoexp.kernels.lite_population import population_front
+
+    population, inputs = _population(neurons=3, time_steps=10, contacts=2, seed=21, morphologies=2)
+    assert population.morphology_indices.unique().numel() < population.population_size, "neurons share a row"
+    front = population_front(population)
+    assert population_front(population) is front, "unchanged sources: the cached constants"
+    with torch.no_grad():
+        for bank in population.adaptation_parameters():
+            bank.add_(0.1 * torch.randn(bank.shape, generator=torch.Generator().manual_seed(3)).to(DEVICE))
+    _check(population, inputs)
+    assert population_front(population) is front, "a bank's change recomputes nothing"
+    with torch.no_grad():
+        population.neuron.route_features.mul_(-0.5)
+    recomputed = population_front(population)
+    assert recomputed is not front and recomputed.projection.data_ptr() == front.projection.data_ptr()
+    _check(population, inputs)
+
+
+def test_inputs_that_need_a_gradient_take_the_torch_front() -> None:
+    population, inputs = _population(neurons=3, time_steps=8, contacts=2, seed=22)
+    inputs = inputs.clone().requires_grad_(True)
+    fused_population_forward(population, inputs).sum().backward()
+    expected = inputs.grad.clone()
+    inputs.grad = None
+    population(inputs).sum().backward()
+    _assert_matches(expected, inputs.grad)

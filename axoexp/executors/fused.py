@@ -41,6 +41,12 @@ LossInKernelOption = Annotated[
     "torch either way; tag fused.loss says which ran)",
 ]
 
+FrontInKernelOption = Annotated[
+    bool,
+    "the front in the recurrence kernels too: tokens from the raw contact inputs and efficacies, the cache from the "
+    "banks, and their gradients (false: torch computes them; tag fused.front says which ran)",
+]
+
 
 def fused_step_config_problems(params: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
     """A ``fused_step`` setting that is not one, or with ``true``: what of the config's optimizer and
@@ -81,18 +87,21 @@ def block_n_problems(params: Mapping[str, Any]) -> list[str]:
 class FusedLiteForward(torch.nn.Module):
     """``population(inputs)`` with the P4 recurrence in the fused kernels (same parameters)."""
 
-    def __init__(self, population: AxoSimPopulation, block_n: int | None = None) -> None:
+    def __init__(self, population: AxoSimPopulation, block_n: int | None = None, front: bool = True) -> None:
         super().__init__()
         self.population = population
         self.block_n = block_n
         """Rows per kernel program; None: the kernels' (:func:`axoexp.kernels.lite_recurrence.default_block_n`)."""
+        self.front = front
+        """Whether the kernels compute the tokens and the cache
+        (:func:`axoexp.kernels.lite_population.front_in_kernel`)."""
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        return fused_population_forward(self.population, inputs, block_n=self.block_n)
+        return fused_population_forward(self.population, inputs, block_n=self.block_n, front=self.front)
 
     def forward_batch(self, inputs: torch.Tensor) -> torch.Tensor:
         """B streams: the kernel's rows are B x neurons."""
-        return fused_population_forward(self.population, inputs, block_n=self.block_n)
+        return fused_population_forward(self.population, inputs, block_n=self.block_n, front=self.front)
 
     def objective(self, loss_fn: LossFn) -> Objective | None:
         """The update's forward and loss with the loss's error and gradient in the recurrence kernels
@@ -115,6 +124,7 @@ class FusedLiteForward(torch.nn.Module):
                 warmup_steps=warmup_steps,
                 length=length,
                 block_n=self.block_n,
+                front=self.front,
             )
 
         return objective
@@ -126,9 +136,10 @@ class FusedCudaGraphExecutor(CudaGraphExecutor):
     order) for ``block_n`` neurons a program; with ``loss_in_kernel`` the forward launch also
     computes the loss and its gradient when the loss is a built-in mean error; with ``fused_step``
     (``auto``: wherever it computes them exactly) the gradient transform and optimizer step are one
-    Triton launch (two with clip_norm) over flat views of the banks; contact summaries stay torch;
-    the whole update is captured in one CUDA graph (docs/fused.md). float32, AxoSim-Lite
-    populations, adaptation banks only."""
+    Triton launch (two with clip_norm) over flat views of the banks; with ``front_in_kernel`` the
+    recurrence kernels also compute the tokens and the cache from the contact inputs and the banks
+    (else torch does); the whole update is captured in one CUDA graph (docs/fused.md). float32,
+    AxoSim-Lite populations, adaptation banks only."""
 
     update_includes = ("input_copy", "graph_replay", *UPDATE_STAGES, "loss_clone", "synchronize")
 
@@ -139,13 +150,15 @@ class FusedCudaGraphExecutor(CudaGraphExecutor):
         buckets: Buckets = DEFAULT_BUCKETS,
         fused_step: FusedStepOption = "auto",
         loss_in_kernel: LossInKernelOption = True,
+        front_in_kernel: FrontInKernelOption = True,
         block_n: BlockNOption = 0,
         **components: object,
     ) -> None:
         super().__init__(warmup_steps=warmup_steps, buckets=buckets, **components)
-        self.fused = FusedLiteForward(self.module, block_n or None)
+        self.fused = FusedLiteForward(self.module, block_n or None, front_in_kernel)
         self.objective = self.fused.objective(self.loss_fn) if loss_in_kernel else None
         self.prepared_tags[names.FUSED_LOSS] = "torch" if self.objective is None else "kernel"
+        self.prepared_tags[names.FUSED_FRONT] = "kernel" if front_in_kernel else "torch"
         self.fused_step, self.prepared_tags[names.FUSED_STEP] = fused_step_for(
             fused_step, self.optimizer, self.gradient_transform
         )

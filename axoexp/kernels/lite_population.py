@@ -7,7 +7,9 @@ token projection, the four warm-up zeros, the ``base_soma_prediction`` it keeps)
 output and the gradients of the adaptation banks are those of the eager forward up to
 float32 rounding. No host syncs, no data-dependent shapes: CUDA-graph capturable.
 :func:`fused_population_loss` goes one step further for the built-in mean errors: the loss and
-its gradient run inside the recurrence kernels, so no output is assembled.
+its gradient run inside the recurrence kernels, so no output is assembled. With ``front_in_kernel``
+(the default) the fused paths also compute the front in the kernels: the tokens from the raw contact
+inputs, the efficacies and :func:`population_front`'s constants, and the cache from the banks.
 """
 
 from __future__ import annotations
@@ -15,14 +17,18 @@ from __future__ import annotations
 import functools
 import importlib.util
 import itertools
+import weakref
 from collections.abc import Callable
-from typing import cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from axosim import AxoSimLite, AxoSimPopulation
 from torch import nn
 
 from axoexp.interfaces import STREAM_AXIS_RANK
+
+if TYPE_CHECKING:
+    from axoexp.kernels.lite_recurrence import Front
 
 
 def lite_structure_reason(module: nn.Module) -> str | None:
@@ -149,20 +155,93 @@ def population_forward(population: AxoSimPopulation, inputs: torch.Tensor, recur
     return output.reshape(*inputs.shape[:-1], neuron.config.output_dim)
 
 
+_FRONTS: weakref.WeakKeyDictionary[AxoSimPopulation, tuple[tuple[tuple[int, int], ...], Front]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Each population's last :class:`Front`, with the (storage, version) of the tensors it was computed from."""
+
+
+def population_front(population: AxoSimPopulation) -> Front:
+    """The constants the kernels compute the population's front from: each contact's route features
+    times the input projection's weight (the projection the kernels apply to the contact inputs times
+    the efficacies), the projection's bias and the morphology indices (the module's own tensors).
+
+    The product is computed on the first call and again only when a tensor it comes from is replaced
+    or written in place (storage and version counter compared, host-side): buffers and frozen weights,
+    never a bank, whose values the kernels read live. A recomputed product is written into the cached
+    tensor, so a CUDA graph captured with it (capture restores the module's state, which counts as a
+    write) keeps reading valid memory."""
+    from axoexp.kernels.lite_recurrence import Front, contact_projection
+
+    neuron = population.neuron
+    projection = neuron.input_projection
+    sources = (
+        projection.weight,
+        projection.bias,
+        neuron.route_features,
+        population.morphology_indices,
+        population.contact_branch_indices,
+    )
+    key = tuple((tensor.data_ptr(), tensor._version) for tensor in sources)
+    cached = _FRONTS.get(population)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    with torch.no_grad():
+        product = contact_projection(neuron, population._contact_route_features())
+        previous = None if cached is None else cached[1].projection
+        if previous is not None and (previous.shape, previous.device) == (product.shape, product.device):
+            product = previous.copy_(product)
+        front = Front(
+            product,
+            projection.bias,
+            population.morphology_indices,
+            neuron.patch_size,
+            population.synaptic_efficacies_per_neuron,
+        )
+    _FRONTS[population] = (key, front)
+    return front
+
+
+def front_in_kernel(population: AxoSimPopulation, inputs: torch.Tensor, requested: bool) -> bool:
+    """Whether the kernels compute the front: where ``requested``, for at least one patch of steps and
+    inputs that need no gradient (the kernels give none to them)."""
+    needs_input_grad = torch.is_grad_enabled() and inputs.requires_grad
+    return requested and inputs.shape[-2] >= population.neuron.patch_size and not needs_input_grad
+
+
+def _rows(inputs: torch.Tensor) -> torch.Tensor:
+    """(neurons, time, contacts) or (B, neurons, time, contacts) inputs as (rows, time, contacts), stream-major."""
+    return inputs.reshape(-1, *inputs.shape[-2:])
+
+
+def _banks(population: AxoSimPopulation) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The (behaviour, morphology, log-efficacy) banks the kernels read."""
+    return population.behavior_adapter, population.morphology_adapter, population.synaptic_log_efficacy
+
+
 def fused_population_forward(
     population: AxoSimPopulation,
     inputs: torch.Tensor,
     *,
     block_n: int | None = None,
+    front: bool = True,
 ) -> torch.Tensor:
     """``population(inputs)`` (or ``forward_batch`` for batched streams) with the recurrence in
-    the fused Triton kernels (float32); ``block_n`` overrides the kernel's rows per program."""
+    the fused Triton kernels (float32); ``block_n`` overrides the kernel's rows per program; with
+    ``front`` the tokens and the cache are computed in the kernels too (:func:`front_in_kernel`)."""
     reason = unsupported_reason(population, inputs.dtype)
     if reason is not None:
         raise ValueError(reason)
-    from axoexp.kernels.lite_recurrence import lite_recurrence
+    from axoexp.kernels.lite_recurrence import lite_front_recurrence, lite_recurrence
 
-    return population_forward(population, inputs, functools.partial(lite_recurrence, block_n=block_n))
+    if not front_in_kernel(population, inputs, front):
+        return population_forward(population, inputs, functools.partial(lite_recurrence, block_n=block_n))
+    neuron = population.neuron
+    time_steps = inputs.shape[-2]
+    forecast = lite_front_recurrence(
+        neuron, population_front(population), _rows(inputs), _banks(population), block_n=block_n
+    )
+    return assemble_output(neuron, forecast, time_steps).reshape(*inputs.shape[:-1], neuron.config.output_dim)
 
 
 def fused_population_loss(
@@ -175,30 +254,39 @@ def fused_population_loss(
     warmup_steps: int,
     length: torch.Tensor | None = None,
     block_n: int | None = None,
+    front: bool = True,
 ) -> torch.Tensor:
     """The mean ``error`` (``squared``, or ``huber`` with threshold ``delta``) between
     ``population(inputs)`` (``forward_batch`` for batched streams, whose loss is then the mean over
     streams) and ``targets`` over the steps after ``warmup_steps`` (and before ``length``, for padded
     batches), as :class:`axoexp.components.losses.MeanOverSteps` defines it, with the recurrence, the
     error and its gradient in the fused kernels. The output itself is never assembled, so
-    ``base_soma_prediction`` is not kept. Needs at least one patch of steps."""
+    ``base_soma_prediction`` is not kept. Needs at least one patch of steps. With ``front`` the tokens
+    and the cache are computed in the kernels too (:func:`front_in_kernel`)."""
     reason = unsupported_reason(population, inputs.dtype)
     if reason is not None:
         raise ValueError(reason)
-    from axoexp.kernels.lite_recurrence import lite_recurrence_loss
+    from axoexp.kernels.lite_recurrence import lite_front_recurrence_loss, lite_recurrence_loss
 
+    loss: dict[str, Any] = {
+        "error": error,
+        "delta": delta,
+        "warmup_steps": warmup_steps,
+        "length": length,
+        "block_n": block_n,
+    }
+    if front_in_kernel(population, inputs, front):
+        flat = _rows(inputs)
+        return lite_front_recurrence_loss(
+            population.neuron,
+            population_front(population),
+            flat,
+            _banks(population),
+            targets.reshape(flat.shape[0], *targets.shape[-2:]),
+            **loss,
+        )
     tokens, cache = lite_tokens(population, inputs)
     if tokens.shape[0] == 0:
         raise ValueError(f"the fused loss needs at least {population.neuron.patch_size} steps, got {inputs.shape[-2]}")
     rows = tokens.shape[1]
-    return lite_recurrence_loss(
-        population.neuron,
-        tokens,
-        cache,
-        targets.reshape(rows, *targets.shape[-2:]),
-        error=error,
-        delta=delta,
-        warmup_steps=warmup_steps,
-        length=length,
-        block_n=block_n,
-    )
+    return lite_recurrence_loss(population.neuron, tokens, cache, targets.reshape(rows, *targets.shape[-2:]), **loss)

@@ -24,12 +24,20 @@ loss, and in place of the forecasts it stores the loss's gradient with respect t
 the backward kernel scales by the upstream gradient as it loads it. The assembled output, the
 loss and their backward (about a dozen small kernels) are then not needed.
 
+With ``FRONT`` (:func:`lite_front_recurrence`) the kernels also compute what axosim computes
+before the recurrence: each block's token from the raw contact inputs of its 4 steps times the
+efficacies ``exp(synaptic_log_efficacy)``, through a per-neuron matrix that is the input projection's
+weight times each contact's route features (:class:`Front`), and the cache as the behaviour bank's
+row plus the morphology bank's. The backward recomputes the tokens the same way, accumulates the
+log-efficacies' gradient per row in registers next to the cache's, and writes both once.
+
 The neuron's own weights are constants here: axoexp adapts only the per-neuron banks, so
 ``lite_recurrence`` refuses weights that require grad rather than drop their gradients.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -89,6 +97,85 @@ def _load_vector(pointer, width, WIDTH: tl.constexpr):
     return tl.load(pointer + c, mask=c < width, other=0.0)[None, :]
 
 
+@triton.jit
+def _window_lanes(CONTACTS: tl.constexpr, CONTACTS_PAD: tl.constexpr, PATCH: tl.constexpr, PATCH_PAD: tl.constexpr):
+    """A P4 block's contact inputs as lanes ``step * CONTACTS_PAD + contact``: each lane's step,
+    contact and whether it is one, each (1, PATCH_PAD * CONTACTS_PAD)."""
+    lane = tl.arange(0, PATCH_PAD * CONTACTS_PAD)[None, :]
+    step = lane // CONTACTS_PAD
+    contact = lane % CONTACTS_PAD
+    return step, contact, (step < PATCH) & (contact < CONTACTS)
+
+
+@triton.jit
+def _load_window(
+    inputs,
+    rows,
+    input_steps,
+    block,
+    mask,
+    CONTACTS: tl.constexpr,
+    CONTACTS_PAD: tl.constexpr,
+    PATCH: tl.constexpr,
+    PATCH_PAD: tl.constexpr,
+):
+    """The (BLOCK_N, WINDOW) raw contact inputs of P4 block ``block`` of (rows, input_steps, CONTACTS) ``inputs``."""
+    step, contact, in_range = _window_lanes(CONTACTS, CONTACTS_PAD, PATCH, PATCH_PAD)
+    offset = (rows[:, None] * input_steps + block * PATCH + step) * CONTACTS + contact
+    return tl.load(inputs + offset, mask=mask & in_range, other=0.0)
+
+
+@triton.jit
+def _project(window, efficacy, projection, projection_bias):
+    """Tokens (BLOCK_N, TOKEN_PAD) from a block's contact inputs: the projection of the contact summaries,
+    ``projection[n, k, lane]`` being the input projection's weight times the contact's route features."""
+    return tl.sum((window * efficacy)[:, None, :] * projection, axis=2) + projection_bias
+
+
+@triton.jit
+def _front_rows(
+    morphology,
+    morphology_indices,
+    log_efficacy,
+    projection,
+    bank_row,
+    row_ok,
+    CACHE: tl.constexpr,
+    TOKEN: tl.constexpr,
+    TOKEN_PAD: tl.constexpr,
+    CONTACTS: tl.constexpr,
+    CONTACTS_PAD: tl.constexpr,
+    PATCH: tl.constexpr,
+    PATCH_PAD: tl.constexpr,
+):
+    """Per row of the neuron ``bank_row``: a pointer to its morphology bank row, its efficacies in the
+    window's lanes (BLOCK_N, WINDOW) and its (BLOCK_N, TOKEN_PAD, WINDOW) projection, zero where padded."""
+    morphology_row = tl.load(morphology_indices + bank_row[:, None], mask=row_ok, other=0)
+    _, contact, in_window = _window_lanes(CONTACTS, CONTACTS_PAD, PATCH, PATCH_PAD)
+    efficacy = tl.exp(
+        tl.load(log_efficacy + bank_row[:, None] * CONTACTS + contact, mask=row_ok & in_window, other=0.0)
+    )
+    WINDOW: tl.constexpr = PATCH_PAD * CONTACTS_PAD
+    token = tl.arange(0, TOKEN_PAD)[None, :, None]
+    lane = tl.arange(0, WINDOW)[None, None, :]
+    projection_matrix = tl.load(
+        projection + bank_row[:, None, None] * (TOKEN * WINDOW) + token * WINDOW + lane,
+        mask=row_ok[:, :, None] & (token < TOKEN),
+        other=0.0,
+    )
+    return morphology + morphology_row * CACHE, efficacy, projection_matrix
+
+
+@triton.jit
+def _cache_lanes(row_cache, row_morphology, lanes, mask, FRONT: tl.constexpr):
+    """Lanes of each row's adaptation cache: the cache's, or with FRONT the behaviour bank's
+    plus the morphology bank's."""
+    values = tl.load(row_cache + lanes, mask=mask, other=0.0)
+    if FRONT:
+        values += tl.load(row_morphology + lanes, mask=mask, other=0.0)
+    return values
+
+
 NO_LOSS: tl.constexpr = tl.constexpr(0)
 SQUARED: tl.constexpr = tl.constexpr(1)
 """``LOSS`` code: the squared error, ``(y - t)^2`` (torch's ``mse_loss``)."""
@@ -128,6 +215,13 @@ def _lite_forward_kernel(
     time_steps,
     warmup_steps,
     delta,
+    morphology,
+    morphology_indices,
+    log_efficacy,
+    projection,
+    projection_bias,
+    bank_rows,
+    input_steps,
     TOKEN: tl.constexpr,
     STATE: tl.constexpr,
     OUTPUT: tl.constexpr,
@@ -139,6 +233,11 @@ def _lite_forward_kernel(
     LOSS: tl.constexpr,
     MASKED: tl.constexpr,
     OUTPUT_DIM: tl.constexpr,
+    FRONT: tl.constexpr,
+    CONTACTS: tl.constexpr,
+    CONTACTS_PAD: tl.constexpr,
+    PATCH_STEPS: tl.constexpr,
+    PATCH_STEPS_PAD: tl.constexpr,
 ):
     """One program runs every P4 block for BLOCK_N neurons; see the module docstring.
 
@@ -167,23 +266,50 @@ def _lite_forward_kernel(
     bias = _load_vector(state_bias, STATE, STATE_PAD)
     head_bias = _load_vector(output_bias, OUTPUT, OUTPUT_PAD)
 
-    row_cache = cache + rows[:, None] * CACHE
-    token_offset = tl.load(row_cache + k, mask=k_ok, other=0.0)
-    token_scale = 1.0 + tl.load(row_cache + TOKEN + k, mask=k_ok, other=0.0)
+    # With FRONT the cache is the behaviour bank plus the morphology bank, by the row's neuron
+    # (streams share the banks), and each block's token is projected from the raw contact inputs.
+    bank_row = rows % bank_rows
+    row_cache = cache + bank_row[:, None] * CACHE
+    row_morphology = row_cache
+    if FRONT:
+        row_morphology, efficacy, projection_matrix = _front_rows(
+            morphology,
+            morphology_indices,
+            log_efficacy,
+            projection,
+            bank_row,
+            row_ok,
+            CACHE,
+            TOKEN,
+            TOKEN_PAD,
+            CONTACTS,
+            CONTACTS_PAD,
+            PATCH_STEPS,
+            PATCH_STEPS_PAD,
+        )
+        token_bias = _load_vector(projection_bias, TOKEN, TOKEN_PAD)
+    token_offset = _cache_lanes(row_cache, row_morphology, k, k_ok, FRONT)
+    token_scale = 1.0 + _cache_lanes(row_cache, row_morphology, TOKEN + k, k_ok, FRONT)
     decay = tl.sigmoid(
-        _load_vector(decay_logit, STATE, STATE_PAD) + tl.load(row_cache + 2 * TOKEN + s, mask=s_ok, other=0.0)
+        _load_vector(decay_logit, STATE, STATE_PAD)
+        + _cache_lanes(row_cache, row_morphology, 2 * TOKEN + s, s_ok, FRONT)
     )
-    state_scale = 1.0 + tl.load(row_cache + 2 * TOKEN + STATE + s, mask=s_ok, other=0.0)
-    state_shift = bias + tl.load(row_cache + 2 * TOKEN + 2 * STATE + s, mask=s_ok, other=0.0)
-    output_scale = 1.0 + tl.load(row_cache + 2 * TOKEN + 3 * STATE + o, mask=o_ok, other=0.0)
-    output_offset = tl.load(row_cache + 2 * TOKEN + 3 * STATE + OUTPUT + o, mask=o_ok, other=0.0)
+    state_scale = 1.0 + _cache_lanes(row_cache, row_morphology, 2 * TOKEN + STATE + s, s_ok, FRONT)
+    state_shift = bias + _cache_lanes(row_cache, row_morphology, 2 * TOKEN + 2 * STATE + s, s_ok, FRONT)
+    output_scale = 1.0 + _cache_lanes(row_cache, row_morphology, 2 * TOKEN + 3 * STATE + o, o_ok, FRONT)
+    output_offset = _cache_lanes(row_cache, row_morphology, 2 * TOKEN + 3 * STATE + OUTPUT + o, o_ok, FRONT)
 
     # ``index``: row of (block, neuron) in the time-major (blocks * neurons, width) views.
     # Each iteration prefetches the next block's token, so its load latency overlaps
     # this block's arithmetic instead of stalling the sequential chain.
     end = blocks * population
     index = rows[:, None]
-    token = tl.load(tokens + index * TOKEN + k, mask=k_ok, other=0.0)
+    if FRONT:
+        window = _load_window(
+            tokens, rows, input_steps, 0, row_ok, CONTACTS, CONTACTS_PAD, PATCH_STEPS, PATCH_STEPS_PAD
+        )
+    else:
+        token = tl.load(tokens + index * TOKEN + k, mask=k_ok, other=0.0)
     state = tl.zeros((BLOCK_N, STATE_PAD), dtype=tl.float32)
     if LOSS != NO_LOSS:
         # Lane o of a block's forecast is o // OUTPUT_DIM steps after the block's first step.
@@ -203,7 +329,21 @@ def _lite_forward_kernel(
         target = tl.load(row_targets + OUTPUT, mask=o_ok & (PATCH + lane_step < last), other=0.0)
     for block in range(blocks):
         following = index + population
-        next_token = tl.load(tokens + following * TOKEN + k, mask=k_ok & (following < end), other=0.0)
+        if FRONT:
+            next_window = _load_window(
+                tokens,
+                rows,
+                input_steps,
+                block + 1,
+                row_ok & (following < end),
+                CONTACTS,
+                CONTACTS_PAD,
+                PATCH_STEPS,
+                PATCH_STEPS_PAD,
+            )
+            token = _project(window, efficacy, projection_matrix, token_bias)
+        else:
+            next_token = tl.load(tokens + following * TOKEN + k, mask=k_ok & (following < end), other=0.0)
         adapted = (token + token_offset) * token_scale
         proposal = _tanh(_matvec(adapted, w_in) + _matvec(state, w_rec) + state_shift)
         state = decay * state + (1.0 - decay) * (proposal * state_scale)
@@ -222,7 +362,10 @@ def _lite_forward_kernel(
         if STORE_STATES:
             tl.store(states + index * STATE + s, state, mask=s_ok)
         index = following
-        token = next_token
+        if FRONT:
+            window = next_window
+        else:
+            token = next_token
     if LOSS != NO_LOSS:
         tl.store(partials + tl.program_id(0), tl.sum(tl.sum(total, axis=1), axis=0) * scale)
 
@@ -245,6 +388,13 @@ def _lite_backward_kernel(
     neurons,
     blocks,
     grad_scale,
+    morphology,
+    morphology_indices,
+    log_efficacy,
+    projection,
+    projection_bias,
+    bank_rows,
+    input_steps,
     TOKEN: tl.constexpr,
     STATE: tl.constexpr,
     OUTPUT: tl.constexpr,
@@ -252,8 +402,13 @@ def _lite_backward_kernel(
     STATE_PAD: tl.constexpr,
     OUTPUT_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    STORE_TOKEN_GRAD: tl.constexpr,
+    STORE_INPUT_GRAD: tl.constexpr,
     SCALED: tl.constexpr,
+    FRONT: tl.constexpr,
+    CONTACTS: tl.constexpr,
+    CONTACTS_PAD: tl.constexpr,
+    PATCH_STEPS: tl.constexpr,
+    PATCH_STEPS_PAD: tl.constexpr,
 ):
     """Reverse-time adjoint of ``_lite_forward_kernel`` from its saved states; with ``SCALED``
     every output gradient is multiplied by the 0-dim ``grad_scale`` as it is loaded.
@@ -285,15 +440,38 @@ def _lite_backward_kernel(
     bias = _load_vector(state_bias, STATE, STATE_PAD)
     head_bias = _load_vector(output_bias, OUTPUT, OUTPUT_PAD)
 
-    row_cache = cache + rows[:, None] * CACHE
-    token_offset = tl.load(row_cache + k, mask=k_ok, other=0.0)
-    token_scale = 1.0 + tl.load(row_cache + TOKEN + k, mask=k_ok, other=0.0)
+    # With FRONT the cache is the behaviour bank plus the morphology bank, by the row's neuron
+    # (streams share the banks), and each block's token is projected from the raw contact inputs.
+    bank_row = rows % bank_rows
+    row_cache = cache + bank_row[:, None] * CACHE
+    row_morphology = row_cache
+    if FRONT:
+        WINDOW: tl.constexpr = PATCH_STEPS_PAD * CONTACTS_PAD
+        row_morphology, efficacy, projection_matrix = _front_rows(
+            morphology,
+            morphology_indices,
+            log_efficacy,
+            projection,
+            bank_row,
+            row_ok,
+            CACHE,
+            TOKEN,
+            TOKEN_PAD,
+            CONTACTS,
+            CONTACTS_PAD,
+            PATCH_STEPS,
+            PATCH_STEPS_PAD,
+        )
+        token_bias = _load_vector(projection_bias, TOKEN, TOKEN_PAD)
+    token_offset = _cache_lanes(row_cache, row_morphology, k, k_ok, FRONT)
+    token_scale = 1.0 + _cache_lanes(row_cache, row_morphology, TOKEN + k, k_ok, FRONT)
     decay = tl.sigmoid(
-        _load_vector(decay_logit, STATE, STATE_PAD) + tl.load(row_cache + 2 * TOKEN + s, mask=s_ok, other=0.0)
+        _load_vector(decay_logit, STATE, STATE_PAD)
+        + _cache_lanes(row_cache, row_morphology, 2 * TOKEN + s, s_ok, FRONT)
     )
-    state_scale = 1.0 + tl.load(row_cache + 2 * TOKEN + STATE + s, mask=s_ok, other=0.0)
-    state_shift = bias + tl.load(row_cache + 2 * TOKEN + 2 * STATE + s, mask=s_ok, other=0.0)
-    output_scale = 1.0 + tl.load(row_cache + 2 * TOKEN + 3 * STATE + o, mask=o_ok, other=0.0)
+    state_scale = 1.0 + _cache_lanes(row_cache, row_morphology, 2 * TOKEN + STATE + s, s_ok, FRONT)
+    state_shift = bias + _cache_lanes(row_cache, row_morphology, 2 * TOKEN + 2 * STATE + s, s_ok, FRONT)
+    output_scale = 1.0 + _cache_lanes(row_cache, row_morphology, 2 * TOKEN + 3 * STATE + o, o_ok, FRONT)
 
     grad_token_offset = tl.zeros((BLOCK_N, TOKEN_PAD), dtype=tl.float32)
     grad_token_gain = tl.zeros((BLOCK_N, TOKEN_PAD), dtype=tl.float32)
@@ -309,12 +487,33 @@ def _lite_backward_kernel(
     index = ((blocks - 1) * population + rows)[:, None]
     state = tl.load(states + index * STATE + s, mask=s_ok, other=0.0)
     previous = tl.load(states + (index - population) * STATE + s, mask=s_ok & (index >= population), other=0.0)
-    token = tl.load(tokens + index * TOKEN + k, mask=k_ok, other=0.0)
+    if FRONT:
+        window = _load_window(
+            tokens, rows, input_steps, blocks - 1, row_ok, CONTACTS, CONTACTS_PAD, PATCH_STEPS, PATCH_STEPS_PAD
+        )
+        grad_window = tl.zeros((BLOCK_N, WINDOW), dtype=tl.float32)
+    else:
+        token = tl.load(tokens + index * TOKEN + k, mask=k_ok, other=0.0)
     scale = tl.load(grad_scale) if SCALED else 1.0
     grad_output = tl.load(grad_outputs + index * OUTPUT + o, mask=o_ok, other=0.0) * scale
-    for _ in range(blocks):
+    for iteration in range(blocks):
         earlier = index - population
-        next_token = tl.load(tokens + earlier * TOKEN + k, mask=k_ok & (earlier >= 0), other=0.0)
+        if FRONT:
+            block = blocks - 1 - iteration
+            next_window = _load_window(
+                tokens,
+                rows,
+                input_steps,
+                block - 1,
+                row_ok & (earlier >= 0),
+                CONTACTS,
+                CONTACTS_PAD,
+                PATCH_STEPS,
+                PATCH_STEPS_PAD,
+            )
+            token = _project(window, efficacy, projection_matrix, token_bias)
+        else:
+            next_token = tl.load(tokens + earlier * TOKEN + k, mask=k_ok & (earlier >= 0), other=0.0)
         next_grad_output = tl.load(grad_outputs + earlier * OUTPUT + o, mask=o_ok & (earlier >= 0), other=0.0) * scale
         next_previous = tl.load(
             states + (earlier - population) * STATE + s,
@@ -341,14 +540,20 @@ def _lite_backward_kernel(
         grad_token = grad_adapted * token_scale
         grad_token_offset += grad_token
         grad_token_gain += grad_adapted * shifted
-        if STORE_TOKEN_GRAD:
+        if FRONT:
+            # d token / d (input x efficacy) is the projection; x times it is d token / d efficacy.
+            grad_window += tl.sum(grad_token[:, :, None] * projection_matrix, axis=1) * window
+        elif STORE_INPUT_GRAD:
             tl.store(grad_tokens + index * TOKEN + k, grad_token, mask=k_ok)
 
         grad_state = decay * grad_state + _matvec_t(grad_argument, w_rec)
         index = earlier
         state = previous
         previous = next_previous
-        token = next_token
+        if FRONT:
+            window = next_window
+        else:
+            token = next_token
         grad_output = next_grad_output
 
     row_grad = grad_cache + rows[:, None] * CACHE
@@ -359,6 +564,12 @@ def _lite_backward_kernel(
     tl.store(row_grad + 2 * TOKEN + 2 * STATE + s, grad_state_offset, mask=s_ok)
     tl.store(row_grad + 2 * TOKEN + 3 * STATE + o, grad_output_gain, mask=o_ok)
     tl.store(row_grad + 2 * TOKEN + 3 * STATE + OUTPUT + o, grad_output_offset, mask=o_ok)
+    if FRONT and STORE_INPUT_GRAD:
+        # d/d log-efficacy = efficacy x d/d efficacy, summed over the patch's steps: the row's share
+        # of the log-efficacies' gradient (batched streams: one share per stream).
+        per_step = tl.reshape(grad_window * efficacy, (BLOCK_N, PATCH_STEPS_PAD, CONTACTS_PAD))
+        c = tl.arange(0, CONTACTS_PAD)[None, :]
+        tl.store(grad_tokens + rows[:, None] * CONTACTS + c, tl.sum(per_step, axis=1), mask=row_ok & (c < CONTACTS))
 
 
 ONE_ROW_PER_PROGRAM_UP_TO = 4096
@@ -368,16 +579,16 @@ fastest of 1, 2, 4, 8 and 16 at 64, 1024 and 4096 rows (16 per program 1.77x, 1.
 slower); at 16,384 rows 16 per program was 3% faster than one."""
 
 
-def default_block_n(token_dim: int, state_dim: int, outputs: int, rows: int) -> int:
+def default_block_n(token_dim: int, state_dim: int, outputs: int, rows: int, window: int = 1) -> int:
     """Rows per program: one up to :data:`ONE_ROW_PER_PROGRAM_UP_TO` rows (many programs, each a
     short dependent chain: the recurrence is latency-bound), else 16 (measured best with
     ``NUM_WARPS`` at 8k..1M rows), halved while the widest (rows, out, in) broadcast product of
-    the in-register matrix-vector products would exceed 1024 values, 32 a thread, so large widths
-    do not spill registers."""
+    the in-register matrix-vector products (with the front in the kernels, also each row's (token,
+    ``window``) projection) would exceed 1024 values, 32 a thread, so large widths do not spill registers."""
     if rows <= ONE_ROW_PER_PROGRAM_UP_TO:
         return 1
     token, state, output = (triton.next_power_of_2(width) for width in (token_dim, state_dim, outputs))
-    widest = max(state * token, state * state, output * state, output * token)
+    widest = max(state * token, state * state, output * state, output * token, token * window)
     block_n = 16
     while block_n > 1 and block_n * widest > 1024:
         block_n //= 2
@@ -398,10 +609,9 @@ def _weights(neuron: AxoSimLite) -> tuple[torch.Tensor, ...]:
 
 
 def _launch_config(
-    tokens: torch.Tensor, weights: tuple[torch.Tensor, ...], block_n: int
+    rows: int, token_dim: int, weights: tuple[torch.Tensor, ...], block_n: int
 ) -> tuple[tuple[int], dict[str, int]]:
     """Grid and constexprs: both depend on shapes only (CUDA-graph capturable)."""
-    token_dim = tokens.shape[2]
     state_dim = weights[0].shape[0]
     outputs = weights[4].shape[0]
     constants = {
@@ -413,7 +623,7 @@ def _launch_config(
         "OUTPUT_PAD": triton.next_power_of_2(outputs),
         "BLOCK_N": block_n,
     }
-    return (triton.cdiv(tokens.shape[1], block_n),), constants
+    return (triton.cdiv(rows, block_n),), constants
 
 
 NO_LOSS_ARGUMENTS = {
@@ -427,35 +637,118 @@ NO_LOSS_ARGUMENTS = {
 """The forward kernel's loss arguments when it computes no loss (the pointers are any tensor's)."""
 
 
+@dataclass(frozen=True)
+class Front:
+    """What the kernels read, besides the banks, to compute each row's tokens and cache themselves
+    (:func:`lite_front_recurrence`): constants of the population, none a bank's value."""
+
+    projection: torch.Tensor
+    """(neurons, token_dim, window): the input projection's weight times each contact's route features,
+    lane ``step * next_power_of_2(contacts) + contact`` of a patch (:func:`contact_projection`)."""
+    projection_bias: torch.Tensor
+    """(token_dim,) the input projection's bias."""
+    morphology_indices: torch.Tensor
+    """(neurons,) int64: each neuron's row of the morphology bank."""
+    patch: int
+    contacts: int
+
+    @property
+    def neurons(self) -> int:
+        return self.morphology_indices.shape[0]
+
+    @property
+    def window(self) -> int:
+        """Lanes of one patch's contact inputs in the kernels (both widths padded to powers of 2)."""
+        return triton.next_power_of_2(self.patch) * triton.next_power_of_2(self.contacts)
+
+
+def contact_projection(neuron: AxoSimLite, route_features: torch.Tensor) -> torch.Tensor:
+    """:attr:`Front.projection` from the (neurons, contacts, route_features) route features of each
+    contact: token ``k`` of a patch is ``bias[k] + sum(projection[n, k, lane] * input[lane] * efficacy[lane])``,
+    the input projection of the contact summaries (zero in the padded lanes)."""
+    weight = neuron.input_projection.weight.detach()
+    token_dim, patch = weight.shape[0], neuron.patch_size
+    neurons, contacts, features = route_features.shape
+    padded = weight.new_zeros(neurons, token_dim, triton.next_power_of_2(patch), triton.next_power_of_2(contacts))
+    per_step = weight.view(token_dim, patch, features)
+    padded[:, :, :patch, :contacts] = torch.einsum("kpf,ncf->nkpc", per_step, route_features.detach())
+    return padded.reshape(neurons, token_dim, -1)
+
+
+def _front_arguments(
+    front: Front | None, log_efficacy: torch.Tensor | None, morphology: torch.Tensor | None, source: torch.Tensor
+) -> dict[str, Any]:
+    """The kernels' front arguments: without ``front`` (``source`` the tokens) unused pointers are
+    ``source`` and every row is its own bank row; with it ``source`` is the (rows, steps, contacts) inputs."""
+    if front is None:
+        pointers = ("morphology", "morphology_indices", "log_efficacy", "projection", "projection_bias")
+        return dict.fromkeys(pointers, source) | {
+            "bank_rows": source.shape[1],
+            "input_steps": 0,
+            "FRONT": False,
+            "CONTACTS": 1,
+            "CONTACTS_PAD": 1,
+            "PATCH_STEPS": 1,
+            "PATCH_STEPS_PAD": 1,
+        }
+    return {
+        "morphology": morphology,
+        "morphology_indices": front.morphology_indices,
+        "log_efficacy": log_efficacy,
+        "projection": front.projection,
+        "projection_bias": front.projection_bias,
+        "bank_rows": front.neurons,
+        "input_steps": source.shape[1],
+        "FRONT": True,
+        "CONTACTS": front.contacts,
+        "CONTACTS_PAD": triton.next_power_of_2(front.contacts),
+        "PATCH_STEPS": front.patch,
+        "PATCH_STEPS_PAD": triton.next_power_of_2(front.patch),
+    }
+
+
+def _shape(source: torch.Tensor, front: Front | None) -> tuple[int, int]:
+    """(blocks, rows) of time-major tokens, or with ``front`` of (rows, steps, contacts) contact inputs."""
+    if front is None:
+        return source.shape[0], source.shape[1]
+    return source.shape[1] // front.patch, source.shape[0]
+
+
 def _forward(
-    tokens: torch.Tensor,
+    source: torch.Tensor,
     cache: torch.Tensor,
     weights: tuple[torch.Tensor, ...],
     block_n: int,
     *,
     store_states: bool,
     loss: dict[str, Any] | None = None,
+    front: Front | None = None,
+    log_efficacy: torch.Tensor | None = None,
+    morphology: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Launch the forward kernel: (outputs, states, partials). Without ``loss`` the outputs are
+    """Launch the forward kernel: (outputs, states, partials). ``source`` and ``cache`` are the tokens
+    and cache, or with ``front`` the contact inputs and the behaviour bank. Without ``loss`` the outputs are
     the forecasts and ``partials`` is None; with it (the kernel's loss arguments, :class:`LiteRecurrenceLoss`)
     the outputs are the loss's gradient and ``partials`` the programs' shares of the loss. Without
     stored states ``outputs`` stands in as the states' pointer, and as any unused one."""
-    blocks, neurons, _ = tokens.shape
-    outputs = tokens.new_empty(blocks, neurons, weights[4].shape[0])
-    states = tokens.new_empty(blocks, neurons, weights[0].shape[0]) if store_states else outputs
-    grid, constants = _launch_config(tokens, weights, block_n)
-    partials = None if loss is None else tokens.new_empty(grid)
-    if neurons:  # CUDA refuses an empty grid
+    token_dim = weights[0].shape[1]
+    blocks, rows = _shape(source, front)
+    outputs = source.new_empty(blocks, rows, weights[4].shape[0])
+    states = source.new_empty(blocks, rows, weights[0].shape[0]) if store_states else outputs
+    grid, constants = _launch_config(rows, token_dim, weights, block_n)
+    partials = None if loss is None else source.new_empty(grid)
+    if rows:  # CUDA refuses an empty grid
         _lite_forward_kernel[grid](
-            tokens,
+            source,
             cache,
             *weights,
             outputs,
             states,
-            neurons,
+            rows,
             blocks,
             **(loss or NO_LOSS_ARGUMENTS | {"targets": outputs, "length": outputs}),
             partials=outputs if partials is None else partials,
+            **_front_arguments(front, log_efficacy, morphology, source),
             STORE_STATES=store_states,
             num_warps=NUM_WARPS,
             **constants,
@@ -464,109 +757,193 @@ def _forward(
 
 
 def _backward(ctx: Any, grad_outputs: torch.Tensor, grad_scale: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-    """Launch the backward kernel from what the forward saved: (token gradient or None, cache gradient)."""
-    # Both Functions save tokens, cache and states first and the weights last (the loss's gradient between).
-    tokens, cache, states, *weights = ctx.saved_tensors[:3] + ctx.saved_tensors[-ctx.weights :]
-    blocks, neurons, _ = tokens.shape
-    need_tokens = ctx.needs_input_grad[0]
-    grad_tokens = torch.empty_like(tokens) if need_tokens else None
-    grad_cache = torch.empty_like(cache)
-    grid, constants = _launch_config(tokens, tuple(weights), ctx.block_n)
-    if neurons:
+    """Launch the backward kernel from what the forward saved: the gradients of the Functions' first
+    four inputs (source, cache or behaviour bank, log-efficacies, morphology bank), None where not needed."""
+    # Both Functions save source, cache, log-efficacies, morphology bank and states first and the weights
+    # last (the loss's gradient between).
+    source, cache, log_efficacy, morphology, states, *weights = (
+        ctx.saved_tensors[:5] + ctx.saved_tensors[-ctx.weights :]
+    )
+    front: Front | None = ctx.front
+    token_dim = weights[0].shape[1]
+    blocks, rows = _shape(source, front)
+    need_input = ctx.needs_input_grad[0 if front is None else 2]
+    grad_input = None
+    if need_input:  # the tokens' gradient, or with the front each row's share of the log-efficacies'
+        grad_input = torch.empty_like(source) if front is None else source.new_empty(rows, front.contacts)
+    grad_cache = cache.new_empty(rows, cache.shape[1])
+    grid, constants = _launch_config(rows, token_dim, tuple(weights), ctx.block_n)
+    if rows:
         _lite_backward_kernel[grid](
-            tokens,
+            source,
             cache,
             *weights,
             states,
             grad_outputs.contiguous(),
-            tokens if grad_tokens is None else grad_tokens,  # without a token gradient the kernel stores none
+            source if grad_input is None else grad_input,  # without an input gradient the kernel stores none
             grad_cache,
-            neurons,
+            rows,
             blocks,
-            tokens if grad_scale is None else grad_scale,
-            STORE_TOKEN_GRAD=need_tokens,
+            source if grad_scale is None else grad_scale,
+            **_front_arguments(front, log_efficacy, morphology, source),
+            STORE_INPUT_GRAD=need_input,
             SCALED=grad_scale is not None,
             num_warps=NUM_WARPS,
             **constants,
         )
-    return grad_tokens, grad_cache
+    if front is None:
+        return grad_input, grad_cache if ctx.needs_input_grad[1] else None, None, None
+    return (None, *_bank_gradients(ctx, front, grad_cache, grad_input, cast(torch.Tensor, morphology)))
+
+
+def _bank_gradients(
+    ctx: Any, front: Front, grad_cache: torch.Tensor, grad_efficacy: torch.Tensor | None, morphology: torch.Tensor
+) -> tuple[torch.Tensor | None, ...]:
+    """The behaviour, log-efficacy and morphology banks' gradients from the kernel's per-row shares:
+    one stream's rows are the neurons (no launch); B streams' are summed over streams (one each), and
+    the morphology bank's is torch's ``index_add`` of the neurons' cache gradients (two: a zero fill and
+    the add), deterministic on the CPU and to float32 rounding on CUDA, as the eager forward's own."""
+    streams = grad_cache.shape[0] // front.neurons
+
+    def per_neuron(per_row: torch.Tensor) -> torch.Tensor:
+        return per_row if streams == 1 else per_row.view(streams, front.neurons, -1).sum(0)
+
+    need_behavior, need_efficacy, need_morphology = ctx.needs_input_grad[1:4]
+    grad_neurons = per_neuron(grad_cache) if need_behavior or need_morphology else grad_cache
+    grad_morphology = None
+    if need_morphology:
+        grad_morphology = torch.zeros_like(morphology).index_add_(0, front.morphology_indices, grad_neurons)
+    return (
+        grad_neurons if need_behavior else None,
+        per_neuron(grad_efficacy) if need_efficacy and grad_efficacy is not None else None,
+        grad_morphology,
+    )
 
 
 class LiteRecurrence(torch.autograd.Function):
-    """Autograd for the fused recurrence: gradients for ``tokens`` and ``cache`` only."""
+    """Autograd for the fused recurrence: gradients for ``source`` and ``cache`` (the tokens and the
+    adaptation cache), or with ``front`` for the behaviour bank (``cache``), the log-efficacies and the
+    morphology bank (``source`` then the contact inputs, which get none)."""
 
     @staticmethod
     def forward(
         ctx: Any,  # torch's FunctionCtx, which declares none of the attributes set and read here
-        tokens: torch.Tensor,
+        source: torch.Tensor,
         cache: torch.Tensor,
+        log_efficacy: torch.Tensor | None,
+        morphology: torch.Tensor | None,
+        front: Front | None,
         block_n: int,
         store_states: bool,
         *weights: torch.Tensor,
     ) -> torch.Tensor:
-        outputs, states, _ = _forward(tokens, cache, weights, block_n, store_states=store_states)
+        outputs, states, _ = _forward(
+            source,
+            cache,
+            weights,
+            block_n,
+            store_states=store_states,
+            front=front,
+            log_efficacy=log_efficacy,
+            morphology=morphology,
+        )
         if store_states:
-            ctx.save_for_backward(tokens, cache, states, *weights)
-        ctx.block_n, ctx.weights = block_n, len(weights)
+            ctx.save_for_backward(source, cache, log_efficacy, morphology, states, *weights)
+        ctx.block_n, ctx.weights, ctx.front = block_n, len(weights), front
         return outputs
 
     @staticmethod
     def backward(ctx: Any, grad_outputs: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        grad_tokens, grad_cache = _backward(ctx, grad_outputs, None)
-        return (grad_tokens, grad_cache if ctx.needs_input_grad[1] else None, None, None, *(None,) * ctx.weights)
+        return (*_backward(ctx, grad_outputs, None), None, None, None, *(None,) * ctx.weights)
 
 
 class LiteRecurrenceLoss(torch.autograd.Function):
     """The recurrence and a mean pointwise error over its forecasts in the forward kernel
-    (:func:`lite_recurrence_loss`): returns the 0-dim loss; gradients for ``tokens`` and ``cache``."""
+    (:func:`lite_recurrence_loss`): returns the 0-dim loss; gradients as :class:`LiteRecurrence`'s."""
 
     @staticmethod
     def forward(
         ctx: Any,
-        tokens: torch.Tensor,
+        source: torch.Tensor,
         cache: torch.Tensor,
+        log_efficacy: torch.Tensor | None,
+        morphology: torch.Tensor | None,
         targets: torch.Tensor,
         length: torch.Tensor | None,
         loss: dict[str, Any],
+        front: Front | None,
         block_n: int,
         *weights: torch.Tensor,
     ) -> torch.Tensor:
         arguments = {**loss, "targets": targets, "length": targets if length is None else length}
-        grad_forecasts, states, partials = _forward(tokens, cache, weights, block_n, store_states=True, loss=arguments)
-        ctx.save_for_backward(tokens, cache, states, grad_forecasts, *weights)
-        ctx.block_n, ctx.weights = block_n, len(weights)
+        grad_forecasts, states, partials = _forward(
+            source,
+            cache,
+            weights,
+            block_n,
+            store_states=True,
+            loss=arguments,
+            front=front,
+            log_efficacy=log_efficacy,
+            morphology=morphology,
+        )
+        ctx.save_for_backward(source, cache, log_efficacy, morphology, states, grad_forecasts, *weights)
+        ctx.block_n, ctx.weights, ctx.front = block_n, len(weights), front
         return cast(torch.Tensor, partials).sum()
 
     @staticmethod
     def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        grad_forecasts = ctx.saved_tensors[3]
-        grad_tokens, grad_cache = _backward(ctx, grad_forecasts, grad_loss.contiguous())
-        return (grad_tokens, grad_cache if ctx.needs_input_grad[1] else None, *(None,) * (4 + ctx.weights))
+        grad_forecasts = ctx.saved_tensors[5]
+        return (*_backward(ctx, grad_forecasts, grad_loss.contiguous()), *(None,) * (5 + ctx.weights))
 
 
-def _checked_weights(neuron: AxoSimLite, tokens: torch.Tensor, cache: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The neuron's weights for the kernels, after checking dtypes, shapes and that no weight trains."""
+def _checked_weights(neuron: AxoSimLite, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The neuron's weights for the kernels, after checking that they and ``tensors`` are float32 and
+    that no weight trains."""
     weights = tuple(weight.contiguous() for weight in _weights(neuron))
-    if (
-        tokens.dtype != torch.float32
-        or cache.dtype != torch.float32
-        or any(weight.dtype != torch.float32 for weight in weights)
-    ):
+    if any(tensor.dtype != torch.float32 for tensor in (*tensors, *weights)):
         raise TypeError("the fused AxoSim-Lite recurrence runs float32 only")
-    blocks, neurons, token_dim = tokens.shape
-    if token_dim != neuron.config.token_dim or blocks < 1:
-        raise ValueError(f"tokens must have shape (blocks >= 1, neurons, {neuron.config.token_dim})")
-    if tuple(cache.shape) != (neurons, neuron.cache_width):
-        raise ValueError(f"cache must have shape {(neurons, neuron.cache_width)}")
     if torch.is_grad_enabled() and any(weight.requires_grad for weight in weights):
         raise ValueError("the fused AxoSim-Lite recurrence gives no gradient to neuron weights")
     return weights
 
 
-def _block_n(weights: tuple[torch.Tensor, ...], tokens: torch.Tensor, block_n: int | None) -> int:
+def _checked_tokens(neuron: AxoSimLite, tokens: torch.Tensor, cache: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """:func:`_checked_weights`, and the tokens' and cache's shapes."""
+    weights = _checked_weights(neuron, tokens, cache)
+    blocks, neurons, token_dim = tokens.shape
+    if token_dim != neuron.config.token_dim or blocks < 1:
+        raise ValueError(f"tokens must have shape (blocks >= 1, neurons, {neuron.config.token_dim})")
+    if tuple(cache.shape) != (neurons, neuron.cache_width):
+        raise ValueError(f"cache must have shape {(neurons, neuron.cache_width)}")
+    return weights
+
+
+def _checked_front(
+    neuron: AxoSimLite, front: Front, inputs: torch.Tensor, banks: tuple[torch.Tensor, ...]
+) -> tuple[torch.Tensor, ...]:
+    """:func:`_checked_weights` (with the input projection's), and the inputs' and banks' shapes."""
+    weights = _checked_weights(neuron, inputs, *banks, front.projection, front.projection_bias)
+    rows, time_steps, contacts = inputs.shape
+    if contacts != front.contacts or rows % max(front.neurons, 1) or time_steps < front.patch:
+        raise ValueError(
+            f"inputs must have shape (streams x {front.neurons}, steps >= {front.patch}, {front.contacts})"
+        )
+    behavior, morphology, log_efficacy = banks
+    width = neuron.cache_width
+    if behavior.shape != (front.neurons, width) or morphology.shape[1:] != (width,):
+        raise ValueError(f"the behaviour and morphology banks must have {width} columns, one behaviour row a neuron")
+    if log_efficacy.shape != (front.neurons, front.contacts):
+        raise ValueError(f"the log-efficacies must have shape {(front.neurons, front.contacts)}")
+    if torch.is_grad_enabled() and (inputs.requires_grad or front.projection_bias.requires_grad):
+        raise ValueError("the fused front gives no gradient to the contact inputs or the input projection")
+    return weights
+
+
+def _block_n(weights: tuple[torch.Tensor, ...], rows: int, block_n: int | None, window: int = 1) -> int:
     if block_n is not None:
         return block_n
-    return default_block_n(tokens.shape[2], weights[0].shape[0], weights[4].shape[0], tokens.shape[1])
+    return default_block_n(weights[0].shape[1], weights[0].shape[0], weights[4].shape[0], rows, window)
 
 
 def lite_recurrence(
@@ -583,14 +960,62 @@ def lite_recurrence(
     forecasts, time-major, float32. Gradients reach ``tokens`` and ``cache``; a neuron
     weight that requires grad (with grad mode on) is refused.
     """
-    weights = _checked_weights(neuron, tokens, cache)
+    weights = _checked_tokens(neuron, tokens, cache)
     store_states = torch.is_grad_enabled() and (tokens.requires_grad or cache.requires_grad)
-    block_n = _block_n(weights, tokens, block_n)
-    return LiteRecurrence.apply(tokens.contiguous(), cache.contiguous(), block_n, store_states, *weights)
+    block_n = _block_n(weights, tokens.shape[1], block_n)
+    return LiteRecurrence.apply(
+        tokens.contiguous(), cache.contiguous(), None, None, None, block_n, store_states, *weights
+    )
+
+
+def lite_front_recurrence(
+    neuron: AxoSimLite,
+    front: Front,
+    inputs: torch.Tensor,
+    banks: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    *,
+    block_n: int | None = None,
+) -> torch.Tensor:
+    """:func:`lite_recurrence` with the tokens and the cache computed in the kernels: ``inputs`` the
+    (streams x neurons, time, contacts) contact inputs, stream-major; ``banks`` the population's
+    (behaviour, morphology, log-efficacy) banks, which get the gradients. Forecasts of the whole patches."""
+    weights = _checked_front(neuron, front, inputs, banks)
+    behavior, morphology, log_efficacy = banks
+    store_states = torch.is_grad_enabled() and any(bank.requires_grad for bank in banks)
+    block_n = _block_n(weights, inputs.shape[0], block_n, front.window)
+    return LiteRecurrence.apply(
+        inputs.contiguous(),
+        behavior.contiguous(),
+        log_efficacy.contiguous(),
+        morphology.contiguous(),
+        front,
+        block_n,
+        store_states,
+        *weights,
+    )
 
 
 ERROR_CODES = {"squared": SQUARED.value, "huber": HUBER.value}
 """The pointwise errors the forward kernel computes, by :class:`axoexp.components.losses.PointwiseError` kind."""
+
+
+def _loss_arguments(
+    neuron: AxoSimLite, rows: int, targets: torch.Tensor, error: str, delta: float, warmup_steps: int, masked: bool
+) -> dict[str, Any]:
+    """The forward kernel's loss arguments, after checking ``targets`` and ``error``."""
+    _, time_steps, outputs = targets.shape
+    if (targets.shape[0], outputs) != (rows, neuron.config.output_dim) or targets.dtype != torch.float32:
+        raise ValueError(f"targets must be float32 of shape ({rows}, time, {neuron.config.output_dim})")
+    if error not in ERROR_CODES:
+        raise ValueError(f"error must be one of {sorted(ERROR_CODES)}, got {error!r}")
+    return {
+        "time_steps": time_steps,
+        "warmup_steps": warmup_steps,
+        "delta": float(delta),
+        "LOSS": ERROR_CODES[error],
+        "MASKED": masked,
+        "OUTPUT_DIM": outputs,
+    }
 
 
 def lite_recurrence_loss(
@@ -614,21 +1039,42 @@ def lite_recurrence_loss(
     ``time_steps``, or with ``length`` (a 0-dim integer tensor on the device, read only there) the
     smaller of the two: :meth:`axoexp.components.losses.MeanOverSteps.masked` for padded batches.
     """
-    weights = _checked_weights(neuron, tokens, cache)
-    rows, time_steps, outputs = targets.shape
-    if (rows, outputs) != (tokens.shape[1], neuron.config.output_dim) or targets.dtype != torch.float32:
-        raise ValueError(f"targets must be float32 of shape ({tokens.shape[1]}, time, {neuron.config.output_dim})")
-    if error not in ERROR_CODES:
-        raise ValueError(f"error must be one of {sorted(ERROR_CODES)}, got {error!r}")
-    loss = {
-        "time_steps": time_steps,
-        "warmup_steps": warmup_steps,
-        "delta": float(delta),
-        "LOSS": ERROR_CODES[error],
-        "MASKED": length is not None,
-        "OUTPUT_DIM": outputs,
-    }
-    block_n = _block_n(weights, tokens, block_n)
+    weights = _checked_tokens(neuron, tokens, cache)
+    loss = _loss_arguments(neuron, tokens.shape[1], targets, error, delta, warmup_steps, length is not None)
+    block_n = _block_n(weights, tokens.shape[1], block_n)
     return LiteRecurrenceLoss.apply(
-        tokens.contiguous(), cache.contiguous(), targets.contiguous(), length, loss, block_n, *weights
+        tokens.contiguous(), cache.contiguous(), None, None, targets.contiguous(), length, loss, None, block_n, *weights
+    )
+
+
+def lite_front_recurrence_loss(
+    neuron: AxoSimLite,
+    front: Front,
+    inputs: torch.Tensor,
+    banks: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    targets: torch.Tensor,
+    *,
+    error: str,
+    delta: float = 0.0,
+    warmup_steps: int,
+    length: torch.Tensor | None = None,
+    block_n: int | None = None,
+) -> torch.Tensor:
+    """:func:`lite_recurrence_loss` with the tokens and the cache computed in the kernels
+    (``inputs`` and ``banks`` as for :func:`lite_front_recurrence`)."""
+    weights = _checked_front(neuron, front, inputs, banks)
+    loss = _loss_arguments(neuron, inputs.shape[0], targets, error, delta, warmup_steps, length is not None)
+    behavior, morphology, log_efficacy = banks
+    block_n = _block_n(weights, inputs.shape[0], block_n, front.window)
+    return LiteRecurrenceLoss.apply(
+        inputs.contiguous(),
+        behavior.contiguous(),
+        log_efficacy.contiguous(),
+        morphology.contiguous(),
+        targets.contiguous(),
+        length,
+        loss,
+        front,
+        block_n,
+        *weights,
     )
