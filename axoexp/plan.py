@@ -50,6 +50,10 @@ DTYPES = {
     "float16": torch.float16,
 }
 CAPTURABLE_CHOICES = ("auto", True, False)
+CPU_PROBE_BYTES = 64 * 2**20
+"""The largest population (by its factory's memory estimate) a CPU run's planning builds on the CPU:
+its teacher's forwards take milliseconds at the default size, but would load, at a large one, CPUs
+that a parallel sweep's other jobs may be measuring on (this run takes its lease only later)."""
 REFUSED_DTYPES = {
     "float16": "float16 parameters and optimizer state underflow (Adam's squared gradients and eps=1e-8 "
     "round to 0, so the first step divides 0 by 0: NaN) and axoexp keeps no float32 master "
@@ -194,7 +198,11 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
         problems += memory_problems(components["population"], params["population"], device, dtype)
         if not problems:  # it fits: build it, to see what it is
             probe = probe_population(
-                components["population"], params["population"], probe_device(device), dtype, int(config.seed)
+                components["population"],
+                params["population"],
+                probe_device(device, components["population"], params["population"], dtype),
+                dtype,
+                int(config.seed),
             )
     store = store_problem(resolve_tracking_uri(config.tracking.uri))
     if store:
@@ -283,11 +291,17 @@ def loss_problems(loss: Component, params: dict[str, Any], probe: PopulationSetu
     return []
 
 
-def probe_device(device: torch.device) -> torch.device:
-    """Where planning builds the population: the CPU for a CPU run (the run's own population,
-    exact at every shape, and faster to build there than on the meta device), else the meta device
-    (no memory taken on a GPU before the run holds its lease)."""
-    return device if device.type == "cpu" else META
+def probe_device(
+    device: torch.device, population: Component, params: dict[str, Any], dtype: torch.dtype
+) -> torch.device:
+    """Where planning builds the population: for a CPU run whose population's memory estimate is
+    at most :data:`CPU_PROBE_BYTES`, the CPU (the run's own population, exact at every shape, and
+    faster to build there than on the meta device); else the meta device (no memory taken on a GPU
+    before the run holds its lease, no arithmetic on CPUs it holds no lease on yet)."""
+    estimate = getattr(population.factory, "memory_estimate", None)
+    if device.type != "cpu" or estimate is None:
+        return META
+    return device if int(estimate({**population.defaults(), **params}, dtype)) <= CPU_PROBE_BYTES else META
 
 
 def probe_population(
