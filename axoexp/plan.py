@@ -10,11 +10,11 @@ The population is built once while planning (:func:`probe_population`): its fact
 will in the run. What it builds decides each executor's preconditions
 (:meth:`axoexp.interfaces.Executor.refusal`) and the loss's (one forward and loss at the real
 shapes), and gives the run its shape and streams, for any population, whatever its parameters
-are called. For a CUDA run it is built on the meta device, where no tensor holds memory or data;
-for a CPU run on the CPU itself, at the run's own shapes (a meta forward runs every operation
-through torch's Python references, whose wrappers import ``torch._dynamo``: seconds, against
-milliseconds for the default population built on the CPU; docs/startup.md), and kept on the
-meta device once checked.
+are called. It is built on the meta device, where no tensor holds memory or data, except for a
+CPU run of a small population (:func:`probe_device`): that is built on the CPU itself, at the run's
+own shapes (a meta forward runs every operation through torch's Python references, whose wrappers
+import ``torch._dynamo``: seconds, against milliseconds for the default population built on the
+CPU; docs/startup.md), and kept on the meta device once checked.
 """
 
 from __future__ import annotations
