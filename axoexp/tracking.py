@@ -260,7 +260,8 @@ def latest_schema_revision() -> str:
     (``mlflow.store.db.utils._get_latest_schema_revision``) imports SQLAlchemy and Alembic, about
     half a second that planning's main thread would spend before the store's thread imports them
     anyway; it answers where the scripts are not one plain chain (a merge, a branch)."""
-    revisions, parents = set(), set()
+    revisions: set[str] = set()
+    parents: set[str] = set()
     for script in (Path(mlflow.__file__).parent / "store" / "db_migrations" / "versions").glob("[!_]*.py"):
         text = script.read_text()
         revision = _REVISION.search(text)
