@@ -6,16 +6,21 @@ under capture, what a factory's ``config_problems`` refuses, a population an exe
 run, banks to start from that do not fit) is collected into one :class:`ConfigError`, raised
 before any MLflow run exists.
 
-The population is built once while planning, on the meta device (:func:`probe_population`):
-its factory runs as it will in the run, but no tensor holds memory or data. What it builds
-decides each executor's preconditions (:meth:`axoexp.interfaces.Executor.refusal`) and gives
-the run its shape and streams, for any population, whatever its parameters are called.
+The population is built once while planning (:func:`probe_population`): its factory runs as it
+will in the run. What it builds decides each executor's preconditions
+(:meth:`axoexp.interfaces.Executor.refusal`) and the loss's (one forward and loss at the real
+shapes), and gives the run its shape and streams, for any population, whatever its parameters
+are called. It is built on the meta device, where no tensor holds memory or data, except for a
+CPU run of a small population (:func:`probe_device`): that is built on the CPU itself, at the run's
+own shapes (a meta forward runs every operation through torch's Python references, whose wrappers
+import ``torch._dynamo``: seconds, against milliseconds for the default population built on the
+CPU; docs/startup.md), and kept on the meta device once checked.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import psutil
@@ -27,6 +32,7 @@ from axoexp.banks import InitialBanks, read_initial_banks
 from axoexp.components.population import checkpoint_problem
 from axoexp.config import bounded_keys
 from axoexp.errors import BanksError, ConfigError, IncompatibleComponentsError, RegistryError
+from axoexp.executors import optimizer_calls
 from axoexp.executors.base import batch_loss
 from axoexp.interfaces import Executor, LossFn, PopulationSetup, adaptation_parameters
 from axoexp.nvml import cuda_present, gpu_probe
@@ -44,6 +50,10 @@ DTYPES = {
     "float16": torch.float16,
 }
 CAPTURABLE_CHOICES = ("auto", True, False)
+CPU_PROBE_BYTES = 64 * 2**20
+"""The largest population (by its factory's memory estimate) a CPU run's planning builds on the CPU:
+its teacher's forwards take milliseconds at the default size, but would load, at a large one, CPUs
+that a parallel sweep's other jobs may be measuring on (this run takes its lease only later)."""
 REFUSED_DTYPES = {
     "float16": "float16 parameters and optimizer state underflow (Adam's squared gradients and eps=1e-8 "
     "round to 0, so the first step divides 0 by 0: NaN) and axoexp keeps no float32 master "
@@ -63,7 +73,7 @@ class Plan:
     capturable: bool
     registry: Registry
     probe: PopulationSetup | None = None
-    """The population built on the meta device while planning (None where its factory cannot build there)."""
+    """The population built while planning, on the meta device (None where its factory cannot build it)."""
     initial_banks: InitialBanks | None = None
     """The adapted banks ``population.init_from`` names, read and checked; loaded once built."""
 
@@ -103,9 +113,10 @@ class Plan:
         e.g. ``"eager"`` for a reference; by default the planned one with its parameters.
         """
         parameters = adaptation_parameters(module)
-        optimizer = self.components["optimizer"].build(
-            self.params["optimizer"], parameters=parameters, capturable=self.capturable
-        )
+        with optimizer_calls.constructing():
+            optimizer = self.components["optimizer"].build(
+                self.params["optimizer"], parameters=parameters, capturable=self.capturable
+            )
         transform = self.components["gradient_transform"].build(
             self.params["gradient_transform"], parameters=parameters
         )
@@ -185,8 +196,14 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
     probe = None
     if "population" in components and device is not None and dtype is not None and not problems:
         problems += memory_problems(components["population"], params["population"], device, dtype)
-        if not problems:  # it fits: build it on the meta device, to see what it is
-            probe = probe_population(components["population"], params["population"], dtype, int(config.seed))
+        if not problems:  # it fits: build it, to see what it is
+            probe = probe_population(
+                components["population"],
+                params["population"],
+                probe_device(device, components["population"], params["population"], dtype),
+                dtype,
+                int(config.seed),
+            )
     store = store_problem(resolve_tracking_uri(config.tracking.uri))
     if store:
         problems.append(store)
@@ -244,6 +261,7 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
             + (problems[0] if len(problems) == 1 else "".join(f"\n  - {problem}" for problem in problems))
         )
     assert device is not None and dtype is not None
+    probe = on_meta(probe) if probe is not None else None  # a CPU-built probe's memory goes back to the run
     return Plan(config, device, dtype, components, params, capturable, registry, probe, initial_banks)
 
 
@@ -273,22 +291,43 @@ def loss_problems(loss: Component, params: dict[str, Any], probe: PopulationSetu
     return []
 
 
+def probe_device(
+    device: torch.device, population: Component, params: dict[str, Any], dtype: torch.dtype
+) -> torch.device:
+    """Where planning builds the population: for a CPU run whose population's memory estimate is
+    at most :data:`CPU_PROBE_BYTES`, the CPU (the run's own population, exact at every shape, and
+    faster to build there than on the meta device); else the meta device (no memory taken on a GPU
+    before the run holds its lease, no arithmetic on CPUs it holds no lease on yet)."""
+    estimate = getattr(population.factory, "memory_estimate", None)
+    if device.type != "cpu" or estimate is None:
+        return META
+    return device if int(estimate({**population.defaults(), **params}, dtype)) <= CPU_PROBE_BYTES else META
+
+
 def probe_population(
-    population: Component, params: dict[str, Any], dtype: torch.dtype, seed: int
+    population: Component, params: dict[str, Any], device: torch.device, dtype: torch.dtype, seed: int
 ) -> PopulationSetup | None:
-    """The population as its factory builds it, on the meta device: the module's types,
-    dtypes and trainable parameters and the batches' shapes, with no memory or arithmetic
-    spent on tensors (the factory still runs its own host code, e.g. a random generator's
-    draws). None where the factory cannot build on the meta device: the executor's
-    preconditions are then checked on the real module, inside the run, and the shape is
-    read from the real batches."""
+    """The population as its factory builds it on ``device`` (:func:`probe_device`): the module's
+    types, dtypes and trainable parameters and the batches' shapes (on the meta device with no
+    memory or arithmetic spent on tensors; the factory still runs its own host code, e.g. a random
+    generator's draws). None where the factory cannot build there: the executor's preconditions
+    are then checked on the real module, inside the run, and the shape is read from the real
+    batches."""
     try:
-        return population.build(params, device=META, dtype=dtype, seed=seed)
+        return population.build(params, device=device, dtype=dtype, seed=seed)
     except Exception as error:  # e.g. a data-dependent check; the real build reports its own errors
-        log.info(
-            "population %s cannot be built on the meta device (%s); it is judged when built", population.name, error
-        )
+        log.info("population %s cannot be built on %s (%s); it is judged when built", population.name, device, error)
         return None
+
+
+def on_meta(probe: PopulationSetup) -> PopulationSetup:
+    """``probe`` with its module and batches moved to the meta device (shapes, dtypes and types kept)."""
+    return replace(
+        probe,
+        module=probe.module.to(META),
+        batches=[(inputs.to(META), targets.to(META)) for inputs, targets in probe.batches],
+        eval_batches=[(inputs.to(META), targets.to(META)) for inputs, targets in probe.eval_batches],
+    )
 
 
 def available_bytes(device: torch.device) -> int:

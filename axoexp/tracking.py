@@ -9,6 +9,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import sqlite3
 import tempfile
 import threading
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import mlflow
 import requests
 from mlflow.data.dataset import Dataset
 from mlflow.entities import Dataset as DatasetEntity
@@ -32,6 +34,8 @@ from omegaconf import DictConfig
 from axoexp import names
 from axoexp.errors import StoreError
 
+_REVISION = re.compile(r"""^revision\s*=\s*["']([0-9A-Za-z_]+)["']\s*$""", re.MULTILINE)
+_DOWN_REVISION = re.compile(r"""^down_revision\s*=\s*(?:["']([0-9A-Za-z_]+)["']|(None))\s*$""", re.MULTILINE)
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 CREATING_SUFFIX = ".creating"  # a store being created: <name>.creating-<pid>, renamed into place when complete
 SQLITE_COMPANIONS = ("-journal", "-wal", "-shm")  # files sqlite keeps beside a database
@@ -223,8 +227,6 @@ def _holds_data(path: Path) -> bool:
 def store_damage(path: Path) -> str | None:
     """Why the sqlite file at ``path`` is not a usable MLflow store, with the command that
     repairs it or moves it aside; ``None`` when it is one. Reads only its schema (milliseconds)."""
-    from mlflow.store.db.utils import _get_latest_schema_revision
-
     aside = f"mv {path} {path}.broken"
     try:
         with closing(sqlite3.connect(path, timeout=30)) as database:
@@ -236,7 +238,7 @@ def store_damage(path: Path) -> str | None:
             runs = database.execute("SELECT count(*) FROM runs").fetchone()[0] if "runs" in tables else 0
     except sqlite3.DatabaseError as error:
         return f"{path} is damaged, not a readable MLflow store ({error}); move it aside: {aside}"
-    head = _get_latest_schema_revision()
+    head = latest_schema_revision()
     leftovers = [table for table in tables if table.startswith("_alembic_tmp_")]
     # an empty store not at the newest schema is taken for a half-built one (an upgrade could fail on it)
     if version is None or leftovers or "runs" not in tables or (version != head and runs == 0):
@@ -250,6 +252,31 @@ def store_damage(path: Path) -> str | None:
             f"mlflow db upgrade {SQLITE_PREFIX}{path}"
         )
     return None
+
+
+def latest_schema_revision() -> str:
+    """The newest store schema this MLflow knows: the one migration no other names as its
+    ``down_revision``, read from MLflow's migration scripts (milliseconds). Alembic's own reading
+    (``mlflow.store.db.utils._get_latest_schema_revision``) imports SQLAlchemy and Alembic, about
+    half a second that planning's main thread would spend before the store's thread imports them
+    anyway; it answers where the scripts are not one plain chain (a merge, a branch)."""
+    revisions: set[str] = set()
+    parents: set[str] = set()
+    for script in (Path(mlflow.__file__).parent / "store" / "db_migrations" / "versions").glob("[!_]*.py"):
+        text = script.read_text()
+        revision = _REVISION.search(text)
+        parent = _DOWN_REVISION.search(text)
+        if revision is None or parent is None:
+            revisions.clear()  # not a plain migration script
+            break
+        revisions.add(revision[1])
+        parents.add(parent[1] or parent[2])
+    heads = revisions - parents
+    if len(heads) == 1 and len(parents - {"None"}) == len(revisions) - 1:
+        return heads.pop()
+    from mlflow.store.db.utils import _get_latest_schema_revision
+
+    return str(_get_latest_schema_revision())
 
 
 def _can_create_files_in(directory: Path) -> bool:

@@ -14,6 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from axoexp import names, wallclock
 from axoexp.console import process_summary
+from axoexp.tracking import latest_schema_revision
 
 PROCESS_START_TICK_MS = 10
 """The process's start is read in clock ticks (1/100 s on Linux)."""
@@ -91,3 +92,40 @@ print(torch.are_deterministic_algorithms_enabled(), config.deterministic)
 """
     lines = subprocess.check_output([sys.executable, "-c", code], text=True).split("\n")
     assert lines[:3] == ["False", "True True", "False False"]
+
+
+def test_the_newest_schema_read_from_the_migration_scripts_is_alembics() -> None:
+    from mlflow.store.db.utils import _get_latest_schema_revision
+
+    assert latest_schema_revision() == _get_latest_schema_revision()
+
+
+@pytest.mark.slow  # starts an interpreter
+def test_a_cpu_run_plans_and_updates_without_dynamo_or_planning_the_stores_backend(empty_store: Path) -> None:
+    """The default CPU run's planning (against an existing store) and updates, in a fresh interpreter:
+    the loss is checked on the population built on the CPU (a meta forward imports ``torch._dynamo``),
+    the store's schema without SQLAlchemy and Alembic (the store's own thread imports them), the probe
+    ends on the meta device, and torch.optim's construction, zero_grad and step leave the compiler
+    unimported (``axoexp.executors.optimizer_calls``)."""
+    code = f"""
+import sys
+from hydra import compose, initialize_config_module
+from axoexp.config import register_configs
+from axoexp.plan import plan_experiment
+from axoexp.plugins import load_plugins
+
+registry = load_plugins()
+register_configs(registry)
+with initialize_config_module(config_module="axoexp.conf", version_base="1.3"):
+    overrides = ["executor=eager", "loss=causal_mse", "tracking.uri=sqlite:///{empty_store}"]
+    config = compose("config", overrides=overrides)
+plan = plan_experiment(config, registry)
+modules = "torch._dynamo" in sys.modules, "sqlalchemy" in sys.modules
+print(plan.probe.module.behavior_adapter.device, plan.shape, *modules)
+setup = plan.build_population()
+executor = plan.build_executor(setup.module)
+losses = [float(executor.step(*batch)) for batch in setup.batches * 2]
+print(losses[-1] < losses[0], "torch._dynamo" in sys.modules)
+"""
+    output = subprocess.check_output([sys.executable, "-c", code], text=True).split()
+    assert output == ["meta", "3x12x4", "False", "False", "True", "False"]

@@ -221,15 +221,39 @@ def _reads_values(*, device: torch.device, dtype: torch.dtype, seed: int, scale:
     return setup
 
 
-def test_a_population_that_cannot_be_built_on_meta_is_judged_when_built(make_config, client, registry) -> None:
+def test_planning_builds_a_small_cpu_population_on_the_cpu_and_any_other_on_meta(registry) -> None:
+    from axoexp.plan import CPU_PROBE_BYTES, META, probe_device
+
+    lite_entry, cpu = registry.get("population", "lite"), torch.device("cpu")
+    large = {"neurons": CPU_PROBE_BYTES // 1000}  # an estimate above the bound, whatever the model's size
+    assert lite.memory_estimate({**lite_entry.defaults(), **large}, torch.float32) > CPU_PROBE_BYTES
+    assert probe_device(cpu, lite_entry, {}, torch.float32) == cpu
+    assert probe_device(cpu, lite_entry, large, torch.float32) == META
+    assert probe_device(torch.device("cuda"), lite_entry, {}, torch.float32) == META
+
+
+def test_a_population_that_cannot_be_built_on_meta_is_judged_when_built(
+    make_config, client, registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CPU run's planning builds a population whose estimate says it is small on the CPU, where it
+    reads its values; any other on the meta device, where it cannot (as a CUDA run's: this machine
+    may have no GPU)."""
     from hydra.core.config_store import ConfigStore
 
+    from axoexp import plan as planning
     from axoexp.config import node_class
 
     registry.register("population", "reads_values", _reads_values, source="tests/test_workload.py")
     ConfigStore.instance().store(
         group="population", name="reads_values", node=node_class(registry.get("population", "reads_values"))
     )
+    plan = plan_experiment(make_config("population=reads_values"), registry)
+    assert plan.probe is None, "without a memory estimate it is built on the meta device"
+    monkeypatch.setattr(_reads_values, "memory_estimate", lambda params, dtype: 1, raising=False)
+    plan = plan_experiment(make_config("population=reads_values"), registry)
+    assert plan.probe is not None and plan.shape == "3x12x4", "small: built on the CPU"
+    assert plan.probe.batches[0][0].device == planning.META, "kept on the meta device once checked"
+    monkeypatch.setattr(planning, "probe_device", lambda *_: planning.META)
     plan = plan_experiment(make_config("population=reads_values"), registry)
     assert plan.probe is None and plan.shape == "?"
     result = run_experiment(make_config("population=reads_values", "run.measured_updates=2"), registry=registry)

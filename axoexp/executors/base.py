@@ -11,6 +11,7 @@ import torch
 
 from axoexp.components.losses import masked_form
 from axoexp.errors import IncompatibleComponentsError
+from axoexp.executors import optimizer_calls
 from axoexp.interfaces import STREAM_AXIS_RANK, GradientTransform, LossFn
 
 # The stages one update may contain, for the timing tags.
@@ -80,7 +81,7 @@ def eager_update(
     given, zeroes the gradients and does the gradient transform and the optimizer step in one call
     each (:class:`axoexp.executors.fused_step.FusedStep`); ``objective``, when given, the forward and loss."""
     if fused_step is None:
-        optimizer.zero_grad(set_to_none=False)
+        optimizer_calls.zero_grad(optimizer)
     else:
         fused_step.zero_grad()
     if objective is None:
@@ -93,5 +94,5 @@ def eager_update(
         return loss.detach()
     if gradient_transform is not None:
         gradient_transform()
-    optimizer.step()
+    optimizer_calls.step(optimizer)
     return loss.detach()

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from axoexp.executors import optimizer_calls
 from axoexp.executors.base import Objective, StepFusion, eager_update, pad_steps
 from axoexp.interfaces import GradientTransform, LossFn
 
@@ -78,7 +79,7 @@ def state_preserved(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -
     finally:
         module.load_state_dict(module_state, strict=True)
         restore_optimizer(optimizer, optimizer_state)
-        optimizer.zero_grad(set_to_none=False)
+        optimizer_calls.zero_grad(optimizer)
 
 
 @dataclass

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from axoexp.executors import compiler_startup
+from axoexp.executors import compiler_startup, optimizer_calls
 from axoexp.executors.base import batch_loss
 from axoexp.executors.capture import release_autograd_graphs
 from axoexp.executors.cudagraph import CudaGraphExecutor, WarmupSteps
@@ -34,7 +34,7 @@ def forward_backward_without_update(
     stream.wait_stream(torch.cuda.current_stream(inputs.device))
     with torch.cuda.stream(stream):
         batch_loss(module, executor.loss_fn, inputs, targets).backward()
-        executor.optimizer.zero_grad(set_to_none=False)
+        optimizer_calls.zero_grad(executor.optimizer)
     torch.cuda.current_stream(inputs.device).wait_stream(stream)
     release_autograd_graphs(module)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from axoexp.executors import compiler_startup
+from axoexp.executors import compiler_startup, optimizer_calls
 from axoexp.executors.base import batch_loss, eager_update
 from axoexp.executors.compiled import CompiledForward
 from axoexp.interfaces import Executor
@@ -78,7 +78,7 @@ class ReduceOverheadExecutor(compiler_startup.StartsCompilerEarly, Executor):
             for _ in range(RECORDING_CALLS):
                 torch.compiler.cudagraph_mark_step_begin()
                 batch_loss(self.compiled, self.loss_fn, example_inputs, example_targets).backward()
-            self.optimizer.zero_grad(set_to_none=False)
+            optimizer_calls.zero_grad(self.optimizer)
         self.prepared = True
         return phases
 
