@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -89,23 +89,29 @@ class CapturedUpdate:
     With ``static_length`` the graph was captured for a length bucket (padded batches, masked
     loss): a batch of any length up to the bucket's is copied into the first steps of the
     buffers, the rest zeroed, and its length written to ``static_length``, in one launch on the
-    stream (:func:`axoexp.kernels.pad.pad_into`; five torch launches where Triton is missing)."""
+    stream (:class:`axoexp.kernels.pad.BucketPad`, set up once per bucket; five torch launches where Triton
+    is missing)."""
 
     graph: torch.cuda.CUDAGraph
     static_inputs: torch.Tensor
     static_targets: torch.Tensor
     static_loss: torch.Tensor
     static_length: torch.Tensor | None = None
+    pad: Callable[[torch.Tensor, torch.Tensor], None] | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.static_length is not None and PAD_IN_ONE_LAUNCH:
+            from axoexp.kernels.pad import BucketPad  # Triton: imported by bucketed runs only
+
+            self.pad = BucketPad(self.static_inputs, self.static_targets, self.static_length)
 
     def __call__(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         if self.static_length is not None:
             steps = inputs.shape[-2]
             if steps > self.static_inputs.shape[-2]:
                 raise ReplayShapeError(f"a batch of {steps} steps is longer than its bucket's graph")
-            if PAD_IN_ONE_LAUNCH:
-                from axoexp.kernels.pad import pad_into  # Triton: imported by bucketed runs only
-
-                pad_into(inputs, targets, self.static_inputs, self.static_targets, self.static_length)
+            if self.pad is not None:
+                self.pad(inputs, targets)
             else:
                 for given, static in ((inputs, self.static_inputs), (targets, self.static_targets)):
                     static[..., :steps, :].copy_(given, non_blocking=True)

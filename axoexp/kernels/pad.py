@@ -61,6 +61,60 @@ def _pad_kernel(
         tl.store(length, steps)
 
 
+class BucketPad:
+    """:func:`pad_into` for one bucket's static buffers, with what no batch changes worked out once:
+    each replay of a bucket's graph waits for this launch to be issued, and on an H200's host
+    pad_into's checks and argument arithmetic took about 9 of its 25 us (2026-12-04)."""
+
+    def __init__(self, static_inputs: torch.Tensor, static_targets: torch.Tensor, length: torch.Tensor) -> None:
+        self.static_inputs, self.static_targets, self.length = static_inputs, static_targets, length
+        self.input_lead, self.input_channels = static_inputs.shape[:-2], static_inputs.shape[-1]
+        self.target_lead, self.target_channels = static_targets.shape[:-2], static_targets.shape[-1]
+        self.bucket = static_inputs.shape[-2]
+        self.input_programs = triton.cdiv(static_inputs.numel(), BLOCK)
+        self.grid = (self.input_programs + triton.cdiv(static_targets.numel(), BLOCK),)
+        self.static_input_width = self.bucket * self.input_channels
+        self.static_target_width = static_targets.shape[-2] * self.target_channels
+
+    def __call__(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+        """Copy ``inputs`` and ``targets`` into the first steps of the static buffers, zero the
+        steps after them and write the number of steps to ``length``: one launch, no host read."""
+        steps = inputs.shape[-2]
+        if (
+            inputs.shape != (*self.input_lead, steps, self.input_channels)
+            or targets.shape != (*self.target_lead, steps, self.target_channels)
+            or inputs.dtype != self.static_inputs.dtype
+            or targets.dtype != self.static_targets.dtype
+            or steps > self.bucket
+            or steps > self.static_targets.shape[-2]
+        ):
+            raise ValueError(
+                f"inputs {tuple(inputs.shape)} {inputs.dtype} and targets {tuple(targets.shape)} {targets.dtype} "
+                f"do not pad into {tuple(self.static_inputs.shape)} and {tuple(self.static_targets.shape)}"
+            )
+        if not inputs.is_contiguous():
+            inputs = inputs.contiguous()
+        if not targets.is_contiguous():
+            targets = targets.contiguous()
+        _pad_kernel[self.grid](
+            inputs,
+            self.static_inputs,
+            steps * self.input_channels,
+            self.static_input_width,
+            self.static_inputs.numel(),
+            self.input_programs,
+            targets,
+            self.static_targets,
+            steps * self.target_channels,
+            self.static_target_width,
+            self.static_targets.numel(),
+            self.length,
+            steps,
+            BLOCK=BLOCK,
+            num_warps=NUM_WARPS,
+        )
+
+
 def pad_into(
     inputs: torch.Tensor,
     targets: torch.Tensor,
@@ -71,30 +125,4 @@ def pad_into(
     """Copy ``inputs`` and ``targets`` (time on the second last axis) into the first steps of the
     static buffers (the same shapes but a longer time axis), zero the steps after them, and write
     the number of steps to the 0-dim ``length``: one launch, nothing read back to the host."""
-    steps = inputs.shape[-2]
-    pairs = ((inputs, static_inputs), (targets, static_targets))
-    for given, static in pairs:
-        if given.shape[:-2] + given.shape[-1:] != static.shape[:-2] + static.shape[-1:] or given.dtype != static.dtype:
-            raise ValueError(f"a batch of shape {tuple(given.shape)} does not pad into {tuple(static.shape)}")
-    if targets.shape[-2] != steps or steps > static_inputs.shape[-2]:
-        raise ValueError(f"inputs of {steps} steps and targets of {targets.shape[-2]} do not pad into a bucket")
-    inputs, targets = inputs.contiguous(), targets.contiguous()
-    input_programs = triton.cdiv(static_inputs.numel(), BLOCK)
-    grid = (input_programs + triton.cdiv(static_targets.numel(), BLOCK),)
-    _pad_kernel[grid](
-        inputs,
-        static_inputs,
-        steps * inputs.shape[-1],
-        static_inputs.shape[-2] * inputs.shape[-1],
-        static_inputs.numel(),
-        input_programs,
-        targets,
-        static_targets,
-        steps * targets.shape[-1],
-        static_targets.shape[-2] * targets.shape[-1],
-        static_targets.numel(),
-        length,
-        steps,
-        BLOCK=BLOCK,
-        num_warps=NUM_WARPS,
-    )
+    BucketPad(static_inputs, static_targets, length)(inputs, targets)
