@@ -176,6 +176,40 @@ def _cache_lanes(row_cache, row_morphology, lanes, mask, FRONT: tl.constexpr):
     return values
 
 
+@triton.jit
+def _adaptation(
+    row_cache,
+    row_morphology,
+    bias,
+    decay_logit,
+    k,
+    s,
+    o,
+    k_ok,
+    s_ok,
+    o_ok,
+    TOKEN: tl.constexpr,
+    STATE: tl.constexpr,
+    OUTPUT: tl.constexpr,
+    STATE_PAD: tl.constexpr,
+    FRONT: tl.constexpr,
+):
+    """Each row's adaptation from its cache lanes (:func:`_cache_lanes`), as the module docstring's
+    equations use it: token offset, token scale ``1 + gain``, decay ``d``, state scale, the proposal's
+    shift (state bias plus offset), output scale and output offset."""
+    token_offset = _cache_lanes(row_cache, row_morphology, k, k_ok, FRONT)
+    token_scale = 1.0 + _cache_lanes(row_cache, row_morphology, TOKEN + k, k_ok, FRONT)
+    decay = tl.sigmoid(
+        _load_vector(decay_logit, STATE, STATE_PAD)
+        + _cache_lanes(row_cache, row_morphology, 2 * TOKEN + s, s_ok, FRONT)
+    )
+    state_scale = 1.0 + _cache_lanes(row_cache, row_morphology, 2 * TOKEN + STATE + s, s_ok, FRONT)
+    state_shift = bias + _cache_lanes(row_cache, row_morphology, 2 * TOKEN + 2 * STATE + s, s_ok, FRONT)
+    output_scale = 1.0 + _cache_lanes(row_cache, row_morphology, 2 * TOKEN + 3 * STATE + o, o_ok, FRONT)
+    output_offset = _cache_lanes(row_cache, row_morphology, 2 * TOKEN + 3 * STATE + OUTPUT + o, o_ok, FRONT)
+    return token_offset, token_scale, decay, state_scale, state_shift, output_scale, output_offset
+
+
 NO_LOSS: tl.constexpr = tl.constexpr(0)
 SQUARED: tl.constexpr = tl.constexpr(1)
 """``LOSS`` code: the squared error, ``(y - t)^2`` (torch's ``mse_loss``)."""
@@ -288,16 +322,9 @@ def _lite_forward_kernel(
             PATCH_STEPS_PAD,
         )
         token_bias = _load_vector(projection_bias, TOKEN, TOKEN_PAD)
-    token_offset = _cache_lanes(row_cache, row_morphology, k, k_ok, FRONT)
-    token_scale = 1.0 + _cache_lanes(row_cache, row_morphology, TOKEN + k, k_ok, FRONT)
-    decay = tl.sigmoid(
-        _load_vector(decay_logit, STATE, STATE_PAD)
-        + _cache_lanes(row_cache, row_morphology, 2 * TOKEN + s, s_ok, FRONT)
+    token_offset, token_scale, decay, state_scale, state_shift, output_scale, output_offset = _adaptation(
+        row_cache, row_morphology, bias, decay_logit, k, s, o, k_ok, s_ok, o_ok, TOKEN, STATE, OUTPUT, STATE_PAD, FRONT
     )
-    state_scale = 1.0 + _cache_lanes(row_cache, row_morphology, 2 * TOKEN + STATE + s, s_ok, FRONT)
-    state_shift = bias + _cache_lanes(row_cache, row_morphology, 2 * TOKEN + 2 * STATE + s, s_ok, FRONT)
-    output_scale = 1.0 + _cache_lanes(row_cache, row_morphology, 2 * TOKEN + 3 * STATE + o, o_ok, FRONT)
-    output_offset = _cache_lanes(row_cache, row_morphology, 2 * TOKEN + 3 * STATE + OUTPUT + o, o_ok, FRONT)
 
     # ``index``: row of (block, neuron) in the time-major (blocks * neurons, width) views.
     # Each iteration prefetches the next block's token, so its load latency overlaps
@@ -463,15 +490,9 @@ def _lite_backward_kernel(
             PATCH_STEPS_PAD,
         )
         token_bias = _load_vector(projection_bias, TOKEN, TOKEN_PAD)
-    token_offset = _cache_lanes(row_cache, row_morphology, k, k_ok, FRONT)
-    token_scale = 1.0 + _cache_lanes(row_cache, row_morphology, TOKEN + k, k_ok, FRONT)
-    decay = tl.sigmoid(
-        _load_vector(decay_logit, STATE, STATE_PAD)
-        + _cache_lanes(row_cache, row_morphology, 2 * TOKEN + s, s_ok, FRONT)
+    token_offset, token_scale, decay, state_scale, state_shift, output_scale, _ = _adaptation(
+        row_cache, row_morphology, bias, decay_logit, k, s, o, k_ok, s_ok, o_ok, TOKEN, STATE, OUTPUT, STATE_PAD, FRONT
     )
-    state_scale = 1.0 + _cache_lanes(row_cache, row_morphology, 2 * TOKEN + STATE + s, s_ok, FRONT)
-    state_shift = bias + _cache_lanes(row_cache, row_morphology, 2 * TOKEN + 2 * STATE + s, s_ok, FRONT)
-    output_scale = 1.0 + _cache_lanes(row_cache, row_morphology, 2 * TOKEN + 3 * STATE + o, o_ok, FRONT)
 
     grad_token_offset = tl.zeros((BLOCK_N, TOKEN_PAD), dtype=tl.float32)
     grad_token_gain = tl.zeros((BLOCK_N, TOKEN_PAD), dtype=tl.float32)
