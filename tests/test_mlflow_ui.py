@@ -74,7 +74,9 @@ def test_the_runs_view_shows_the_sweep_its_children_and_their_medians(
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1500, "height": 560})
+            # Wide enough that every column of the view is rendered: the grid leaves columns out
+            # of the page while they lie beyond its right edge (an open side panel narrows it).
+            page = browser.new_page(viewport={"width": 2800, "height": 560})
             page.goto(f"{url}/#/experiments/{experiment.experiment_id}/{VIEW}")
             page.get_by_text(parent.info.run_name, exact=True).wait_for(timeout=60_000)
             for button in ("Close", "Hide banner"):  # the assistant panel, the shared-view banner
@@ -89,6 +91,7 @@ def test_the_runs_view_shows_the_sweep_its_children_and_their_medians(
                 page.get_by_text(child.info.run_name, exact=True).wait_for(timeout=30_000)
             cells = [text.strip() for text in median.all_inner_texts()[1:]]
             assert sum(text not in ("", "-") for text in cells) == len(children), cells
+            page.set_viewport_size({"width": 1500, "height": 560})
             page.wait_for_timeout(500)
             page.screenshot(path=str(tmp_path / "mlflow-ui.png"))
         finally:
