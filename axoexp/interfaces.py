@@ -123,8 +123,8 @@ class Executor(ABC):
     @classmethod
     def refusal(cls, *, module: torch.nn.Module, dtype: torch.dtype) -> str | None:
         """Why this executor cannot run the population ``module`` (as its factory built it) at
-        ``dtype``, or ``None``. Planning asks it of the population built on the meta device,
-        before any MLflow run exists (so judge structure, types and ``requires_grad``, not values
+        ``dtype``, or ``None``. Planning asks it of the population it built (on the CPU or
+        the meta device), before any MLflow run exists (so judge structure, types and ``requires_grad``, not values
         or the device); ``axoexp.plan.Plan.build_executor`` asks again of the real module."""
         del module, dtype
         return None

@@ -10,11 +10,12 @@ The population is built once while planning (:func:`probe_population`): its fact
 will in the run. What it builds decides each executor's preconditions
 (:meth:`axoexp.interfaces.Executor.refusal`) and the loss's (one forward and loss at the real
 shapes), and gives the run its shape and streams, for any population, whatever its parameters
-are called. It is built on the meta device, where no tensor holds memory or data, except for a
-CPU run of a small population (:func:`probe_device`): that is built on the CPU itself, at the run's
-own shapes (a meta forward runs every operation through torch's Python references, whose wrappers
-import ``torch._dynamo``: seconds, against milliseconds for the default population built on the
-CPU; docs/startup.md), and kept on the meta device once checked.
+are called. A small population (:func:`probe_device`) is built on the CPU, at the run's own shapes,
+whatever device the run is for (a meta forward runs every operation through torch's Python
+references, whose wrappers import ``torch._dynamo``: seconds, against milliseconds for the default
+population built on the CPU; docs/startup.md), and kept on the meta device once checked; a large
+one, or one whose factory gives no memory estimate, on the meta device, where no tensor holds
+memory or data.
 """
 
 from __future__ import annotations
@@ -51,9 +52,10 @@ DTYPES = {
 }
 CAPTURABLE_CHOICES = ("auto", True, False)
 CPU_PROBE_BYTES = 64 * 2**20
-"""The largest population (by its factory's memory estimate) a CPU run's planning builds on the CPU:
-its teacher's forwards take milliseconds at the default size, but would load, at a large one, CPUs
+"""The largest population (by its factory's memory estimate) planning builds on the CPU: its
+teacher's forwards take milliseconds at the default size, but would load, at a large one, CPUs
 that a parallel sweep's other jobs may be measuring on (this run takes its lease only later)."""
+CPU = torch.device("cpu")
 REFUSED_DTYPES = {
     "float16": "float16 parameters and optimizer state underflow (Adam's squared gradients and eps=1e-8 "
     "round to 0, so the first step divides 0 by 0: NaN) and axoexp keeps no float32 master "
@@ -294,14 +296,15 @@ def loss_problems(loss: Component, params: dict[str, Any], probe: PopulationSetu
 def probe_device(
     device: torch.device, population: Component, params: dict[str, Any], dtype: torch.dtype
 ) -> torch.device:
-    """Where planning builds the population: for a CPU run whose population's memory estimate is
-    at most :data:`CPU_PROBE_BYTES`, the CPU (the run's own population, exact at every shape, and
-    faster to build there than on the meta device); else the meta device (no memory taken on a GPU
-    before the run holds its lease, no arithmetic on CPUs it holds no lease on yet)."""
+    """Where planning builds the population: where its memory estimate is at most
+    :data:`CPU_PROBE_BYTES`, the CPU, for a run on any device (the run's own factory, parameters,
+    seed and dtype: exact at every shape, and faster to build there than on the meta device); else
+    the meta device (no memory taken on a GPU before the run holds its lease, no arithmetic on CPUs
+    it holds no lease on yet)."""
     estimate = getattr(population.factory, "memory_estimate", None)
-    if device.type != "cpu" or estimate is None:
+    if estimate is None:
         return META
-    return device if int(estimate({**population.defaults(), **params}, dtype)) <= CPU_PROBE_BYTES else META
+    return CPU if int(estimate({**population.defaults(), **params}, dtype)) <= CPU_PROBE_BYTES else META
 
 
 def probe_population(

@@ -221,7 +221,7 @@ def _reads_values(*, device: torch.device, dtype: torch.dtype, seed: int, scale:
     return setup
 
 
-def test_planning_builds_a_small_cpu_population_on_the_cpu_and_any_other_on_meta(registry) -> None:
+def test_planning_builds_a_small_population_on_the_cpu_and_a_large_one_on_meta(registry) -> None:
     from axoexp.plan import CPU_PROBE_BYTES, META, probe_device
 
     lite_entry, cpu = registry.get("population", "lite"), torch.device("cpu")
@@ -229,15 +229,15 @@ def test_planning_builds_a_small_cpu_population_on_the_cpu_and_any_other_on_meta
     assert lite.memory_estimate({**lite_entry.defaults(), **large}, torch.float32) > CPU_PROBE_BYTES
     assert probe_device(cpu, lite_entry, {}, torch.float32) == cpu
     assert probe_device(cpu, lite_entry, large, torch.float32) == META
-    assert probe_device(torch.device("cuda"), lite_entry, {}, torch.float32) == META
+    assert probe_device(torch.device("cuda"), lite_entry, {}, torch.float32) == cpu, "a CUDA run's too"
+    assert probe_device(torch.device("cuda"), lite_entry, large, torch.float32) == META
 
 
 def test_a_population_that_cannot_be_built_on_meta_is_judged_when_built(
     make_config, client, registry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A CPU run's planning builds a population whose estimate says it is small on the CPU, where it
-    reads its values; any other on the meta device, where it cannot (as a CUDA run's: this machine
-    may have no GPU)."""
+    """Planning builds a population whose estimate says it is small on the CPU, where it reads its
+    values; any other on the meta device, where it cannot."""
     from hydra.core.config_store import ConfigStore
 
     from axoexp import plan as planning
