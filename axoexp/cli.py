@@ -12,6 +12,7 @@ import atexit
 import os
 import sys
 import threading
+from contextlib import nullcontext
 from pathlib import Path
 from typing import NoReturn
 
@@ -24,12 +25,14 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from axoexp import targets, wallclock
+from axoexp.compose_once import composed_once
 from axoexp.config import describe, register_configs
 from axoexp.errors import AxoexpError, ConfigError, RefusedTargetError, shown
 from axoexp.plugins import load_plugins
 from axoexp.signals import Interrupted
 
 DESCRIBE_FLAG = "--describe"
+MULTIRUN_FLAGS = ("-m", "--multirun")
 FULL_ERROR_ENV = "HYDRA_FULL_ERROR"
 CONFIG_ERRORS = (ConfigCompositionException, OverrideParseException, OmegaConfBaseException)
 _tracebacks_wanted = os.environ.get(FULL_ERROR_ENV) == "1"  # the user's own setting, read before ours
@@ -120,8 +123,10 @@ def main() -> None:
         return
     os.environ[FULL_ERROR_ENV] = "1"  # Hydra then raises instead of printing; we report below
     targets.install()
+    multirun = any(argument in MULTIRUN_FLAGS for argument in sys.argv[1:])
     try:
-        hydra_app()
+        with nullcontext() if multirun else composed_once():
+            hydra_app()
         _exit_without_teardown()
     except Interrupted as interrupted:  # the run ended KILLED with what was measured
         _exit_with(
@@ -131,7 +136,6 @@ def main() -> None:
     except (AxoexpError, *CONFIG_ERRORS) as error:
         if _tracebacks_wanted:
             raise
-        multirun = any(argument in ("-m", "--multirun") for argument in sys.argv[1:])
         if isinstance(error, AxoexpError):  # in a sweep, a job's error (but a refusal before any job)
             _exit_with(str(error), 1 if multirun and not isinstance(error, RefusedTargetError) else error.exit_code)
         _exit_with(one_line(error), 1 if multirun else 2)

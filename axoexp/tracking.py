@@ -27,6 +27,7 @@ from mlflow.entities import DatasetInput, InputTag, Metric, Param, Run, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 from mlflow.tracking import MlflowClient
+from mlflow.tracking.context.git_context import GitRunContext
 from mlflow.tracking.context.registry import resolve_tags
 from mlflow.utils.time import get_current_time_millis
 from omegaconf import DictConfig
@@ -376,9 +377,11 @@ def with_mlflow_context(tags: Mapping[str, str]) -> dict[str, str]:
     resolution finds them, with ``tags`` over them.
 
     MLflow takes the git tags from the repository holding ``sys.argv[0]`` (pytest's, a
-    launcher worker's); they are dropped here, so ``tags`` name the code that ran.
+    launcher worker's); they are not asked for (reading them imports GitPython: 50 ms of a run's
+    start) and any other provider's are dropped, so ``tags`` name the code that ran.
     """
-    context = {key: value for key, value in resolve_tags().items() if not key.startswith(names.MLFLOW_GIT_PREFIX)}
+    context = resolve_tags(ignore=[GitRunContext])  # type: ignore[list-item]  # its isinstance check takes classes
+    context = {key: value for key, value in context.items() if not key.startswith(names.MLFLOW_GIT_PREFIX)}
     return {**context, **tags}
 
 

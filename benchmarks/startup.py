@@ -9,7 +9,9 @@ On the CPU it times ``python -m axoexp executor=eager loss=causal_mse`` against
 untimed (the store is created then, and files are in the page cache), then REPEATS times,
 alternating, each in a new process, in one fresh working directory. A run's wall time is
 measured from outside (start of the child to its exit) and compared with the phases the run
-logged (``process_*_ms``); what the run could not log, its exit, is the difference.
+logged (``process_*_ms``); what the run could not log, its exit, is the difference. The runs take
+their CPU lease in a folder of that directory (``$AXOEXP_LEASE_DIR``), so that waiting for another
+process's lease on a shared machine (a test suite's runs) is not counted as start-up.
 Writes LABEL.json and LABEL.md under --out-dir (and, while it runs, each pair to LABEL.partial.jsonl),
 with axoexp's provenance (commit, dirty flag, command, device, date).
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -27,6 +30,7 @@ import time
 from pathlib import Path
 
 from axoexp import metadata
+from axoexp.lease import LEASE_DIR_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMANDS = {
@@ -42,14 +46,24 @@ COMMANDS = {
 RUN_ID_LABEL = "mlflow run"
 
 
-def timed(arguments: list[str], workdir: Path) -> tuple[float, str]:
-    """Wall seconds of one fresh process, from before it is started to after it exited; its stdout."""
+def timed(arguments: list[str], workdir: Path) -> tuple[float, float, str]:
+    """Wall seconds of one fresh process, from before it is started to after it exited; the CPU
+    seconds (user and system) it and the processes it waited for (git) used; its stdout."""
+    environment = {**os.environ, LEASE_DIR_ENV: str(workdir / "leases")}
+    cpu_before = _children_cpu_s()
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, *arguments], cwd=workdir, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, *arguments], cwd=workdir, env=environment, capture_output=True, text=True, timeout=900
+    )
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(arguments)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return seconds, done.stdout
+    return seconds, _children_cpu_s() - cpu_before, done.stdout
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def logged_phases(stdout: str, workdir: Path) -> dict[str, float]:
@@ -79,16 +93,21 @@ def measure(device: str, repeats: int, partial: Path) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="axoexp-startup-") as directory:
         workdir = Path(directory)
         untimed = {"run": timed(run_arguments, workdir)[0], "bare": timed(bare_arguments, workdir)[0]}
-        run_s, bare_s, phases = [], [], []
+        run_s, bare_s, run_cpu_s, bare_cpu_s, phases = [], [], [], [], []
         for _ in range(repeats):
-            seconds, stdout = timed(run_arguments, workdir)
+            seconds, cpu_s, stdout = timed(run_arguments, workdir)
             run_s.append(seconds)
+            run_cpu_s.append(cpu_s)
             phases.append(logged_phases(stdout, workdir))
-            bare_s.append(timed(bare_arguments, workdir)[0])
+            seconds, cpu_s, _ = timed(bare_arguments, workdir)
+            bare_s.append(seconds)
+            bare_cpu_s.append(cpu_s)
             loads.append(os.getloadavg()[0])
             with partial.open("a") as out:  # what a pair measured, kept should a later one not finish
-                out.write(json.dumps({"run_s": run_s[-1], "bare_s": bare_s[-1], "phases_ms": phases[-1]}) + "\n")
+                pair = {"run_s": run_s[-1], "bare_s": bare_s[-1], "run_cpu_s": run_cpu_s[-1], "bare_cpu_s": cpu_s}
+                out.write(json.dumps({**pair, "phases_ms": phases[-1]}) + "\n")
     exit_s = [seconds - logged["process_total_ms"] / 1000 for seconds, logged in zip(run_s, phases, strict=True)]
+    pair_ratios = [run / bare for run, bare in zip(run_s, bare_s, strict=True)]
     phase_names = [key for key in phases[0] if key != "process_total_ms"]
     return {
         "provenance": metadata.provenance(device),
@@ -106,7 +125,11 @@ def measure(device: str, repeats: int, partial: Path) -> dict[str, object]:
         "run": spread(run_s),
         "bare": spread(bare_s),
         "ratio_of_medians": statistics.median(run_s) / statistics.median(bare_s),
-        "pair_ratios": [run / bare for run, bare in zip(run_s, bare_s, strict=True)],
+        "pair_ratios": pair_ratios,
+        "median_pair_ratio": statistics.median(pair_ratios),
+        "run_cpu_s": run_cpu_s,
+        "bare_cpu_s": bare_cpu_s,
+        "cpu_ratio_of_medians": statistics.median(run_cpu_s) / statistics.median(bare_cpu_s),
         "phases_ms_median": {key: statistics.median(p[key] for p in phases) for key in phase_names},
         "logged_total_s": [p["process_total_ms"] / 1000 for p in phases],
         "exit_s": exit_s,
@@ -141,7 +164,11 @@ def markdown(result: dict[str, object], note: str) -> str:
         ),
         "",
         f"Ratio of medians {result['ratio_of_medians']:.2f} (target: at most 1.5); per pair: "
-        f"{', '.join(f'{x:.2f}' for x in result['pair_ratios'])}.",  # type: ignore[union-attr]
+        f"{', '.join(f'{x:.2f}' for x in result['pair_ratios'])} (median {result['median_pair_ratio']:.2f}).",  # type: ignore[union-attr]
+        "",
+        f"CPU seconds (user and system, the process and the git commands it waited for), medians: run "
+        f"{statistics.median(result['run_cpu_s']):.2f}, bare {statistics.median(result['bare_cpu_s']):.2f}, "  # type: ignore[arg-type]
+        f"ratio {result['cpu_ratio_of_medians']:.2f} (less sensitive to the other sessions' load than wall time).",
         "",
         "Median of the phases the run logged (`process_<phase>_ms`), and its exit (wall time seen from "
         "outside minus `process_total_ms`):",

@@ -10,10 +10,17 @@ from pathlib import Path
 
 import pytest
 from helpers import run_cli
+from hydra import initialize_config_module
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra.core.global_hydra import GlobalHydra
+from hydra.types import RunMode
 from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
 
 from axoexp import names, wallclock
+from axoexp.compose_once import RUN_MODE_OVERRIDE, composed_once
 from axoexp.console import process_summary
+from axoexp.registry import Registry
 from axoexp.tracking import latest_schema_revision
 
 PROCESS_START_TICK_MS = 10
@@ -129,3 +136,89 @@ print(losses[-1] < losses[0], "torch._dynamo" in sys.modules)
 """
     output = subprocess.check_output([sys.executable, "-c", code], text=True).split()
     assert output == ["meta", "3x12x4", "False", "False", "True", "False"]
+
+
+@pytest.mark.parametrize("overrides", [["population.neurons=5"], ["hydra.mode=RUN", "optimizer=sgd"]])
+def test_a_single_run_takes_the_config_hydra_composed_to_learn_its_mode(
+    loaded_registry: Registry, monkeypatch: pytest.MonkeyPatch, overrides: list[str]
+) -> None:
+    """Hydra 1.3 composes a run's config in ``get_mode`` and again in ``run``; with ``composed_once``
+    ``run`` gets the first, equal to what Hydra composes (its ``hydra.mode=RUN`` override included).
+    Fails when a Hydra upgrade makes ``composed_once`` fall back to composing twice."""
+    compositions: list[RunMode] = []
+    hydras_own = ConfigLoaderImpl._load_configuration_impl
+
+    def counted(self: ConfigLoaderImpl, *args: object, **kwargs: object) -> object:
+        compositions.append(kwargs["run_mode"])  # type: ignore[arg-type]
+        return hydras_own(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ConfigLoaderImpl, "_load_configuration_impl", counted)
+    run_overrides = overrides if "hydra.mode=RUN" in overrides else [*overrides, RUN_MODE_OVERRIDE]
+    with initialize_config_module(config_module="axoexp.conf", version_base="1.3"):
+        hydra = GlobalHydra.instance().hydra
+        assert hydra is not None
+        hydras_config = hydra.compose_config("config", list(run_overrides), run_mode=RunMode.RUN)
+        compositions.clear()
+        with composed_once() as applied:
+            assert applied, "this Hydra is not the one axoexp/compose_once.py was written for: it composes twice"
+            mode = hydra.get_mode("config", list(overrides))
+            kept = hydra.compose_config("config", list(run_overrides), run_mode=RunMode.RUN)
+            again = hydra.compose_config("config", list(run_overrides), run_mode=RunMode.RUN)
+    assert mode == (RunMode.RUN if "hydra.mode=RUN" in overrides else None)
+    assert compositions == [RunMode.RUN, RunMode.RUN], "composed once for the mode and the run, once more on request"
+    assert OmegaConf.to_yaml(kept) == OmegaConf.to_yaml(hydras_config)
+    assert OmegaConf.to_yaml(again) == OmegaConf.to_yaml(hydras_config)
+
+
+@pytest.mark.parametrize(
+    "overrides, mode",
+    [
+        (["hydra.mode=MULTIRUN"], RunMode.MULTIRUN),
+        (["population.neurons=2,5", "hydra.mode=MULTIRUN"], RunMode.MULTIRUN),
+    ],
+)
+def test_a_config_that_is_no_single_run_gets_hydras_own_mode_and_composition(
+    loaded_registry: Registry, overrides: list[str], mode: RunMode
+) -> None:
+    """A sweep's values fail the run-mode composition, so Hydra's own (multirun) one decides; nothing is kept."""
+    with initialize_config_module(config_module="axoexp.conf", version_base="1.3"):
+        hydra = GlobalHydra.instance().hydra
+        assert hydra is not None
+        with composed_once():
+            assert hydra.get_mode("config", list(overrides)) == mode
+            config = hydra.compose_config("config", list(overrides), run_mode=RunMode.MULTIRUN)
+        assert config.hydra.mode == mode
+
+
+@pytest.mark.slow  # starts a run
+def test_a_single_run_composes_its_config_once_and_reads_no_git_for_mlflow(tmp_path: Path) -> None:
+    """The README's command as ``python -m axoexp`` runs it, counting Hydra's compositions; MLflow's git
+    tags (which axoexp drops) are not read, so GitPython stays unimported. Hydra's files are written."""
+    code = """
+import atexit, sys
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+hydras_own, modes = ConfigLoaderImpl._load_configuration_impl, []
+def counted(self, *args, **kwargs):
+    modes.append(str(kwargs["run_mode"]))
+    return hydras_own(self, *args, **kwargs)
+ConfigLoaderImpl._load_configuration_impl = counted
+atexit.register(lambda: print("compositions", *modes, "git" in sys.modules))
+sys.argv = ["axoexp", "executor=eager", "loss=causal_mse", "run.measured_updates=3"]
+from axoexp.cli import main
+main()
+"""
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "compositions RunMode.RUN False"
+    (hydra_dir,) = tmp_path.glob("outputs/*/*/.hydra")
+    assert sorted(path.name for path in hydra_dir.iterdir()) == ["config.yaml", "hydra.yaml", "overrides.yaml"]
+    assert RUN_MODE_OVERRIDE in OmegaConf.load(hydra_dir / "hydra.yaml").hydra.overrides.hydra
+
+
+@pytest.mark.slow  # starts an interpreter
+def test_a_sweep_value_without_multirun_is_refused_in_one_line_as_before(tmp_path: Path) -> None:
+    """The run-mode composition fails on it, Hydra's own path runs and refuses it (exit 2, no store)."""
+    result = run_cli("population.neurons=2,5", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == ["axoexp: Ambiguous value for argument 'population.neurons=2,5'"]
+    assert not (tmp_path / "mlflow.db").exists()
