@@ -24,7 +24,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from axoexp import targets, wallclock
+from axoexp import collector, targets, wallclock
 from axoexp.compose_once import composed_once
 from axoexp.config import describe, register_configs
 from axoexp.errors import AxoexpError, ConfigError, RefusedTargetError, shown
@@ -109,6 +109,9 @@ def _experiment(config: DictConfig, hydra_config: HydraConf) -> float | None:
 def main() -> None:
     """Load plugins first, so their components are config options, then run Hydra."""
     wallclock.start_process_clock()
+    multirun = any(argument in MULTIRUN_FLAGS for argument in sys.argv[1:])
+    if not multirun:  # a sweep's process goes on after its jobs (another launcher's, for hours): not held
+        collector.hold()  # until the run's start (run_experiment releases it)
     help_wanted = any(argument in ("--help", "-h", DESCRIBE_FLAG) for argument in sys.argv[1:])
     try:  # help still works with a broken plugin, naming it
         registry = load_plugins(on_error=_warn_broken_plugin if help_wanted else None)
@@ -123,7 +126,6 @@ def main() -> None:
         return
     os.environ[FULL_ERROR_ENV] = "1"  # Hydra then raises instead of printing; we report below
     targets.install()
-    multirun = any(argument in MULTIRUN_FLAGS for argument in sys.argv[1:])
     try:
         with nullcontext() if multirun else composed_once():
             hydra_app()

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from axoexp import describe, metadata, names, signals, wallclock
+from axoexp import collector, describe, metadata, names, signals, wallclock
 from axoexp.banks import SavedBanks, UpdateCount, eval_loss, keep_banks
 from axoexp.contention import ContentionGuard
 from axoexp.guard import FiniteGuard
@@ -130,6 +130,7 @@ def run_experiment(
             tracker.set_tags({names.OUTPUT_DIR: str(output_dir)})
             if (output_dir / HYDRA_DIR).is_dir():
                 tracker.log_artifact(str(output_dir / HYDRA_DIR))
+        collector.release()  # the command line's start-up done: the run's work runs with the collector on
         wallclock.mark("store")
         with device_lease(plan.device, cpus=config.run.lease_cpus, timeout_s=config.run.lease_timeout_s) as lease:
             # after the lease pinned this process's CPUs

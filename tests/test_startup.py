@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import re
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from hydra.types import RunMode
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from axoexp import names, wallclock
+from axoexp import collector, names, wallclock
 from axoexp.compose_once import RUN_MODE_OVERRIDE, composed_once
 from axoexp.console import process_summary
 from axoexp.registry import Registry
@@ -191,28 +192,48 @@ def test_a_config_that_is_no_single_run_gets_hydras_own_mode_and_composition(
 
 
 @pytest.mark.slow  # starts a run
-def test_a_single_run_composes_its_config_once_and_reads_no_git_for_mlflow(tmp_path: Path) -> None:
-    """The README's command as ``python -m axoexp`` runs it, counting Hydra's compositions; MLflow's git
-    tags (which axoexp drops) are not read, so GitPython stays unimported. Hydra's files are written."""
+def test_a_single_run_composes_once_collects_no_garbage_before_its_work_and_reads_no_git(tmp_path: Path) -> None:
+    """The README's command as ``python -m axoexp`` runs it, watched from inside: Hydra composes the config
+    once; the collector makes no full collection from the process's start to the run's work, and is on,
+    with the start-up's objects frozen, afterwards; MLflow's git tags (which axoexp drops) are not read,
+    so GitPython stays unimported. Hydra's files are written as before."""
     code = """
-import atexit, sys
+import atexit, gc, sys
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
-hydras_own, modes = ConfigLoaderImpl._load_configuration_impl, []
+from axoexp import collector
+hydras_own, modes, full, held = ConfigLoaderImpl._load_configuration_impl, [], [], []
 def counted(self, *args, **kwargs):
     modes.append(str(kwargs["run_mode"]))
     return hydras_own(self, *args, **kwargs)
 ConfigLoaderImpl._load_configuration_impl = counted
-atexit.register(lambda: print("compositions", *modes, "git" in sys.modules))
+gc.callbacks.append(lambda phase, info: full.append(1) if phase == "stop" and info["generation"] == 2 else None)
+hold, release = collector.hold, collector.release
+collector.hold = lambda: (held.append(len(full)), hold())
+collector.release = lambda: (held.append(len(full)), release())
+atexit.register(lambda: print("compositions", *modes, "git", "git" in sys.modules))
+frozen = lambda: gc.get_freeze_count() > 0
+atexit.register(lambda: print("full collections held", held[1] - held[0], "on", gc.isenabled(), frozen()))
 sys.argv = ["axoexp", "executor=eager", "loss=causal_mse", "run.measured_updates=3"]
 from axoexp.cli import main
 main()
 """
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[-1] == "compositions RunMode.RUN False"
+    assert result.stdout.splitlines()[-2:] == [
+        "full collections held 0 on True True",
+        "compositions RunMode.RUN git False",
+    ]
     (hydra_dir,) = tmp_path.glob("outputs/*/*/.hydra")
     assert sorted(path.name for path in hydra_dir.iterdir()) == ["config.yaml", "hydra.yaml", "overrides.yaml"]
     assert RUN_MODE_OVERRIDE in OmegaConf.load(hydra_dir / "hydra.yaml").hydra.overrides.hydra
+
+
+def test_the_collector_is_left_as_it_was_where_the_command_line_did_not_hold_it() -> None:
+    """A run started from Python (or a sweep's job) releases nothing: the collector stays on, nothing is frozen."""
+    frozen = gc.get_freeze_count()
+    collector.release()
+    assert gc.isenabled()
+    assert gc.get_freeze_count() == frozen
 
 
 @pytest.mark.slow  # starts an interpreter
