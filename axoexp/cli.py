@@ -109,9 +109,8 @@ def _experiment(config: DictConfig, hydra_config: HydraConf) -> float | None:
 def main() -> None:
     """Load plugins first, so their components are config options, then run Hydra."""
     wallclock.start_process_clock()
+    collector.hold()  # until the run's work begins, or the sweep's (collector.release)
     multirun = any(argument in MULTIRUN_FLAGS for argument in sys.argv[1:])
-    if not multirun:  # a sweep's process goes on after its jobs (another launcher's, for hours): not held
-        collector.hold()  # until the run's start (run_experiment releases it)
     help_wanted = any(argument in ("--help", "-h", DESCRIBE_FLAG) for argument in sys.argv[1:])
     try:  # help still works with a broken plugin, naming it
         registry = load_plugins(on_error=_warn_broken_plugin if help_wanted else None)

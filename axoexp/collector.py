@@ -9,7 +9,9 @@ classes, functions) or is freed by reference counting, so those scans find next 
 generation (``gc.freeze``: never scanned again, never freed) and turns the collector on, so the
 run's own work (build, prepare, the timed updates) runs with it on, as in any program, and its
 collections no longer scan the start-up's objects. The little cyclic garbage start-up leaves is
-kept until the process ends. This is the pattern of the ``gc.freeze`` documentation.
+kept until the process ends. This is the pattern of the ``gc.freeze`` documentation. The command
+line holds it; a single run releases it when its MLflow run is open, a sweep when it starts (before
+its first job: its process may live for hours); a run started from Python is not touched.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ _held = False
 
 
 def hold() -> None:
-    """Turn the collector off until :func:`release` (the command line calls it for a single run)."""
+    """Turn the collector off until :func:`release` (the command line calls it as it starts)."""
     global _held
     if gc.isenabled():
         gc.disable()

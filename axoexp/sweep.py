@@ -43,7 +43,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
-from axoexp import metadata, names, processes, signals
+from axoexp import collector, metadata, names, processes, signals
 from axoexp.describe import sweep_run_name
 from axoexp.errors import ConfigError, StoreError, SweepRefusedError
 from axoexp.job_process import SWEEP_PROCESS_ENV, sweep_process_marker
@@ -90,6 +90,7 @@ class MlflowSweepCallback(Callback):
         self.refused: list[str] = []
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        collector.release()  # the command line's start-up done: the sweep's process may live for hours
         os.environ[SWEEP_PROCESS_ENV] = sweep_process_marker()  # job processes elsewhere die with this one
         uri = configure_tracking(config.tracking)
         overrides = list(config.hydra.overrides.task)

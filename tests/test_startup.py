@@ -228,6 +228,24 @@ main()
     assert RUN_MODE_OVERRIDE in OmegaConf.load(hydra_dir / "hydra.yaml").hydra.overrides.hydra
 
 
+@pytest.mark.slow  # starts a sweep
+def test_a_sweep_turns_the_collector_on_again_before_its_first_job(tmp_path: Path) -> None:
+    """The command line holds the collector for a sweep's start too; the sweep releases it before any job."""
+    code = """
+import atexit, gc, sys, traceback
+from axoexp import collector
+release, callers = collector.release, []
+collector.release = lambda: (callers.append(traceback.extract_stack()[-2].name), release())
+atexit.register(lambda: print("released by", callers[0], "on", gc.isenabled(), gc.get_freeze_count() > 0))
+sys.argv = ["axoexp", "-m", "population.neurons=2", "run.warmup_updates=1", "run.measured_updates=1"]
+from axoexp.cli import main
+main()
+"""
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "released by on_multirun_start on True True"
+
+
 def test_the_collector_is_left_as_it_was_where_the_command_line_did_not_hold_it() -> None:
     """A run started from Python (or a sweep's job) releases nothing: the collector stays on, nothing is frozen."""
     frozen = gc.get_freeze_count()
