@@ -182,7 +182,7 @@ def _unknown_key(error: OmegaConfBaseException) -> str | None:
     parent, key = getattr(error, "parent_node", None), getattr(error, "key", None)
     if not isinstance(parent, DictConfig) or not isinstance(key, str) or key in parent:
         return None
-    keys = [name for name in parent if name not in HIDDEN_KEYS]
+    keys = [str(name) for name in parent if name not in HIDDEN_KEYS]
     close = difflib.get_close_matches(key, keys, n=1)
     guess = f" (did you mean {close[0]}?)" if close else ""
     section = str(getattr(error, "full_key", None) or key).rpartition(".")[0]
