@@ -92,7 +92,8 @@ class TestParallelLauncher(LauncherTestSuite):
     """Hydra's contract for launchers, as Hydra's own launcher plugins are tested."""
 
     @pytest.fixture(autouse=True, scope="class")
-    def _pool_closed_after(self) -> Iterator[None]:
+    @classmethod
+    def _pool_closed_after(cls) -> Iterator[None]:
         # Hydra's suite expects a fresh process's defaults (version_base unset: jobs chdir into their
         # folders); a test before it in this process may have composed with version_base="1.3"
         base = VersionBase.instance()
