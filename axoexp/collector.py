@@ -1,4 +1,4 @@
-"""Python's cyclic garbage collector held off while a single run starts, then on again for its work.
+"""Python's cyclic garbage collector held off while the command line starts, then on again for the work.
 
 A full collection scans every object the process holds, and importing torch, MLflow, Hydra and
 SQLAlchemy makes millions of them: the collector ran seven full collections in a default CPU run's
@@ -30,8 +30,8 @@ def hold() -> None:
 
 
 def release() -> None:
-    """End :func:`hold`: freeze what exists and turn the collector on; nothing where it was not held
-    (a run started from Python, a sweep)."""
+    """End :func:`hold`: freeze what exists and turn the collector on; nothing where it is not held
+    (a run started from Python, a sweep's job once the sweep released it)."""
     global _held
     if _held:
         gc.freeze()
