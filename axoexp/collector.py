@@ -11,22 +11,28 @@ run's own work (build, prepare, the timed updates) runs with it on, as in any pr
 collections no longer scan the start-up's objects. The little cyclic garbage start-up leaves is
 kept until the process ends. This is the pattern of the ``gc.freeze`` documentation. The command
 line holds it; a single run releases it when its MLflow run is open, a sweep when it starts (before
-its first job: its process may live for hours); a run started from Python is not touched.
+its first job: its process may live for hours), and a process forked meanwhile (inductor's compile
+workers, forked while the run plans) as it begins; a run started from Python is not touched.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 
 _held = False
+_fork_hook = False
 
 
 def hold() -> None:
     """Turn the collector off until :func:`release` (the command line calls it as it starts)."""
-    global _held
+    global _held, _fork_hook
     if gc.isenabled():
         gc.disable()
         _held = True
+        if not _fork_hook:
+            os.register_at_fork(after_in_child=release)
+            _fork_hook = True
 
 
 def release() -> None:

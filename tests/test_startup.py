@@ -246,6 +246,26 @@ main()
     assert result.stdout.splitlines()[-1] == "released by on_multirun_start on True True"
 
 
+@pytest.mark.slow  # starts an interpreter
+def test_a_process_forked_while_the_collector_is_held_turns_it_on_as_it_begins() -> None:
+    """Inductor's compile workers are forked while a run plans: they do not inherit the hold."""
+    code = """
+import gc, os
+from axoexp import collector
+collector.hold()
+child = os.fork()
+if child == 0:
+    print("child", gc.isenabled(), gc.get_freeze_count() > 0, flush=True)
+    os._exit(0)
+os.waitpid(child, 0)
+print("parent", gc.isenabled())
+collector.release()
+print("parent", gc.isenabled())
+"""
+    output = subprocess.check_output([sys.executable, "-c", code], text=True).splitlines()
+    assert output == ["child True True", "parent False", "parent True"]
+
+
 def test_the_collector_is_left_as_it_was_where_the_command_line_did_not_hold_it() -> None:
     """A run started from Python (or a sweep's job) releases nothing: the collector stays on, nothing is frozen."""
     frozen = gc.get_freeze_count()
