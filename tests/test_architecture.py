@@ -42,6 +42,7 @@ LAYERS = (
         "axoexp.interfaces",
         "axoexp.timing",
         "axoexp.wallclock",
+        "axoexp.collector",
         "axoexp.nvml",
         "axoexp.signals",
         "axoexp.lengths",
@@ -94,7 +95,7 @@ LAYERS = (
         "axoexp.parallel_launcher",
     ),
     # the command line
-    ("axoexp.console", "axoexp.cli", "axoexp.__main__"),
+    ("axoexp.console", "axoexp.cli", "axoexp.compose_once", "axoexp.__main__"),
 )
 
 
