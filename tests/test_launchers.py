@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -131,7 +132,7 @@ def test_waiting_for_a_held_device_is_bounded_and_reported(lease_dir: Path, caps
         with pytest.raises(
             LeaseTimeoutError,
             match=r"no device lease after 0 s \(run.lease_timeout_s=0.3\): "
-            rf"{len(allowed_cpus())} of .*\(pid {os.getpid()} on",
+            rf"{len(allowed_cpus())} CPUs? \({', '.join(map(str, allowed_cpus()))}\), held by pid {os.getpid()} on ",
         ):
             with lease.device_lease(torch.device("cpu"), cpus=None, timeout_s=0.3):
                 pytest.fail("got a lease another holder has")
@@ -139,6 +140,22 @@ def test_waiting_for_a_held_device_is_bounded_and_reported(lease_dir: Path, caps
     assert capsys.readouterr().err.count("axoexp: waiting up to 0.3 s (run.lease_timeout_s)") == 1
     with lease.device_lease(torch.device("cpu"), cpus=None, timeout_s=0) as again:
         assert again.waited_s < 1, "a released lease is free at once"
+
+
+def test_the_wait_message_names_what_is_wanted_and_who_holds_each_slot(lease_dir: Path) -> None:
+    """`2 CPUs (0, 1)`, then each holder once with the slots it holds; a slot no one holds is free."""
+    request = lease.SlotRequest(["cpu-a", "cpu-b"], 2, {"cpu-a": "0", "cpu-b": "1"}, "CPU")
+    with lease.hold([lease.SlotRequest(["cpu-a"], 1)], timeout_s=0, directory=lease_dir):
+        with pytest.raises(LeaseTimeoutError) as refused:
+            with lease.hold([request], timeout_s=0, directory=lease_dir):
+                pytest.fail("got a slot another holder has")
+    held_by = rf"held by pid {os.getpid()} on \S+ since \d\d:\d\d:\d\d"
+    assert re.search(rf": 2 CPUs \(0, 1\), {held_by} \(0\), free now \(1\); run fewer jobs", str(refused.value))
+    one_of_two = lease.SlotRequest(["cpu-a", "cpu-b"], 1, {"cpu-a": "0", "cpu-b": "1"}, "CPU")
+    with lease.hold([request], timeout_s=0, directory=lease_dir):
+        with pytest.raises(LeaseTimeoutError, match=rf": 1 of 2 CPUs \(0, 1\), {held_by}; run fewer jobs"):
+            with lease.hold([one_of_two], timeout_s=0, directory=lease_dir):
+                pytest.fail("got a slot another holder has")
 
 
 @pytest.mark.slow
