@@ -7,6 +7,7 @@ local executor, which runs the same pickled job function.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -27,6 +28,7 @@ from mlflow.tracking import MlflowClient
 from axoexp import lease, names
 from axoexp.errors import ConfigError, LeaseTimeoutError
 from axoexp.experiment import run_experiment
+from axoexp.parallel_launcher import LabelledLines
 from axoexp.runtime import allowed_cpus
 
 FAILS_ONCE = '''
@@ -346,6 +348,17 @@ def test_parallel_preset_times_one_cpu_job_at_a_time_on_all_cpus(preset_sweeps) 
         f"leases overlap: {held}"
     )
     assert {child.data.tags[names.LEASE_CPUS] for child in children} == {",".join(map(str, allowed_cpus()))}
+    for child in children:  # jobs that run at once share the terminal: each line names its job
+        number = int(child.info.run_name.split()[0])
+        assert f"[#{number}] mlflow run    {child.info.run_id}  " in result.stdout, result.stdout[-3000:]
+
+
+def test_a_parallel_jobs_lines_start_with_its_number() -> None:
+    written = io.StringIO()
+    labelled = LabelledLines(written, "[#3] ")
+    for text in ("first line\nsecond ", "line, written in two\n", "", "\n", "a\r\nb\n"):
+        labelled.write(text)
+    assert written.getvalue() == "[#3] first line\n[#3] second line, written in two\n[#3] \n[#3] a\r\n[#3] b\n"
 
 
 @pytest.mark.slow
