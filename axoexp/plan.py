@@ -293,15 +293,16 @@ def loss_problems(loss: Component, params: dict[str, Any], probe: PopulationSetu
     loss that is not a scalar (the update's backward needs one).
 
     Any other exception refuses the config only where the probe was built on the CPU for a run on
-    the CPU (``device``). The run then repeats exactly this computation: the same factory,
-    parameters, seed, dtype and shapes on the same kind of device, and its first update starts
-    with this forward and loss (the same ``batch_loss``), so the exception would only end the run
-    FAILED once its MLflow run exists; refusing it cannot turn a config that runs away. (Only a
-    loss that raises on the initial banks' values and not on those ``population.init_from`` loads
-    could tell them apart.) Elsewhere it is logged and left to the run: on the meta device an
-    operation may lack a meta implementation, and for a run on a GPU judged on a CPU-built probe the
-    failure may be the CPU's alone (an operation or dtype only CUDA implements, a plugin loss that
-    launches a CUDA kernel)."""
+    the CPU (``device``): the run builds the same population (factory, parameters, seed, dtype,
+    shapes) on the same kind of device, and its updates compute this same forward and loss
+    (``batch_loss``, as the eager update does) over these batches, so the exception would end it
+    FAILED, only later, once its MLflow run exists. Refusing can turn away a config that would run
+    only for a loss whose failure depends on values (the banks change from update to update, and
+    ``population.init_from`` loads others) or on a batch that the run's few updates never reach, or
+    under an executor of its own that never calls the loss so. Elsewhere the exception is logged and
+    left to the run: on the meta device an operation may lack a meta implementation, and for a run on
+    a GPU judged on a CPU-built probe the failure may be the CPU's alone (an operation or dtype only
+    CUDA implements, a plugin loss that launches a CUDA kernel)."""
     shortest = min(probe.batches, key=lambda batch: batch[0].shape[-2])
     where = shortest[0].device
     try:
@@ -310,7 +311,9 @@ def loss_problems(loss: Component, params: dict[str, Any], probe: PopulationSetu
         return [f"loss={loss.name}: {error}"]
     except Exception as error:
         if where.type == "cpu" and device.type == "cpu":
-            return [f"loss={loss.name} fails on this population's predictions: {first_line(error)}"]
+            return [
+                f"loss={loss.name}: a forward and loss of this population's shortest batch raise {first_line(error)}"
+            ]
         log.info("loss %s cannot be evaluated on the %s-built population (%s)", loss.name, where.type, error)
         return []
     if value.dim() != 0:

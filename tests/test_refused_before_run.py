@@ -157,7 +157,7 @@ def test_a_loss_that_fails_on_the_cpu_built_population_is_refused_while_planning
     with pytest.raises(ConfigError) as refused:
         plan_experiment(make_config("loss=wrong_axis"), wrapped)
     assert str(refused.value) == (
-        "invalid experiment config: loss=wrong_axis fails on this population's predictions: "
+        "invalid experiment config: loss=wrong_axis: a forward and loss of this population's shortest batch raise "
         "IndexError: Dimension out of range (expected to be in range of [-3, 2], but got 7)"
     )
 
