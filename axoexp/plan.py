@@ -330,8 +330,8 @@ TARGET_AXES = {3: ("population", "time", "outputs"), 4: ("streams", "population"
 
 def empty_batches_problem(population: Component, setup: PopulationSetup) -> str | None:
     """Why the population's batches (or held-out batches) hold nothing to adapt on or evaluate: none
-    at all, or a tensor with no elements (e.g. a wrapper of ``lite`` with no bounds, at
-    ``neurons=0``), whose every loss is the mean of nothing, NaN; ``None`` when each holds some.
+    at all, or a tensor with no elements (e.g. a wrapper of ``lite`` without its bounds, given an
+    empty population), whose every loss is the mean of nothing, NaN; ``None`` when each holds some.
     Judged on shapes alone (a meta-built population's too)."""
     if not setup.batches:
         return f"population={population.name} builds no batches; it must build at least one (inputs, targets) pair"
