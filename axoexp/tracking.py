@@ -237,8 +237,13 @@ def store_problem(tracking_uri: str, key: str = "tracking.uri") -> str | None:
 def file_store_problem(tracking_uri: str) -> str | None:
     """Why MLflow will refuse a file store URI (a plain path such as ``./mlruns``, or ``file:...``): MLflow 3
     raises on the first call to one unless ``$MLFLOW_ALLOW_FILE_STORE`` is true (then it is used)."""
-    if get_uri_scheme(tracking_uri) not in FILE_STORE_SCHEMES or MLFLOW_ALLOW_FILE_STORE.get():
+    if get_uri_scheme(tracking_uri) not in FILE_STORE_SCHEMES:
         return None
+    try:
+        if MLFLOW_ALLOW_FILE_STORE.get():
+            return None
+    except ValueError as error:  # MLflow raises it too, where it reads the variable
+        return f"a file store, and {error}"
     return (
         f"a file store, which MLflow {mlflow.__version__} refuses; use a database file, sqlite:///PATH "
         f"(e.g. {DEFAULT_TRACKING_URI}), or a tracking server, http(s)://HOST:PORT "

@@ -98,6 +98,11 @@ def test_mlflow_refuses_a_file_store_unless_told_to_allow_it_and_planning_follow
     with pytest.raises(MlflowException, match="filesystem tracking backend"):
         MlflowClient(tracking_uri=uri).search_experiments()
     assert store_problem(uri) is not None
+    monkeypatch.setenv(MLFLOW_ALLOW_FILE_STORE.name, "yes")
+    assert store_problem(uri) == (
+        f"tracking.uri={uri}: a file store, and MLFLOW_ALLOW_FILE_STORE value must be one of ['true', 'false', "
+        "'1', '0'] (case-insensitive), but got yes"
+    )
     monkeypatch.setenv(MLFLOW_ALLOW_FILE_STORE.name, "true")
     assert store_problem(uri) is None
     assert [experiment.name for experiment in MlflowClient(tracking_uri=uri).search_experiments()] == ["Default"]
