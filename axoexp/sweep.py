@@ -278,7 +278,7 @@ def _job_digest(job_config: DictConfig | None, overrides: list[str]) -> str:
     """The job's resolved config, less Hydra's own node, as its :func:`~axoexp.tracking.config_digest`;
     its overrides where it cannot be resolved here."""
     if job_config is not None:
-        task = OmegaConf.masked_copy(job_config, [key for key in job_config if key != "hydra"])
+        task = OmegaConf.masked_copy(job_config, [str(key) for key in job_config if key != "hydra"])
         try:
             return config_digest(cast(dict[str, Any], OmegaConf.to_container(task, resolve=True)))
         except OmegaConfBaseException:
