@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+from helpers import REPO, run_clis
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from axoexp import names
 from axoexp.compare import main, parse_threshold, too_few_runs, verdict
 from axoexp.errors import ComparisonError
+from axoexp.statistics import MIN_RUNS, NOISE_THRESHOLD
 
 UPDATES = [10.0 + 0.01 * (index % 10) for index in range(60)]  # median 10.045 ms, tight
 
@@ -182,6 +185,11 @@ def test_bad_input_is_one_line_and_exit_2(
         assert err.startswith(message) and err.count("\n") == 1, err
 
 
+def test_decide_md_states_the_noise_threshold_the_code_uses() -> None:
+    text = (REPO / "docs" / "decide.md").read_text()
+    assert f"IQR / median above {NOISE_THRESHOLD}," in text and f"fewer than {MIN_RUNS} FINISHED runs" in text
+
+
 def test_verdict_needs_the_whole_interval_beyond_the_threshold() -> None:
     assert verdict(1.06, 1.2, 0.05) == "slower"
     assert verdict(1.04, 1.2, 0.05) == "no change"
@@ -191,3 +199,25 @@ def test_verdict_needs_the_whole_interval_beyond_the_threshold() -> None:
     assert parse_threshold("5%") == pytest.approx(0.05) == parse_threshold("0.05")
     with pytest.raises(ComparisonError, match="--threshold=120%"):
         parse_threshold("120%")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("migrated_store")
+def test_real_single_runs_give_no_verdict_and_repeated_ones_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two single runs of one config, then two sweeps of it with sweep.repeats=2, each pair measured
+    side by side (identical code: whatever the machine's load, a verdict is only given with repeats)."""
+    short = ("run.warmup_updates=2", "run.measured_updates=20", "run.progress=false")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    for commands in ([short, short], [("-m", *short, "sweep.repeats=2", "sweep.resume=false")] * 2):
+        for result in run_clis([(command, tmp_path, None) for command in commands]):
+            assert result.returncode == 0, result.stderr
+        assert _compare(uri, "--latest", "2", "--format", "json") in (0, 1)
+        (row,) = json.loads(capsys.readouterr().out)["rows"]
+        if commands[0] == short:
+            assert (row["verdict"], row["ratio_low"], row["regression"]) == ("no verdict", None, False)
+            assert row["caution"].startswith("one run per side: run-to-run spread unknown")
+        else:
+            assert (row["base_runs"], row["new_runs"]) == (2, 2) and row["ratio_low"] <= row["ratio_high"]
+            assert row["verdict"] in ("slower", "faster", "no change")
