@@ -9,6 +9,7 @@ the full traceback instead.
 from __future__ import annotations
 
 import atexit
+import difflib
 import os
 import sys
 import threading
@@ -27,11 +28,12 @@ from axoexp import targets, wallclock
 from axoexp.config import describe, register_configs
 from axoexp.errors import AxoexpError, ConfigError, RefusedTargetError, shown
 from axoexp.plugins import load_plugins
-from axoexp.signals import Interrupted
+from axoexp.signals import OUTSIDE_A_RUN, OUTSIDE_A_RUN_EXIT, Interrupted
 
 DESCRIBE_FLAG = "--describe"
 FULL_ERROR_ENV = "HYDRA_FULL_ERROR"
 CONFIG_ERRORS = (ConfigCompositionException, OverrideParseException, OmegaConfBaseException)
+HIDDEN_KEYS = ("hydra", "name")  # Hydra's own node; a component's name is chosen as group=name
 _tracebacks_wanted = os.environ.get(FULL_ERROR_ENV) == "1"  # the user's own setting, read before ours
 
 
@@ -104,7 +106,17 @@ def _experiment(config: DictConfig, hydra_config: HydraConf) -> float | None:
 
 
 def main() -> None:
-    """Load plugins first, so their components are config options, then run Hydra."""
+    """Load plugins first, so their components are config options, then run Hydra. Ctrl-C before a
+    run's signal handlers are in place (imports, composition, planning) is one line, exit 130."""
+    try:
+        _main()
+    except KeyboardInterrupt:
+        if _tracebacks_wanted:
+            raise
+        _exit_with(OUTSIDE_A_RUN, OUTSIDE_A_RUN_EXIT)
+
+
+def _main() -> None:
     wallclock.start_process_clock()
     help_wanted = any(argument in ("--help", "-h", DESCRIBE_FLAG) for argument in sys.argv[1:])
     try:  # help still works with a broken plugin, naming it
@@ -151,6 +163,9 @@ def one_line(error: BaseException) -> str:
         group, _, option = error.missing_cfg_file.rpartition("/")
         return f"{group}={option}: no such option; valid {group} options: {', '.join(sorted(error.options))}"
     cause = error.__cause__
+    unknown = _unknown_key(cause) if isinstance(cause, OmegaConfBaseException) else None
+    if unknown:
+        return unknown
     text = str(error).strip().splitlines()[0].removeprefix("Error merging override ")
     if isinstance(cause, OmegaConfBaseException):
         detail = (getattr(cause, "msg", None) or str(cause)).strip().splitlines()[0]
@@ -159,6 +174,23 @@ def one_line(error: BaseException) -> str:
         key = getattr(error, "full_key", None)
         return f"{key}: {text}" if key else text
     return text
+
+
+def _unknown_key(error: OmegaConfBaseException) -> str | None:
+    """An override of a key the config lacks, e.g. ``optimizer.lrr: no such key in optimizer=adam
+    (did you mean lr?); its keys: ...``; ``None`` for any other error."""
+    parent, key = getattr(error, "parent_node", None), getattr(error, "key", None)
+    if not isinstance(parent, DictConfig) or not isinstance(key, str) or key in parent:
+        return None
+    keys = [str(name) for name in parent if name not in HIDDEN_KEYS]
+    close = difflib.get_close_matches(key, keys, n=1)
+    guess = f" (did you mean {close[0]}?)" if close else ""
+    section = str(getattr(error, "full_key", None) or key).rpartition(".")[0]
+    if not section:
+        return f"{key}: no such key{guess}; top-level keys: {', '.join(keys)}"
+    where = f"{section}={parent['name']}" if "name" in parent else section
+    settings = f"its keys: {', '.join(keys)}" if keys else "it takes no settings"
+    return f"{section}.{key}: no such key in {where}{guess}; {settings}"
 
 
 def _exit_without_teardown() -> NoReturn:

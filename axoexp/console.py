@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from axoexp import names
-from axoexp.statistics import noise_verdict
+from axoexp.statistics import HIGH, NOISE_THRESHOLD, noise_verdict
 
 if TYPE_CHECKING:  # annotations only: importing experiment here would load torch and mlflow early
     from axoexp.experiment import ExperimentResult
@@ -34,8 +34,8 @@ def format_result(result: ExperimentResult) -> str:
             f"host overhead {result.host_overhead_ms:.3f} ms"
         )
     lines.append(
-        f"{'timing':<14}noise {noise_verdict(update.rel_iqr)} (IQR/median {update.rel_iqr:.3f}), "
-        f"contention {result.contention}, {result.threads} threads"
+        f"{'timing':<14}{noise_label(update.rel_iqr)}, contention {result.contention}, "
+        f"{plural(result.threads, 'thread')}"
     )
     lines.append(f"{'loss':<14}{result.losses[0]:10.4g} -> {result.losses[-1]:.4g}")
     if result.eval_loss_before is not None and result.eval_loss_after is not None:
@@ -81,3 +81,15 @@ def process_summary(process_ms: dict[str, float], biggest: int = 3) -> str:
     largest = sorted(phases.items(), key=lambda item: item[1], reverse=True)[:biggest]
     parts = ", ".join(f"{key.removeprefix('process_').removesuffix('_ms')} {ms / 1000:.2f} s" for key, ms in largest)
     return f"{process_ms[names.PROCESS_TOTAL] / 1000:10.2f} s from start: {parts} (exit not included)"
+
+
+def noise_label(relative_iqr: float) -> str:
+    """The noise verdict with the spread and the threshold it was judged against, e.g.
+    ``noise low (IQR/median 0.398 <= 0.5)``."""
+    verdict = noise_verdict(relative_iqr)
+    return f"noise {verdict} (IQR/median {relative_iqr:.3f} {'>' if verdict == HIGH else '<='} {NOISE_THRESHOLD:g})"
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 thread``, ``2 threads``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"

@@ -68,6 +68,7 @@ class SlotRequest:
     pool: list[str]
     need: int
     labels: dict[str, str] = field(default_factory=dict)  # slot -> what it stands for
+    kind: str = "slot"  # what one slot is, for messages: "CPU", "GPU"
 
 
 def lease_dir() -> Path:
@@ -96,7 +97,9 @@ def _cpu_request(count: int | None) -> SlotRequest:
             f"({','.join(map(str, cpus))}); lease at most that many"
         )
     host = socket.gethostname()
-    return SlotRequest([f"cpu-{host}-{cpu}" for cpu in cpus], need, {f"cpu-{host}-{cpu}": str(cpu) for cpu in cpus})
+    return SlotRequest(
+        [f"cpu-{host}-{cpu}" for cpu in cpus], need, {f"cpu-{host}-{cpu}": str(cpu) for cpu in cpus}, "CPU"
+    )
 
 
 def _gpu_request(device: torch.device) -> SlotRequest:
@@ -109,6 +112,7 @@ def _gpu_request(device: torch.device) -> SlotRequest:
         [f"gpu-{identity}" for _, identity in gpus],
         1,
         {f"gpu-{identity}": f"cuda:{index} {identity}" for index, identity in gpus},
+        "GPU",
     )
 
 
@@ -225,14 +229,43 @@ def _lock(path: Path) -> int | None:
 
 
 def _describe(request: SlotRequest, directory: Path) -> str:
-    holders = []
+    """What a waiting job wants and who holds it, e.g. ``2 CPUs (0, 1), held by pid 22374 on vm since
+    15:49:04`` or ``1 of 2 GPUs (cuda:0 GPU-..., cuda:1 GPU-...), held by pid 7 on vm since 15:49:04 (cuda:0),
+    pid 9 on vm since 15:50:11 (cuda:1)``."""
+    holders: dict[str, list[str]] = {}  # who holds (or "free") -> the slots' labels
     for slot in request.pool:
-        try:
-            holder = (directory / f"{slot}.lock").read_text().strip()
-        except OSError:
-            holder = ""
-        holders.append(f"{request.labels.get(slot, slot)} ({holder or 'held'})")
-    return f"{request.need} of {', '.join(holders)}"
+        holders.setdefault(_holder(directory / f"{slot}.lock"), []).append(request.labels.get(slot, slot))
+    labels = [request.labels.get(slot, slot) for slot in request.pool]
+    count = (
+        f"{request.need} {request.kind}"
+        if request.need == len(labels)
+        else f"{request.need} of {len(labels)} {request.kind}"
+    )
+    wanted = f"{count}{'' if len(labels) == 1 else 's'} ({', '.join(labels)})"
+    if len(holders) == 1:
+        return f"{wanted}, {_held_by(next(iter(holders)))}"
+    return f"{wanted}, " + ", ".join(f"{_held_by(holder)} ({', '.join(slots)})" for holder, slots in holders.items())
+
+
+def _holder(path: Path) -> str:
+    """Who holds a slot's lock (what its holder wrote: ``pid N on HOST since HH:MM:SS``), or ``free``."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY)
+    except OSError:
+        return "free"
+    try:
+        try:  # a shared lock is granted only when no one holds the exclusive one
+            fcntl.flock(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.read(descriptor, 200).decode(errors="replace").strip() or "another process"
+        fcntl.flock(descriptor, fcntl.LOCK_UN)
+        return "free"
+    finally:
+        os.close(descriptor)
+
+
+def _held_by(holder: str) -> str:
+    return "free now" if holder == "free" else f"held by {holder}"
 
 
 def _pin(cpus: Sequence[int]) -> None:

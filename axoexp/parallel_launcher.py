@@ -15,9 +15,11 @@ from __future__ import annotations
 import copy
 import logging
 import os
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.singleton import Singleton
@@ -102,13 +104,46 @@ def execute_job(
     Singleton.set_state(state)
     job = job_config(context, config, overrides, number)
     HydraConfig.instance().set_config(job)
-    return run_job(
-        hydra_context=context,
-        config=job,
-        task_function=task,
-        job_dir_key="hydra.sweep.dir",
-        job_subdir_key="hydra.sweep.subdir",
-    )
+    with job_labelled_output(number):
+        return run_job(
+            hydra_context=context,
+            config=job,
+            task_function=task,
+            job_dir_key="hydra.sweep.dir",
+            job_subdir_key="hydra.sweep.subdir",
+        )
+
+
+@contextmanager
+def job_labelled_output(number: int) -> Iterator[None]:
+    """Every line the job prints (its log, its summary, its messages) starts with ``[#N]``, Hydra's
+    number for it, since jobs that run at once share the terminal."""
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = (LabelledLines(stream, f"[#{number}] ") for stream in streams)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.stdout, sys.stderr = streams
+
+
+class LabelledLines:
+    """A text stream that writes ``label`` at the start of each line to ``stream``."""
+
+    def __init__(self, stream: TextIO, label: str) -> None:
+        self.stream, self.label, self.at_line_start = stream, label, True
+
+    def write(self, text: str) -> int:
+        pieces = []
+        for line in text.splitlines(keepends=True):
+            pieces.append(f"{self.label}{line}" if self.at_line_start else line)
+            self.at_line_start = line.endswith("\n")
+        self.stream.write("".join(pieces))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:  # flush, fileno, isatty, encoding: the stream's own
+        return getattr(self.stream, name)
 
 
 def dead_job(

@@ -4,7 +4,10 @@ starts at once (module fixture ``ran``), each in a folder of its own, and each t
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +28,16 @@ USER_ERRORS = [
         "population.neurons=3.5: Value '3.5' of type 'float' could not be converted to Integer",
     ),
     ("optimizer.lr=abc", "optimizer.lr=abc: Value 'abc' of type 'str' could not be converted to Float"),
+    (
+        "optimzer=adam",
+        "optimzer: no such key (did you mean optimizer?); top-level keys: population, loss, optimizer, "
+        "gradient_transform, executor, device, dtype, seed, run, verify, determinism, tracking, sweep",
+    ),
+    (
+        "optimizer.lrr=0.1",
+        "optimizer.lrr: no such key in optimizer=adam (did you mean lr?); its keys: capturable, lr, beta1, beta2, "
+        "eps, weight_decay",
+    ),
     ("population.neurons=0", "invalid experiment config: population.neurons=0: must be at least 1"),
     (
         "population.time_steps=4",
@@ -135,3 +148,50 @@ def test_describe_explains_every_key_with_type_default_and_help(ran) -> None:
     assert any(
         re.fullmatch(r"\s+optimizer\.capturable\s+any\s+auto\s+auto: true exactly when .*", line) for line in lines
     )
+
+
+SLOW_IMPORT = """
+import pathlib, time
+pathlib.Path("importing").touch()
+time.sleep(120)
+"""
+
+
+def test_ctrl_c_before_a_run_is_one_line_and_exit_130(tmp_path: Path) -> None:
+    """SIGINT while the CLI's own modules import (1 s in) and while a plugin imports: one line each,
+    exit 130, no store. SIGINT's default is restored in each child, as a terminal's Ctrl-C finds it
+    (a shell's background job would inherit it ignored)."""
+    importing, plugin = tmp_path / "importing", tmp_path / "plugin"
+    for folder in (importing, plugin):
+        (folder / "plugins").mkdir(parents=True)
+    (plugin / "plugins" / "slow_import.py").write_text(SLOW_IMPORT)
+    started = [
+        subprocess.Popen(
+            [sys.executable, "-m", "axoexp"],
+            cwd=folder,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+        for folder in (importing, plugin)
+    ]
+    try:
+        time.sleep(1)  # imports take seconds, a run starts later still
+        started[0].send_signal(signal.SIGINT)
+        deadline = time.monotonic() + 120
+        while not (plugin / "importing").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        started[1].send_signal(signal.SIGINT)
+        for folder, process in zip((importing, plugin), started, strict=True):
+            _, stderr = process.communicate(timeout=60)
+            assert process.returncode == 130, stderr
+            assert stderr.strip().splitlines() == [
+                "axoexp: interrupted (SIGINT) outside a run: no run was left unfinished"
+            ], stderr
+            assert not (folder / "mlflow.db").exists()
+    finally:
+        for process in started:
+            if process.poll() is None:
+                process.kill()
+                process.communicate(timeout=60)

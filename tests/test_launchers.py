@@ -7,8 +7,10 @@ local executor, which runs the same pickled job function.
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +28,7 @@ from mlflow.tracking import MlflowClient
 from axoexp import lease, names
 from axoexp.errors import ConfigError, LeaseTimeoutError
 from axoexp.experiment import run_experiment
+from axoexp.parallel_launcher import LabelledLines
 from axoexp.runtime import allowed_cpus
 
 FAILS_ONCE = '''
@@ -131,7 +134,7 @@ def test_waiting_for_a_held_device_is_bounded_and_reported(lease_dir: Path, caps
         with pytest.raises(
             LeaseTimeoutError,
             match=r"no device lease after 0 s \(run.lease_timeout_s=0.3\): "
-            rf"{len(allowed_cpus())} of .*\(pid {os.getpid()} on",
+            rf"{len(allowed_cpus())} CPUs? \({', '.join(map(str, allowed_cpus()))}\), held by pid {os.getpid()} on ",
         ):
             with lease.device_lease(torch.device("cpu"), cpus=None, timeout_s=0.3):
                 pytest.fail("got a lease another holder has")
@@ -139,6 +142,22 @@ def test_waiting_for_a_held_device_is_bounded_and_reported(lease_dir: Path, caps
     assert capsys.readouterr().err.count("axoexp: waiting up to 0.3 s (run.lease_timeout_s)") == 1
     with lease.device_lease(torch.device("cpu"), cpus=None, timeout_s=0) as again:
         assert again.waited_s < 1, "a released lease is free at once"
+
+
+def test_the_wait_message_names_what_is_wanted_and_who_holds_each_slot(lease_dir: Path) -> None:
+    """`2 CPUs (0, 1)`, then each holder once with the slots it holds; a slot no one holds is free."""
+    request = lease.SlotRequest(["cpu-a", "cpu-b"], 2, {"cpu-a": "0", "cpu-b": "1"}, "CPU")
+    with lease.hold([lease.SlotRequest(["cpu-a"], 1)], timeout_s=0, directory=lease_dir):
+        with pytest.raises(LeaseTimeoutError) as refused:
+            with lease.hold([request], timeout_s=0, directory=lease_dir):
+                pytest.fail("got a slot another holder has")
+    held_by = rf"held by pid {os.getpid()} on \S+ since \d\d:\d\d:\d\d"
+    assert re.search(rf": 2 CPUs \(0, 1\), {held_by} \(0\), free now \(1\); run fewer jobs", str(refused.value))
+    one_of_two = lease.SlotRequest(["cpu-a", "cpu-b"], 1, {"cpu-a": "0", "cpu-b": "1"}, "CPU")
+    with lease.hold([request], timeout_s=0, directory=lease_dir):
+        with pytest.raises(LeaseTimeoutError, match=rf": 1 of 2 CPUs \(0, 1\), {held_by}; run fewer jobs"):
+            with lease.hold([one_of_two], timeout_s=0, directory=lease_dir):
+                pytest.fail("got a slot another holder has")
 
 
 @pytest.mark.slow
@@ -329,6 +348,17 @@ def test_parallel_preset_times_one_cpu_job_at_a_time_on_all_cpus(preset_sweeps) 
         f"leases overlap: {held}"
     )
     assert {child.data.tags[names.LEASE_CPUS] for child in children} == {",".join(map(str, allowed_cpus()))}
+    for child in children:  # jobs that run at once share the terminal: each line names its job
+        number = int(child.info.run_name.split()[0])
+        assert f"[#{number}] mlflow run    {child.info.run_id}  " in result.stdout, result.stdout[-3000:]
+
+
+def test_a_parallel_jobs_lines_start_with_its_number() -> None:
+    written = io.StringIO()
+    labelled = LabelledLines(written, "[#3] ")
+    for text in ("first line\nsecond ", "line, written in two\n", "", "\n", "a\r\nb\n"):
+        labelled.write(text)
+    assert written.getvalue() == "[#3] first line\n[#3] second line, written in two\n[#3] \n[#3] a\r\n[#3] b\n"
 
 
 @pytest.mark.slow

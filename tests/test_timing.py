@@ -22,6 +22,7 @@ from mlflow.tracking import MlflowClient
 from test_sweeps import SLOW_EXECUTOR
 
 from axoexp import names
+from axoexp.console import format_result
 from axoexp.contention import GPU_SHARED, ContentionGuard, CpuSample
 from axoexp.errors import ConfigError
 from axoexp.executors.eager import EagerExecutor
@@ -166,6 +167,11 @@ def test_run_logs_threads_contention_noise_and_system_metrics(make_config, clien
     assert names.system_metric("system_memory_usage_megabytes") in metrics
     assert metrics[names.UPDATE_REL_IQR] >= 0
     assert tags[names.TIMING_NOISE] == noise_verdict(metrics[names.UPDATE_REL_IQR])
+    noise, judged = tags[names.TIMING_NOISE], "<=" if tags[names.TIMING_NOISE] == "low" else ">"
+    assert (
+        f"timing        noise {noise} (IQR/median {metrics[names.UPDATE_REL_IQR]:.3f} {judged} 0.5), "
+        f"contention {result.contention}, 1 thread\n" in format_result(result)
+    ), "the summary shows the spread against its threshold, and one thread in the singular"
     assert names.TIMING_DEVICE_CLOCK not in tags and names.HOST_OVERHEAD_MEDIAN not in metrics, "CPU: no device clock"
 
 

@@ -4,7 +4,8 @@ morphology_indices=..., contact_branch_indices=...)``, adaptation banks enabled.
 nothing but what it builds: its parameters are named ``size``, ``steps`` and ``inputs``, and
 ``streams`` > 1 gives batched streams (B, size, steps, inputs). ``train_neuron`` also trains the
 neuron's own weights (which the fused kernel cannot), ``subclass`` wraps it in a subclass of
-AxoSimPopulation (which neither the fused kernel nor the compiled regions reproduce)."""
+AxoSimPopulation (which neither the fused kernel nor the compiled regions reproduce). Two more
+batches of the same teacher are held out (``eval_batches``): the run evaluates on them."""
 
 from __future__ import annotations
 
@@ -61,9 +62,9 @@ def doc_lite(
     teacher.to(device=device, dtype=dtype)
     batches = []
     with torch.no_grad():
-        for _ in range(3):
+        for _ in range(3 + 2):  # 3 to adapt on, then 2 held out
             shape = (streams, size, steps, inputs) if streams > 1 else (size, steps, inputs)
             spikes = (torch.rand(shape) < 0.3).to(device=device, dtype=dtype)
             targets = teacher.forward_batch(spikes) if streams > 1 else teacher(spikes)
             batches.append((spikes, targets))
-    return PopulationSetup(module=population, batches=batches)
+    return PopulationSetup(module=population, batches=batches[:3], eval_batches=batches[3:])
