@@ -417,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
             status = 2
         else:
             try:
-                where = "" if len(stores) == 1 and not said else f" in {uri}"
+                where = "" if uri == absolute_store(default, Path.cwd()) and not said else f" in {uri}"
                 print(f"{path}: {sync_journal(client(uri), path)}{where}{said}", flush=True)
             except UNREACHABLE as error:
                 print(f"axoexp.sync: {path}: {_unreachable(uri, error)}", file=sys.stderr, flush=True)

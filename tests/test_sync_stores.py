@@ -47,7 +47,8 @@ def test_sync_writes_to_the_journal_s_own_store_and_makes_no_second_copy(
     monkeypatch.chdir(elsewhere)
     assert sync_main([str(tmp_path / "outputs")]) == 0
     assert capsys.readouterr().out == (
-        f"{outputs / JOURNAL_FILE}: already complete in the store: run {run_id} (FINISHED, 3 updates)\n"
+        f"{outputs / JOURNAL_FILE}: already complete in the store: run {run_id} (FINISHED, 3 updates) "
+        f"in sqlite:///{tmp_path / 'ro' / 'm.db'}\n"
     )
     assert not (elsewhere / "mlflow.db").exists()
     assert len(_runs(tmp_path / "ro" / "m.db")) == 1
