@@ -23,9 +23,11 @@ SCHEMA_NAME = "axoexp_schema"
 HELP_NAME = "axoexp_help"
 
 
-def setting(default: Any, help: str, bounds: Bounds | None = None) -> Any:
-    """A config key with its default, one line of help and, for a number, its allowed range."""
-    metadata = {"help": help, "bounds": bounds}
+def setting(default: Any, help: str, bounds: Bounds | None = None, shown_type: Any = None) -> Any:
+    """A config key with its default, one line of help and, for a number, its allowed range;
+    ``shown_type``: the type ``--help`` shows where the key's config type is ``Any`` (a value of
+    several kinds, e.g. ``str | list[int]``, which OmegaConf cannot check)."""
+    metadata = {"help": help, "bounds": bounds, "type": shown_type}
     if dataclasses.is_dataclass(default) and isinstance(default, type):
         return field(default_factory=default, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -165,16 +167,14 @@ def node_class(entry: Component) -> type:
     """A dataclass for a component's config node: ``name``, group settings, factory parameters."""
     fields: list[tuple[str, Any, Any]] = [("name", str, setting(entry.name, f"the {entry.group} option"))]
     for key, framework_setting in entry.spec.settings.items():
-        fields.append((key, Any, setting(framework_setting.default, framework_setting.help)))
+        fields.append(
+            (key, Any, setting(framework_setting.default, framework_setting.help, shown_type=framework_setting.kind))
+        )
     for parameter in entry.documented_parameters():
         default = parameter.default if parameter.name in entry.defaults() else "???"
-        fields.append(
-            (
-                parameter.name,
-                _config_type(parameter.annotation, default),
-                setting(default, parameter.help, parameter.bounds),
-            )
-        )
+        kind = _config_type(parameter.annotation, default)
+        shown = parameter.annotation if kind is Any else None
+        fields.append((parameter.name, kind, setting(default, parameter.help, parameter.bounds, shown)))
     return dataclasses.make_dataclass(f"{entry.group}_{entry.name}", fields)
 
 
@@ -205,6 +205,10 @@ def _type_name(annotation: Any) -> str:
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
         return "|".join(_type_name(arg) for arg in typing.get_args(annotation))
+    if origin is typing.Literal:
+        return "|".join(map(_show, typing.get_args(annotation)))
+    if origin is not None:  # list[int]
+        return f"{getattr(origin, '__name__', origin)}[{','.join(map(_type_name, typing.get_args(annotation)))}]"
     return "null" if annotation is type(None) else getattr(annotation, "__name__", str(annotation))
 
 
@@ -217,7 +221,8 @@ def _rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
             rows += _rows(typing.cast(type, annotation), f"{key}.")
         elif item.name not in GROUPS:
             default = item.default if item.default is not dataclasses.MISSING else "???"
-            rows.append((key, _type_name(annotation), _show(default), item.metadata.get("help", "")))
+            shown = item.metadata.get("type") or annotation
+            rows.append((key, _type_name(shown), _show(default), item.metadata.get("help", "")))
     return rows
 
 

@@ -3,11 +3,14 @@ an executor, a run's log.
 
 Kept apart from the components themselves so that the registry, the executors and the
 components can all name these types without importing one another. Torch and MLflow are
-named in annotations only, so that the registry (and every plugin) imports neither.
+named in annotations only, so that the registry (and every plugin) imports neither. The aliases
+are real objects with only ``torch.Tensor`` quoted: a hint naming one resolves wherever ``torch`` is
+imported (``typing.get_type_hints`` of a loss factory), with no ``Callable`` needed there.
 """
 
 from __future__ import annotations
 
+import typing
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -17,7 +20,7 @@ if TYPE_CHECKING:  # annotations only: importing torch or MLflow costs seconds
     import torch
     from mlflow.data.dataset import Dataset
 
-Batch: TypeAlias = "tuple[torch.Tensor, torch.Tensor]"
+Batch: TypeAlias = tuple["torch.Tensor", "torch.Tensor"]
 """Inputs and targets of one update. One stream: inputs (population, time, channels) (an AxoSim
 neuron's channels are its contact inputs) and targets (population, time, outputs), run through
 ``module(inputs)``. B independent streams: the same with a leading stream axis, (B, population,
@@ -28,10 +31,12 @@ does); the update's loss is then the mean over streams of each stream's loss
 STREAM_AXIS_RANK = 4
 """Rank of batched-stream inputs: (streams, population, time, channels)."""
 
-LossFn: TypeAlias = "Callable[[torch.Tensor, torch.Tensor], torch.Tensor]"
+# typing's Callable, not collections.abc's: typing.get_type_hints evaluates the quoted arguments of the
+# former where the hint is read; Python 3.11 flattens the latter's argument list when it does
+LossFn: TypeAlias = typing.Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]
 """``loss_fn(prediction, target)``: a scalar loss tensor."""
 
-MaskedLossFn: TypeAlias = "Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]"
+MaskedLossFn: TypeAlias = typing.Callable[["torch.Tensor", "torch.Tensor", "torch.Tensor"], "torch.Tensor"]
 """``masked(prediction, target, length)``: the loss over the first ``length`` steps (a 0-dim tensor)
 of predictions and targets padded at the end of the time axis (docs/lengths.md)."""
 

@@ -32,14 +32,14 @@ from axoexp import names
 from axoexp.banks import InitialBanks, read_initial_banks
 from axoexp.components.population import checkpoint_problem
 from axoexp.config import bounded_keys
-from axoexp.errors import BanksError, ConfigError, IncompatibleComponentsError, RegistryError
+from axoexp.errors import BanksError, ConfigError, IncompatibleComponentsError, RegistryError, first_line
 from axoexp.executors import optimizer_calls
 from axoexp.executors.base import batch_loss
 from axoexp.interfaces import Executor, LossFn, PopulationSetup, adaptation_parameters
 from axoexp.nvml import cuda_present, gpu_probe
 from axoexp.registry import GROUPS, INIT_FROM, INIT_FROM_SHA256, REGISTRY, Component, Registry
 from axoexp.runtime import allowed_cpus
-from axoexp.tracking import configure_tracking, resolve_tracking_uri, store_problem
+from axoexp.tracking import configure_tracking, resolve_tracking_uri, store_problem, tracking_uri_key
 
 log = logging.getLogger(__name__)
 META = torch.device("meta")
@@ -97,6 +97,9 @@ class Plan:
         setup = population.build(
             self.params["population"], device=self.device, dtype=self.dtype, seed=int(self.config.seed)
         )
+        empty = empty_batches_problem(population, setup)
+        if empty:  # planning could not build it: found here, not as a NaN loss
+            raise IncompatibleComponentsError(empty)
         if self.initial_banks is not None:
             self.initial_banks.load_into(population.name, setup.module, self.dtype)
         return setup
@@ -206,7 +209,9 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
                 dtype,
                 int(config.seed),
             )
-    store = store_problem(resolve_tracking_uri(config.tracking.uri))
+    if probe is not None:
+        problems += filter(None, [empty_batches_problem(components["population"], probe)])
+    store = store_problem(resolve_tracking_uri(config.tracking.uri), tracking_uri_key(config.tracking.uri))
     if store:
         problems.append(store)
     if "population" in components:  # found here rather than once the MLflow run exists
@@ -235,7 +240,8 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
                 f"executors that can: {', '.join(sorted(able))}"
             )
     if probe is not None and "loss" in components and not problems:
-        problems += loss_problems(components["loss"], params["loss"], probe)
+        assert device is not None
+        problems += loss_problems(components["loss"], params["loss"], probe, device)
     lengths = [int(inputs.shape[-2]) for inputs, _ in probe.batches] if probe is not None else []
     if executor is not None and "loss" in components and len(set(lengths)) > 1:
         refusal = executor_class(executor).length_refusal(
@@ -279,18 +285,73 @@ def banks_problems(
     return banks.problems(population.name, probe.module, dtype)
 
 
-def loss_problems(loss: Component, params: dict[str, Any], probe: PopulationSetup) -> list[str]:
-    """What the loss refuses of the population's predictions (e.g. a causal loss on too few time
-    steps), found by one forward and loss of the meta-built population (no data, no arithmetic), on
-    its shortest batch (batches may differ in length: population.lengths)."""
+def loss_problems(loss: Component, params: dict[str, Any], probe: PopulationSetup, device: torch.device) -> list[str]:
+    """What the loss refuses of the population's predictions, found by one forward and loss of the
+    population built while planning (:func:`probe_device`) on its shortest batch (batches may differ
+    in length: population.lengths): what it raises as :class:`IncompatibleComponentsError` (e.g. a
+    causal loss on too few time steps, judged on shapes alone) wherever the probe was built, and a
+    loss that is not a scalar (the update's backward needs one).
+
+    Any other exception refuses the config only where the probe was built on the CPU for a run on
+    the CPU (``device``): the run builds the same population (factory, parameters, seed, dtype,
+    shapes) on the same kind of device, and its updates compute this same forward and loss
+    (``batch_loss``, as the eager update does) over these batches, so the exception would end it
+    FAILED, only later, once its MLflow run exists. Refusing can turn away a config that would run
+    only for a loss whose failure depends on values (the banks change from update to update, and
+    ``population.init_from`` loads others) or on a batch that the run's few updates never reach, or
+    under an executor of its own that never calls the loss so. Elsewhere the exception is logged and
+    left to the run: on the meta device an operation may lack a meta implementation, and for a run on
+    a GPU judged on a CPU-built probe the failure may be the CPU's alone (an operation or dtype only
+    CUDA implements, a plugin loss that launches a CUDA kernel)."""
     shortest = min(probe.batches, key=lambda batch: batch[0].shape[-2])
+    where = shortest[0].device
     try:
-        batch_loss(probe.module, loss.build(params), *shortest)
+        value = batch_loss(probe.module, loss.build(params), *shortest)
     except IncompatibleComponentsError as error:
         return [f"loss={loss.name}: {error}"]
-    except Exception as error:  # an operation the meta device lacks: the run finds what is wrong
-        log.info("loss %s cannot be evaluated on the meta device (%s)", loss.name, error)
+    except Exception as error:
+        if where.type == "cpu" and device.type == "cpu":
+            return [
+                f"loss={loss.name}: a forward and loss of this population's shortest batch raise {first_line(error)}"
+            ]
+        log.info("loss %s cannot be evaluated on the %s-built population (%s)", loss.name, where.type, error)
+        return []
+    if value.dim() != 0:
+        return [
+            f"loss={loss.name} returns a tensor of shape {tuple(value.shape)}, not a scalar: an update's "
+            "backward needs one number; reduce it (e.g. .mean())"
+        ]
     return []
+
+
+INPUT_AXES = {3: ("population", "time", "channels"), 4: ("streams", "population", "time", "channels")}
+TARGET_AXES = {3: ("population", "time", "outputs"), 4: ("streams", "population", "time", "outputs")}
+
+
+def empty_batches_problem(population: Component, setup: PopulationSetup) -> str | None:
+    """Why the population's batches (or held-out batches) hold nothing to adapt on or evaluate: none
+    at all, or a tensor with no elements (e.g. a wrapper of ``lite`` without its bounds, given an
+    empty population), whose every loss is the mean of nothing, NaN; ``None`` when each holds some.
+    Judged on shapes alone (a meta-built population's too)."""
+    if not setup.batches:
+        return f"population={population.name} builds no batches; it must build at least one (inputs, targets) pair"
+    for kind, batches in (("batch", setup.batches), ("held-out batch", setup.eval_batches)):
+        for index, (inputs, targets) in enumerate(batches):
+            for what, tensor, axes in (("inputs", inputs, INPUT_AXES), ("targets", targets, TARGET_AXES)):
+                if tensor.numel() > 0:
+                    continue
+                shape, named = tuple(tensor.shape), axes.get(tensor.dim())
+                if named:
+                    empty = [axis for axis, size in zip(named, shape, strict=True) if size == 0]
+                    plural = "axes are" if len(empty) > 1 else "axis is"
+                    shape_text = f"{shape} ({', '.join(named)}): its {' and '.join(empty)} {plural} empty"
+                else:
+                    shape_text = f"{shape}, no elements"
+                return (
+                    f"population={population.name} builds empty batches: {kind} {index}'s {what} have shape "
+                    f"{shape_text}, so every loss over them is NaN; check its population.* settings"
+                )
+    return None
 
 
 def probe_device(

@@ -13,13 +13,14 @@ import importlib
 import importlib.util
 import os
 import sys
+import traceback
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from axoexp.errors import AxoexpError, PluginLoadError, RegistryError
+from axoexp.errors import AxoexpError, PluginLoadError, RegistryError, first_line
 from axoexp.registry import REGISTRY, Registry, registering_from
 
 ENTRY_POINT_GROUP = "axoexp.plugins"
@@ -92,7 +93,7 @@ def _import_as_plugin(
             except SystemExit as error:  # a plugin must not end the program, nor silently
                 raise PluginLoadError(f"plugin {source} called sys.exit({error.code!r}) while importing") from error
             except Exception as error:
-                raise PluginLoadError(f"plugin {source} failed to import: {error!r}") from error
+                raise PluginLoadError(f"plugin {source} failed to import: {import_failure(error, source)}") from error
     except (RegistryError, PluginLoadError) as error:
         if on_error is None:
             raise
@@ -101,6 +102,16 @@ def _import_as_plugin(
     file = getattr(module, "__file__", None)
     if file:
         _plugin_files.append(Path(file).resolve())
+
+
+def import_failure(error: Exception, source: str) -> str:
+    """Why a plugin failed to import, in one line: a syntax error as ``FILE:LINE:COLUMN: SyntaxError:
+    MESSAGE``, anything else as its type and message's first line, with the plugin file's line that
+    raised it where the traceback passes through that file."""
+    if isinstance(error, SyntaxError):
+        return f"{error.filename}:{error.lineno}:{error.offset}: {type(error).__name__}: {error.msg}"
+    lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__) if frame.filename == source]
+    return first_line(error) + (f" (at {source}:{lines[-1]})" if lines else "")
 
 
 def _import_file(path: Path) -> ModuleType:

@@ -4,20 +4,25 @@
 the framework supplies to it; a factory that breaks its group's rules is refused when it
 is registered, naming where it came from. A factory's other keyword parameters are its
 config: their defaults, annotations (``Annotated[float, "one line of help"]``) and help
-become the group option's structured Hydra config (:mod:`axoexp.config`).
+become the group option's structured Hydra config (:mod:`axoexp.config`). Each parameter's
+annotation is read on its own (:func:`parameter_annotation`): one that cannot be resolved costs
+only that parameter its type, never the others theirs.
 Discovery of built-ins and plugins is :mod:`axoexp.plugins`.
 """
 
 from __future__ import annotations
 
+import builtins
 import inspect
+import sys
+import types
 import typing
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from axoexp.errors import RegistryError
+from axoexp.errors import RegistryError, first_line
 from axoexp.interfaces import Executor
 
 BUILTIN = "builtin"
@@ -64,6 +69,8 @@ class Setting:
 
     default: Any
     help: str
+    kind: Any
+    """What values it takes, as ``--help`` shows them (the config node holds any value; planning checks it)."""
 
 
 @dataclass(frozen=True)
@@ -142,9 +149,13 @@ GROUPS: dict[str, GroupSpec] = {
             "a callable returning axoexp.interfaces.PopulationSetup",
             settings={
                 INIT_FROM: Setting(
-                    None, "start from the adapted banks of this MLflow run id or banks file (docs/banks.md)"
+                    None,
+                    "start from the adapted banks of this MLflow run id or banks file (docs/banks.md)",
+                    str | None,
                 ),
-                INIT_FROM_SHA256: Setting(None, "pin: init_from is refused unless its banks file has this SHA-256"),
+                INIT_FROM_SHA256: Setting(
+                    None, "pin: init_from is refused unless its banks file has this SHA-256", str | None
+                ),
             },
         ),
         GroupSpec("loss", (), "a callable returning loss_fn(prediction, target) -> scalar tensor"),
@@ -154,7 +165,9 @@ GROUPS: dict[str, GroupSpec] = {
             "a callable returning a torch.optim.Optimizer",
             settings={
                 "capturable": Setting(
-                    "auto", "auto: true exactly when the executor captures the optimizer step; or true/false"
+                    "auto",
+                    "auto: true exactly when the executor captures the optimizer step; or true/false",
+                    Literal["auto"] | bool,
                 )
             },
         ),
@@ -171,6 +184,87 @@ GROUPS: dict[str, GroupSpec] = {
         ),
     )
 }
+
+
+class _Unresolved:
+    """What a name in an annotation stands for where the factory's module does not define it (e.g. a
+    type imported only under ``TYPE_CHECKING``): the parameter is then untyped, its help and bounds kept."""
+
+    def __getattr__(self, name: str) -> _Unresolved:
+        if name.startswith("__"):  # typing probes dunders (__origin__, __args__): it is none of them
+            raise AttributeError(name)
+        return self
+
+    def __getitem__(self, item: object) -> _Unresolved:
+        return self
+
+    def __call__(self, *args: object, **kwargs: object) -> _Unresolved:
+        return self
+
+    def __or__(self, other: object) -> _Unresolved:
+        return self
+
+    __ror__ = __or__
+
+    def __repr__(self) -> str:
+        return "<unresolved>"
+
+
+UNRESOLVED = _Unresolved()
+
+
+class _Lenient(Mapping[str, Any]):
+    """Local names for evaluating an annotation: :data:`UNRESOLVED` for each name that neither the
+    module's globals nor the builtins define (those are looked up there, as Python would)."""
+
+    def __init__(self, module_globals: Mapping[str, Any]) -> None:
+        self._globals = module_globals
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self._globals or hasattr(builtins, key):
+            raise KeyError(key)
+        return UNRESOLVED
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """An annotation that fails to evaluate for another reason than a missing name."""
+
+    reason: str
+
+
+def factory_globals(factory: Callable[..., Any]) -> dict[str, Any]:
+    """The globals a factory's annotations are written in: its (or its class's ``__init__``'s) module's."""
+    target = inspect.unwrap(factory.__init__ if inspect.isclass(factory) else factory)
+    found = getattr(target, "__globals__", None)
+    if isinstance(found, dict):
+        return found
+    module = sys.modules.get(getattr(factory, "__module__", "") or "")
+    return vars(module) if module is not None else {}
+
+
+def parameter_annotation(parameter: inspect.Parameter, namespace: dict[str, Any]) -> Any:
+    """``parameter``'s annotation evaluated in ``namespace`` (the factory's module globals), on its
+    own: a name the module lacks becomes :data:`UNRESOLVED` (the annotation keeps its help and
+    bounds), any other failure an :class:`Unreadable`; no annotation is ``Any``."""
+    if parameter.annotation is inspect.Parameter.empty:
+        return Any
+    holder = types.SimpleNamespace(__annotations__={parameter.name: parameter.annotation})
+    try:
+        hints = typing.get_type_hints(holder, globalns=namespace, localns=_Lenient(namespace), include_extras=True)
+    except Exception as error:  # a plugin's annotation may raise anything; it costs only this parameter its type
+        return Unreadable(first_line(error))
+    return hints[parameter.name]
+
+
+def _mentions_unresolved(annotation: Any) -> bool:
+    return annotation is UNRESOLVED or any(_mentions_unresolved(arg) for arg in typing.get_args(annotation))
 
 
 @dataclass(frozen=True)
@@ -215,17 +309,18 @@ class Component:
         }
 
     def documented_parameters(self) -> list[ParameterDoc]:
-        """Each config parameter with its type, default and help line."""
-        target = self.factory.__init__ if inspect.isclass(self.factory) else self.factory
-        try:
-            hints = typing.get_type_hints(target, include_extras=True)
-        except Exception:  # unresolvable annotations in a plugin: document the parameter untyped
-            hints = {}
+        """Each config parameter with its type, default, help line and bounds, each read from its own
+        annotation (:func:`parameter_annotation`)."""
+        namespace = factory_globals(self.factory)
         documented = []
         for name, parameter in self.parameters().items():
-            annotation, extras = hints.get(name, Any), []
+            annotation, extras = parameter_annotation(parameter, namespace), []
             if typing.get_origin(annotation) is typing.Annotated:
                 annotation, *extras = typing.get_args(annotation)
+            if isinstance(annotation, Unreadable):
+                extras = [f"(its annotation cannot be read: {annotation.reason})"]
+            if isinstance(annotation, Unreadable) or _mentions_unresolved(annotation):
+                annotation = Any
             default = parameter.default if parameter.default is not inspect.Parameter.empty else None
             documented.append(
                 ParameterDoc(

@@ -24,11 +24,13 @@ import requests
 from mlflow.data.dataset import Dataset
 from mlflow.entities import Dataset as DatasetEntity
 from mlflow.entities import DatasetInput, InputTag, Metric, Param, Run, RunTag
+from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE, MLFLOW_TRACKING_URI
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 from mlflow.tracking import MlflowClient
 from mlflow.tracking.context.registry import resolve_tags
 from mlflow.utils.time import get_current_time_millis
+from mlflow.utils.uri import get_uri_scheme
 from omegaconf import DictConfig
 
 from axoexp import names
@@ -37,6 +39,8 @@ from axoexp.errors import StoreError
 _REVISION = re.compile(r"""^revision\s*=\s*["']([0-9A-Za-z_]+)["']\s*$""", re.MULTILINE)
 _DOWN_REVISION = re.compile(r"""^down_revision\s*=\s*(?:["']([0-9A-Za-z_]+)["']|(None))\s*$""", re.MULTILINE)
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+FILE_STORE_SCHEMES = ("", "file")
+"""What MLflow takes for a file store (a directory of files): a plain path, or ``file:``."""
 CREATING_SUFFIX = ".creating"  # a store being created: <name>.creating-<pid>, renamed into place when complete
 SQLITE_COMPANIONS = ("-journal", "-wal", "-shm")  # files sqlite keeps beside a database
 SQLITE_PREFIX = "sqlite:///"
@@ -79,7 +83,12 @@ def config_digest(config: Mapping[str, Any]) -> str:
 
 def resolve_tracking_uri(uri: str | None) -> str:
     """The configured URI, else ``$MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db`` in the cwd."""
-    return uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    return uri or MLFLOW_TRACKING_URI.get() or DEFAULT_TRACKING_URI
+
+
+def tracking_uri_key(uri: str | None) -> str:
+    """Where the URI :func:`resolve_tracking_uri` gives for ``uri`` was set, as a message names it."""
+    return f"${MLFLOW_TRACKING_URI.name}" if not uri and MLFLOW_TRACKING_URI.get() else "tracking.uri"
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
@@ -199,22 +208,47 @@ def sqlite_path(tracking_uri: str) -> Path | None:
     return Path(tracking_uri[len(SQLITE_PREFIX) :].partition("?")[0]).expanduser()
 
 
-def store_problem(tracking_uri: str) -> str | None:
-    """Why a sqlite store cannot be written, found in a moment (MLflow itself retries ~100 s)."""
+def store_problem(tracking_uri: str, key: str = "tracking.uri") -> str | None:
+    """Why the store cannot be used, found in a moment (MLflow itself retries ~100 s): a file store
+    (:func:`file_store_problem`), or a sqlite file that cannot be written; ``key`` says where the URI
+    was set."""
+    file_store = file_store_problem(tracking_uri)
+    if file_store:
+        return f"{key}={tracking_uri}: {file_store}"
     path = sqlite_path(tracking_uri)
     if path is None or str(path) == ":memory:":
         return None
     directory = path.parent.resolve()
     if not directory.is_dir():
-        return f"tracking.uri={tracking_uri}: directory {directory} does not exist; create it or choose another path"
+        blocking = next((folder for folder in (directory, *directory.parents) if folder.exists()), None)
+        if blocking is not None and not blocking.is_dir():
+            return f"{key}={tracking_uri}: {blocking} is a file, not a directory; choose another path"
+        return f"{key}={tracking_uri}: directory {directory} does not exist; create it or choose another path"
     if path.is_dir():
-        return f"tracking.uri={tracking_uri}: {path} is a directory, not a database file"
+        return f"{key}={tracking_uri}: {path} is a directory, not a database file"
     if path.exists() and not os.access(path, os.W_OK):
-        return f"tracking.uri={tracking_uri}: {path} is not writable; choose a writable path"
+        return f"{key}={tracking_uri}: {path} is not writable; choose a writable path"
     if not _can_create_files_in(directory):  # sqlite writes its journal beside the database
-        return f"tracking.uri={tracking_uri}: no file can be created in {directory}; choose a writable path"
+        return f"{key}={tracking_uri}: no file can be created in {directory}; choose a writable path"
     damage = store_damage(path) if _holds_data(path) else None
-    return f"tracking.uri={tracking_uri}: {damage}" if damage else None
+    return f"{key}={tracking_uri}: {damage}" if damage else None
+
+
+def file_store_problem(tracking_uri: str) -> str | None:
+    """Why MLflow will refuse a file store URI (a plain path such as ``./mlruns``, or ``file:...``): MLflow 3
+    raises on the first call to one unless ``$MLFLOW_ALLOW_FILE_STORE`` is true (then it is used)."""
+    if get_uri_scheme(tracking_uri) not in FILE_STORE_SCHEMES:
+        return None
+    try:
+        if MLFLOW_ALLOW_FILE_STORE.get():
+            return None
+    except ValueError as error:  # MLflow raises it too, where it reads the variable
+        return f"a file store, and {error}"
+    return (
+        f"a file store, which MLflow {mlflow.__version__} refuses; use a database file, sqlite:///PATH "
+        f"(e.g. {DEFAULT_TRACKING_URI}), or a tracking server, http(s)://HOST:PORT "
+        "(mlflow migrate-filestore copies an existing file store into a database)"
+    )
 
 
 def _holds_data(path: Path) -> bool:

@@ -146,7 +146,8 @@ def test_describe_explains_every_key_with_type_default_and_help(ran) -> None:
     )
     assert any(re.fullmatch(r"\s+optimizer\.lr\s+float\s+0\.001\s+learning rate", line) for line in lines)
     assert any(
-        re.fullmatch(r"\s+optimizer\.capturable\s+any\s+auto\s+auto: true exactly when .*", line) for line in lines
+        re.fullmatch(r"\s+optimizer\.capturable\s+auto\|bool\s+auto\s+auto: true exactly when .*", line)
+        for line in lines
     )
 
 

@@ -1,19 +1,29 @@
-"""Refused early, for real: a store that cannot be written and a checkpoint that cannot be
-read or fails its pin are found while planning, before any MLflow run exists."""
+"""Refused early, for real: a store that cannot be written or that MLflow refuses (a file store), a
+checkpoint that cannot be read or fails its pin, a loss that fails on the population's predictions
+and a population whose batches are empty are found while planning, before any MLflow run exists."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
+import mlflow
 import pytest
 import torch
+from helpers import run_clis
+from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE, MLFLOW_TRACKING_URI
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from axoexp.components.population import sha256_of
-from axoexp.errors import ConfigError
+from axoexp.components.population import lite, sha256_of
+from axoexp.config import register_configs
+from axoexp.errors import ConfigError, IncompatibleComponentsError
 from axoexp.experiment import run_experiment
+from axoexp.interfaces import LossFn, PopulationSetup
 from axoexp.plan import plan_experiment
+from axoexp.registry import Registry
+from axoexp.tracking import store_problem
 
 
 def _no_runs(client: MlflowClient) -> bool:
@@ -57,3 +67,157 @@ def test_a_pinned_readable_checkpoint_passes_planning(make_config: Callable, che
         make_config(f"population.checkpoint={checkpoint}", f"population.checkpoint_sha256={sha256_of(checkpoint)}")
     )
     assert plan.device == torch.device("cpu")
+
+
+FILE_STORES = ["afile/mlruns", "./mlruns", "file:rel/mlruns", "{tmp}/abs/mlruns", "file://{tmp}/uri/mlruns"]
+
+
+@pytest.mark.parametrize("form", FILE_STORES)
+def test_a_file_store_is_refused_while_planning_in_one_line(
+    make_config: Callable, form: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(MLFLOW_ALLOW_FILE_STORE.name, raising=False)
+    uri = form.format(tmp=tmp_path)
+    with pytest.raises(ConfigError) as refused:
+        run_experiment(make_config(f"tracking.uri={uri}", "run.measured_updates=1"))
+    assert str(refused.value) == (
+        f"invalid experiment config: tracking.uri={uri}: a file store, which MLflow {mlflow.__version__} refuses; "
+        "use a database file, sqlite:///PATH (e.g. sqlite:///mlflow.db), or a tracking server, http(s)://HOST:PORT "
+        "(mlflow migrate-filestore copies an existing file store into a database)"
+    )
+    assert [path.name for path in tmp_path.iterdir()] == ["mlflow.db"], "the refused run left a store behind"
+
+
+def test_mlflow_refuses_a_file_store_unless_told_to_allow_it_and_planning_follows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The refusal's premise, MLflow 3's own: were file stores usable again, this fails."""
+    uri = f"file://{tmp_path}/mlruns"
+    monkeypatch.delenv(MLFLOW_ALLOW_FILE_STORE.name, raising=False)
+    with pytest.raises(MlflowException, match="filesystem tracking backend"):
+        MlflowClient(tracking_uri=uri).search_experiments()
+    assert store_problem(uri) is not None
+    monkeypatch.setenv(MLFLOW_ALLOW_FILE_STORE.name, "yes")
+    assert store_problem(uri) == (
+        f"tracking.uri={uri}: a file store, and MLFLOW_ALLOW_FILE_STORE value must be one of ['true', 'false', "
+        "'1', '0'] (case-insensitive), but got yes"
+    )
+    monkeypatch.setenv(MLFLOW_ALLOW_FILE_STORE.name, "true")
+    assert store_problem(uri) is None
+    assert [experiment.name for experiment in MlflowClient(tracking_uri=uri).search_experiments()] == ["Default"]
+
+
+def test_a_file_store_from_the_environment_is_named_by_its_variable(
+    make_config: Callable, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(MLFLOW_ALLOW_FILE_STORE.name, raising=False)
+    monkeypatch.setenv(MLFLOW_TRACKING_URI.name, "mlruns")
+    with pytest.raises(ConfigError, match=r"^invalid experiment config: \$MLFLOW_TRACKING_URI=mlruns: a file store"):
+        plan_experiment(make_config("tracking.uri=null"))
+    assert store_problem("http://127.0.0.1:5000") is None and store_problem("postgresql://user@host/db") is None
+
+
+def test_a_store_path_through_a_file_names_that_file(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("")
+    for uri in (f"sqlite:///{tmp_path}/afile/m.db", f"sqlite:///{tmp_path}/afile/deeper/m.db"):
+        assert (
+            store_problem(uri)
+            == f"tracking.uri={uri}: {tmp_path / 'afile'} is a file, not a directory; choose another path"
+        )
+    uri = f"sqlite:///{tmp_path}/none/m.db"
+    assert (
+        store_problem(uri)
+        == f"tracking.uri={uri}: directory {tmp_path / 'none'} does not exist; create it or choose another path"
+    )
+
+
+def _bare_lite(*, device: torch.device, dtype: torch.dtype, seed: int, neurons: int = 3) -> PopulationSetup:
+    """``lite`` wrapped as a plugin might, with neither its bounds nor its memory estimate (so planning
+    builds it on the meta device)."""
+    return lite(device=device, dtype=dtype, seed=seed, neurons=neurons)
+
+
+def _wrong_axis() -> LossFn:
+    return lambda prediction, target: (prediction - target).pow(2).mean(dim=7)
+
+
+def _unreduced() -> LossFn:
+    return lambda prediction, target: (prediction - target).pow(2)
+
+
+@pytest.fixture
+def wrapped(registry: Registry) -> Registry:
+    registry.register("population", "bare_lite", _bare_lite, source=__file__)
+    registry.register("loss", "wrong_axis", _wrong_axis, source=__file__)
+    registry.register("loss", "unreduced", _unreduced, source=__file__)
+    register_configs(registry)
+    return registry
+
+
+def test_a_loss_that_fails_on_the_cpu_built_population_is_refused_while_planning(
+    make_config: Callable, wrapped: Registry
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        plan_experiment(make_config("loss=wrong_axis"), wrapped)
+    assert str(refused.value) == (
+        "invalid experiment config: loss=wrong_axis: a forward and loss of this population's shortest batch raise "
+        "IndexError: Dimension out of range (expected to be in range of [-3, 2], but got 7)"
+    )
+
+
+def test_a_loss_that_fails_on_the_meta_built_population_is_left_to_the_run(
+    make_config: Callable, wrapped: Registry, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="axoexp.plan"):
+        plan = plan_experiment(make_config("population=bare_lite", "loss=wrong_axis"), wrapped)
+    assert plan.shape == "3x12x4"
+    assert "loss wrong_axis cannot be evaluated on the meta-built population (Dimension out of range" in caplog.text
+
+
+@pytest.mark.parametrize("population", ["lite", "bare_lite"])
+def test_a_loss_that_is_not_a_scalar_is_refused_while_planning(
+    make_config: Callable, wrapped: Registry, population: str
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        plan_experiment(make_config(f"population={population}", "loss=unreduced"), wrapped)
+    assert str(refused.value) == (
+        "invalid experiment config: loss=unreduced returns a tensor of shape (3, 12, 2), not a scalar: an update's "
+        "backward needs one number; reduce it (e.g. .mean())"
+    )
+
+
+def test_empty_batches_are_refused_while_planning_naming_the_population_and_the_empty_axis(
+    make_config: Callable, wrapped: Registry
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        plan_experiment(make_config("population=bare_lite", "population.neurons=0"), wrapped)
+    assert str(refused.value) == (
+        "invalid experiment config: population=bare_lite builds empty batches: batch 0's inputs have shape "
+        "(0, 12, 4) (population, time, channels): its population axis is empty, so every loss over them is NaN; "
+        "check its population.* settings"
+    )
+    plan = plan_experiment(make_config("population=bare_lite"), wrapped)
+    plan.params["population"]["neurons"] = 0  # as if planning could not build it: the run's build finds it
+    with pytest.raises(IncompatibleComponentsError, match=r"population=bare_lite builds empty batches"):
+        plan.build_population()
+
+
+@pytest.mark.slow  # three commands, each a process
+def test_bad_loss_values_and_a_file_store_exit_2_in_one_line_before_any_run(tmp_path: Path) -> None:
+    commands = {
+        ("loss.warmup_steps=abc",): "axoexp: loss.warmup_steps=abc: Value 'abc' of type 'str' could not be "
+        "converted to Integer",
+        ("loss=huber", "loss.delta=-1"): "axoexp: invalid experiment config: loss.delta=-1.0: must be greater than 0",
+        ("tracking.uri=afile/mlruns",): "axoexp: invalid experiment config: tracking.uri=afile/mlruns: a file store,",
+    }
+    folders = [tmp_path / str(index) for index in range(len(commands))]
+    for folder in folders:
+        folder.mkdir()
+    env = {MLFLOW_ALLOW_FILE_STORE.name: "false", MLFLOW_TRACKING_URI.name: ""}
+    results = run_clis([(arguments, folder, env) for arguments, folder in zip(commands, folders, strict=True)])
+    for (arguments, expected), folder, result in zip(commands.items(), folders, results, strict=True):
+        assert (result.returncode, result.stdout) == (2, ""), (arguments, result.stderr)
+        assert result.stderr.startswith(expected) and result.stderr.count("\n") == 1, (arguments, result.stderr)
+        assert [path.name for path in folder.iterdir()] in ([], ["outputs"]), "a store or a run was made"

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import typing
 from typing import Annotated
 
 import pytest
 import torch
 from hydra import compose, initialize_config_module
 
+from axoexp.components import losses
 from axoexp.config import describe, first_sentence, node_class, register_configs
-from axoexp.errors import ConfigError, RegistryError
+from axoexp.errors import AxoexpError, ConfigError, RegistryError
 from axoexp.executors.eager import EagerExecutor
 from axoexp.plan import plan_experiment
-from axoexp.registry import GROUPS, POSITIVE, Registry
+from axoexp.plugins import load_plugins
+from axoexp.registry import BUILTIN, GROUPS, POSITIVE, Registry
 
 
 def test_unknown_name_lists_valid_choices(registry: Registry) -> None:
@@ -147,7 +150,8 @@ def test_the_component_itself_registered_as_its_factory_is_refused_showing_the_f
 
 def test_a_mandatory_value_left_unset_is_refused_while_planning_naming_the_key(make_config, registry) -> None:
     def weighted(*, weight: float):
-        raise AssertionError("the factory must not be called with '???'")
+        assert weight != "???", "the factory must not be called with '???'"
+        return lambda prediction, target: weight * (prediction - target).abs().mean()
 
     registry.register("loss", "weighted_mandatory", weighted, source="tests/test_registry.py")
     register_configs(registry)
@@ -167,3 +171,78 @@ def test_help_gives_each_option_its_whole_first_sentence(loaded_registry: Regist
     page = describe(loaded_registry)
     executors = [line for line in page.splitlines() if line.startswith(("  regional", "  fused", "  compiled"))]
     assert executors and all(line.rstrip().endswith(".") for line in executors), executors
+
+
+def test_every_builtin_parameter_is_typed_in_help(loaded_registry: Registry) -> None:
+    """A parameter shown as ``any`` lost its annotation (as every loss's did to an unresolvable
+    return type), or declares none: both leave its values unchecked."""
+    builtins = Registry()
+    for entry in loaded_registry.components():
+        if entry.source == BUILTIN:
+            builtins.register(entry.group, entry.name, entry.factory, source=BUILTIN)
+    keys = [line.split() for line in describe(builtins).splitlines() if line.startswith("    ")]
+    assert len(keys) > 40 and not [key for key in keys if key[1] == "any"], describe(builtins)
+    losses = {(key[0], key[1], key[2]) for key in keys if key[0].startswith("loss.")}
+    assert losses == {
+        ("loss.warmup_steps", "int", "4"),
+        ("loss.delta", "float", "1.0"),
+        ("loss.warmup_steps", "int", "0"),
+    }
+
+
+def test_the_builtin_losses_resolve_their_annotations_and_declare_their_bounds(registry: Registry) -> None:
+    assert typing.get_type_hints(losses.huber)["delta"] is float  # LossFn resolves where losses.py imports torch
+    huber = registry.get("loss", "huber")
+    assert huber.value_problems({"delta": -1.0, "warmup_steps": -1}) == [
+        "loss.delta=-1.0: must be greater than 0",
+        "loss.warmup_steps=-1: must be at least 0",
+    ]
+    (warmup,) = registry.get("loss", "causal_mse").documented_parameters()
+    assert (warmup.annotation, warmup.help) == (int, "leading output steps left out of the loss")
+
+
+PLUGIN_WITH_UNRESOLVABLE_ANNOTATIONS = '''
+from __future__ import annotations
+from typing import TYPE_CHECKING, Annotated
+from axoexp.registry import POSITIVE
+if TYPE_CHECKING:
+    from somewhere import Scale, Returned
+
+def factory(
+    *,
+    weight: Annotated[float, "multiplies the error", POSITIVE] = 1.0,
+    scale: Annotated[Scale | None, "a type only a type checker sees", POSITIVE] = 2.0,
+    broken: Annotated[int, 1 / 0] = 3,
+) -> Returned:
+    """A loss."""
+'''
+
+
+def test_an_unresolvable_annotation_costs_only_its_own_parameter_its_type() -> None:
+    namespace: dict[str, typing.Any] = {"__name__": "plugin_with_unresolvable_annotations"}
+    exec(PLUGIN_WITH_UNRESOLVABLE_ANNOTATIONS, namespace)
+    registry = Registry()
+    registry.register("loss", "partly_typed", namespace["factory"], source="plugins/partly_typed.py")
+    entry = registry.get("loss", "partly_typed")
+    weight, scale, broken = entry.documented_parameters()
+    assert (weight.annotation, weight.help, weight.bounds) == (float, "multiplies the error", POSITIVE)
+    assert (scale.annotation, scale.help, scale.bounds) == (typing.Any, "a type only a type checker sees", POSITIVE)
+    assert (broken.annotation, broken.bounds) == (typing.Any, None)
+    assert broken.help == "(its annotation cannot be read: ZeroDivisionError: division by zero)"
+    assert entry.value_problems({"weight": 0.0, "scale": -1.0}) == [
+        "loss.weight=0.0: must be greater than 0",
+        "loss.scale=-1.0: must be greater than 0",
+    ]
+
+
+def test_a_plugin_with_a_syntax_error_is_named_with_its_file_line_and_column(tmp_path) -> None:
+    broken = tmp_path / "broken.py"
+    broken.write_text("import torch\n\ndef loss(prediction, target)\n    return prediction\n")
+    failed = tmp_path / "failed.py"
+    failed.write_text("import math\n\nSCALE = 1 / 0\n")
+    errors: list[AxoexpError] = []
+    load_plugins(tmp_path, on_error=errors.append)
+    assert [str(error) for error in errors] == [
+        f"plugin {broken} failed to import: {broken}:3:29: SyntaxError: expected ':'",
+        f"plugin {failed} failed to import: ZeroDivisionError: division by zero (at {failed}:3)",
+    ]

@@ -70,7 +70,7 @@ class CompiledCudaGraphExecutor(compiler_startup.StartsCompilerEarly, CudaGraphE
     and backward whose gradients are discarded) separately from ``capture``.
     """
 
-    def __init__(self, *, warmup_steps: WarmupSteps = 3, **components: object) -> None:
+    def __init__(self, *, warmup_steps: WarmupSteps = 3, **components: Any) -> None:
         super().__init__(warmup_steps=warmup_steps, **components)
         self.compiled = CompiledForward(self.module, backend="inductor", dynamic=False, options=INDUCTOR_OPTIONS)
 

@@ -17,7 +17,9 @@ from axoexp.registry import AT_LEAST_ONE, component
 from axoexp.timing import stopwatch, synchronizer
 
 WarmupSteps = Annotated[int, "eager updates on a side stream before capture (state is restored)", AT_LEAST_ONE]
-Buckets = Annotated[Any, f"length buckets, one graph each, for batches of different lengths: {BUCKETS_SYNTAX}"]
+Buckets = Annotated[
+    str | list[int], f"length buckets, one graph each, for batches of different lengths: {BUCKETS_SYNTAX}"
+]
 CAPTURE_STAGES = ("graph_capture", "module_and_optimizer_state_restore", "synchronize")
 
 

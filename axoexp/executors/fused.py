@@ -25,7 +25,7 @@ from axoexp.lengths import DEFAULT_BUCKETS
 from axoexp.registry import NON_NEGATIVE, component
 
 FusedStepOption = Annotated[
-    Any,
+    bool | str,
     "gradient transform and optimizer step as one Triton launch (two with clip_norm) over flat banks: true, false, "
     "or auto (the default: where the kernel computes them exactly, else torch's; tag fused.step says which ran)",
 ]
