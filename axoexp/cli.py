@@ -9,7 +9,6 @@ the full traceback instead.
 from __future__ import annotations
 
 import atexit
-import difflib
 import os
 import sys
 import threading
@@ -27,7 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from axoexp import collector, targets, wallclock
 from axoexp.compose_once import composed_once
-from axoexp.config import describe, register_configs
+from axoexp.config import describe, no_such_key, register_configs
 from axoexp.errors import AxoexpError, ConfigError, RefusedTargetError, shown
 from axoexp.plugins import load_plugins
 from axoexp.signals import OUTSIDE_A_RUN, OUTSIDE_A_RUN_EXIT, Interrupted
@@ -188,14 +187,8 @@ def _unknown_key(error: OmegaConfBaseException) -> str | None:
     if not isinstance(parent, DictConfig) or not isinstance(key, str) or key in parent:
         return None
     keys = [str(name) for name in parent if name not in HIDDEN_KEYS]
-    close = difflib.get_close_matches(key, keys, n=1)
-    guess = f" (did you mean {close[0]}?)" if close else ""
     section = str(getattr(error, "full_key", None) or key).rpartition(".")[0]
-    if not section:
-        return f"{key}: no such key{guess}; top-level keys: {', '.join(keys)}"
-    where = f"{section}={parent['name']}" if "name" in parent else section
-    settings = f"its keys: {', '.join(keys)}" if keys else "it takes no settings"
-    return f"{section}.{key}: no such key in {where}{guess}; {settings}"
+    return no_such_key(key, section, keys, f"{section}={parent['name']}" if "name" in parent else "")
 
 
 def _exit_without_teardown() -> NoReturn:

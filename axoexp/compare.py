@@ -1,17 +1,22 @@
-"""``python -m axoexp.compare BASE NEW``: did a change make it slower? A regression gate for CI.
+"""python -m axoexp.compare BASE NEW: did a change make it slower? A regression gate for CI.
 
 BASE and NEW are MLflow run ids: a sweep's parent (its children and the runs it reused) or
-one run; ``--latest 2`` takes the two newest top-level runs of the experiment (BASE the
-older). Rows are the report's (:mod:`axoexp.report.rows`: one per config and executor,
-``sweep.repeats`` pooled), matched across the sides by their resolved config (every param
-but ``tracking.*``, ``sweep.*`` and ``run.progress``; code identity lives in tags, so it
-never splits a match). Per matched row: the median latency NEW/BASE with a seeded 95%
-bootstrap interval over both sides' per-update series (:func:`axoexp.statistics.median_ratio_interval`)
-and a verdict: ``slower`` when the whole interval lies above 1 + threshold, ``faster`` when
-it lies below 1 - threshold, else ``no change``. A row whose runs were contended
-(``timing.contention`` not none) or noisy (``timing.noise`` high) on either side is marked
-and never counted as a regression. Exit 1 when any row is a regression, 0 otherwise, 2 on
-bad input (one line).
+one run; --latest 2 takes the two newest top-level runs of the experiment (BASE the older).
+Rows are the report's (axoexp/report/rows.py: one per config and executor, sweep.repeats
+pooled), matched across the sides by their resolved config (every param but tracking.*,
+sweep.* and run.progress; code identity lives in tags, so it never splits a match). Per
+matched row: the median latency NEW/BASE with a seeded 95% bootstrap interval over both
+sides' runs and their per-update series (axoexp.statistics.median_ratio_interval), and a
+verdict: slower when the whole interval lies above 1 + threshold, faster when it lies below
+1 - threshold, else no change.
+
+A row with fewer than 2 runs on a side gets "no verdict" and no interval: the bootstrap
+resamples runs, so with one run the interval would hold only that run's own spread, not the
+run-to-run spread of a shared machine. Measure both sides with sweep.repeats=2 or more.
+
+A row whose runs were contended (timing.contention not none) or noisy (timing.noise high) on
+either side is marked and never counted as a regression. Exit 1 when any row is a
+regression, 0 otherwise, 2 on bad input (one line).
 """
 
 from __future__ import annotations
@@ -42,11 +47,12 @@ from axoexp.report.rows import (
     swept_keys,
 )
 from axoexp.report.table import FORMATS, grid
-from axoexp.statistics import CONFIDENCE, HIGH, median_ratio_interval
+from axoexp.statistics import CONFIDENCE, HIGH, MIN_RUNS, median_ratio_interval
 from axoexp.tracking import SQLITE_PREFIX, resolve_tracking_uri
 
 DEFAULT_THRESHOLD = "5%"
 SLOWER, FASTER, NO_CHANGE, NOT_COMPARED = "slower", "faster", "no change", "not compared"
+NO_VERDICT = "no verdict"
 CODE_TAGS = (names.GIT_COMMIT, names.GIT_DIRTY, names.CODE_HASH, names.PLUGINS_HASH)
 LATEST_SCAN = 1000  # newest runs looked at for --latest
 
@@ -63,8 +69,8 @@ class Comparison:
     ratio: float  # new / base median
     ratio_low: float | None  # 95% bootstrap interval of ratio, where both sides have their series
     ratio_high: float | None
-    verdict: str  # slower | faster | no change | not compared
-    caution: str  # why the verdict does not decide: "contended (cpu)", "noisy", "new FAILED", or ""
+    verdict: str  # slower | faster | no change | no verdict | not compared
+    caution: str  # why the verdict does not decide: "contended (cpu)", "noisy", "new FAILED", "one run per side...", ""
     regression: bool  # slower, with no caution
     base_runs: int
     new_runs: int
@@ -105,6 +111,16 @@ def verdict(low: float | None, high: float | None, threshold: float) -> str:
     if high < 1 - threshold:
         return FASTER
     return NO_CHANGE
+
+
+def too_few_runs(base_runs: int, new_runs: int) -> str:
+    """Why a row gets no verdict for lack of repeats, e.g. ``one run per side: ...``; ``""`` when both
+    sides have :data:`~axoexp.statistics.MIN_RUNS` runs or more."""
+    short = [side for side, runs in (("BASE", base_runs), ("NEW", new_runs)) if runs < MIN_RUNS]
+    if not short:
+        return ""
+    where = "per side" if len(short) == 2 else f"on {short[0]}"
+    return f"one run {where}: run-to-run spread unknown; measure with sweep.repeats={MIN_RUNS} or more"
 
 
 def config_key(run: Run) -> tuple[tuple[str, str], ...]:
@@ -170,12 +186,14 @@ def compare(client: MlflowClient, base: Side, new: Side, threshold: float) -> li
         low = high = None
         ratio = row.median_ms / before.median_ms
         unfinished = [f"{side} {r.status}" for side, r in (("base", before), ("new", row)) if r.status != "FINISHED"]
-        if not unfinished and all(base_series) and all(new_series):
+        comparable = not unfinished and all(base_series) and all(new_series)
+        few = too_few_runs(before.repeats, row.repeats) if comparable else ""
+        if comparable and not few:
             interval = median_ratio_interval(new_series, base_series)
             ratio, low, high = interval.estimate, interval.low, interval.high
         timing = untrusted([by_id[run_id] for run_id in (*before.run_ids, *row.run_ids)])
-        caution = ", ".join(filter(None, [*unfinished, timing]))
-        outcome = verdict(low, high, threshold)
+        caution = ", ".join(filter(None, [*unfinished, few, timing]))
+        outcome = NO_VERDICT if few else verdict(low, high, threshold)
         first = by_id[row.run_id]
         comparisons.append(
             Comparison(
@@ -275,7 +293,7 @@ def format_comparison(comparisons: list[Comparison], base: Side, new: Side, styl
     ]
     lines.append(
         f"{len(comparisons)} rows matched; verdict from the {CONFIDENCE:.0%} interval of new/base "
-        f"against 1 ± {threshold:.0%}; regressions in capitals"
+        f"against 1 ± {threshold:.0%}, given {MIN_RUNS} or more runs per side; regressions in capitals"
     )
     table = grid([COLUMNS, *(_cells(c) for c in comparisons)], NUMERIC_COLUMNS, markdown=style == "markdown")
     if style == "markdown":

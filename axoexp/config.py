@@ -9,13 +9,17 @@ from the same source. ``conf/config.yaml`` holds only the defaults list and Hydr
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from omegaconf import DictConfig
 
 from axoexp.registry import AT_LEAST_ONE, GROUPS, NON_NEGATIVE, POSITIVE, Bounds, Component, Registry
 
@@ -136,6 +140,30 @@ class ExperimentConfig:
 
 
 CONFIG_SCALARS = (int, float, bool, str)
+
+
+def no_such_key(key: str, section: str, keys: Sequence[str], where: str = "") -> str:
+    """One line for a key the config lacks, e.g. ``run.warmup: no such key in run (did you mean
+    warmup_updates?); its keys: ...`` (``section`` empty: a top-level key; ``where`` names the
+    section's component, e.g. ``optimizer=adam``)."""
+    close = difflib.get_close_matches(key, keys, n=1)
+    guess = f" (did you mean {close[0]}?)" if close else ""
+    if not section:
+        return f"{key}: no such key{guess}; top-level keys: {', '.join(keys)}"
+    settings = f"its keys: {', '.join(keys)}" if keys else "it takes no settings"
+    return f"{section}.{key}: no such key in {where or section}{guess}; {settings}"
+
+
+def added_keys(config: DictConfig, cls: type = ExperimentConfig, section: str = "") -> list[str]:
+    """Keys that a ``+key=value`` override added outside the components (Hydra's ``+`` adds any key,
+    and nothing would read it), one line each; a component's own keys are its factory's to judge."""
+    hints = typing.get_type_hints(cls)
+    keys = [item.name for item in dataclasses.fields(cls)]
+    problems = [no_such_key(str(key), section, keys) for key in config if key not in keys and key != "hydra"]
+    for name in keys:
+        if dataclasses.is_dataclass(hints[name]) and isinstance(config.get(name), DictConfig):
+            problems += added_keys(config[name], hints[name], f"{section}.{name}".lstrip("."))
+    return problems
 
 
 def bounded_keys(cls: type = ExperimentConfig, prefix: str = "") -> dict[str, Bounds]:

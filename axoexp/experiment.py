@@ -106,8 +106,12 @@ def run_experiment(
     if callable(run_name):
         run_name = run_name(plan)
     run_name = config.tracking.run_name or run_name or describe.default_run_name(plan)
-    tags = {**describe.run_tags(plan, container), names.RESULT_KEY: metadata.result_key(plan.device, container)}
-    machine_tags = metadata.collect(plan.device)
+    components = plan.components.values()
+    tags = {
+        **describe.run_tags(plan, container),
+        names.RESULT_KEY: metadata.result_key(plan.device, container, components),
+    }
+    machine_tags = metadata.collect(plan.device, components)
     with (
         signals.interruptible(),
         journaled_run(

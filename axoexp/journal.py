@@ -343,6 +343,7 @@ def journaled_run(
         experiment=experiment,
         run_name=run_name,
         tracking_uri=tracking_uri,
+        cwd=os.getcwd(),  # what a relative sqlite:/// path in tracking_uri is relative to
         tags=tags,
         start_time=start_time,
     )

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from axoexp import names
+from axoexp.registry import BUILTIN, Component
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 PACKAGES = ("axoexp", "axosim", "torch", "numpy", "hydra-core", "omegaconf", "mlflow", "mlflow-skinny")
@@ -72,23 +73,53 @@ def changed_files(before: str, after: str) -> list[str]:
     return sorted(path for path in old.keys() | new.keys() if old.get(path) != new.get(path))
 
 
-def code_state() -> dict[str, str]:
+def component_plugin_files(components: Iterable[Component]) -> list[Path]:
+    """The loaded plugin files that ``components`` come from: the file each was registered from
+    (a plugin file, or an entry point's module) and the file its factory is defined in, where
+    that is a loaded plugin file. Built-in components come from axoexp's own sources."""
+    from axoexp.plugins import loaded_plugin_files
+
+    loaded = set(loaded_plugin_files())
+    candidates = set()
+    for component in components:
+        if component.source == BUILTIN:
+            continue
+        # the source is a plugin file's path or "entry point NAME (module:attribute)"
+        registering = component.source.partition(" (")[2].partition(":")[0].removesuffix(")")
+        modules = (sys.modules.get(registering), sys.modules.get(getattr(component.factory, "__module__", "")))
+        files = [component.source, *(getattr(module, "__file__", None) for module in modules)]
+        candidates |= {Path(file).resolve() for file in files if file}
+    return sorted(candidates & loaded)
+
+
+def code_state(components: Iterable[Component] = ()) -> dict[str, str]:
     """What code computes a result: axoexp's own sources as they are on disk (a commit and
-    its uncommitted changes alike), the git commit and uncommitted diff of the work tree
-    holding them, and every loaded plugin file; and each file's own digest."""
+    its uncommitted changes alike), the uncommitted diff of the work tree holding them, and
+    the plugin files that ``components`` (the run's components) come from
+    (:func:`component_plugin_files`); and each file's own digest. Another plugin file, loaded
+    or not, is no part of the run's code: it is left out of the diff too."""
     from axoexp.plugins import loaded_plugin_files
 
     bases = (PACKAGE_DIR, PACKAGE_DIR / "conf")  # a checkout links conf/ in, which rglob does not follow
     sources = {path for base in bases for pattern in ("*.py", "*.yaml") for path in base.rglob(pattern)}
-    plugins = loaded_plugin_files()
+    plugins = component_plugin_files(components)
     state = {
         names.CODE_HASH: _sha256_of_files(sources, PACKAGE_DIR),
         names.PLUGINS_HASH: _sha256_of_files(plugins),
         names.CODE_FILES: f"{_file_digests(sources, PACKAGE_DIR)} {_file_digests(plugins)}".strip(),
     }
-    diff = _git(["diff", "HEAD", "--binary"], PACKAGE_DIR)
+    diff = _uncommitted_diff([file for file in loaded_plugin_files() if file not in plugins])
     state[names.GIT_DIFF_SHA256] = hashlib.sha256(diff.encode()).hexdigest() if diff is not None else "unknown"
     return state
+
+
+def _uncommitted_diff(excluded: Iterable[Path]) -> str | None:
+    """``git diff HEAD`` of the work tree holding axoexp, less the ``excluded`` files in it."""
+    root = _git(["rev-parse", "--show-toplevel"], PACKAGE_DIR)
+    if root is None:
+        return None
+    inside = [file for file in excluded if file.is_relative_to(Path(root).resolve())]
+    return _git(["diff", "HEAD", "--binary", "--", *(f":(exclude){file}" for file in inside)], PACKAGE_DIR)
 
 
 def device_identity(device: torch.device) -> dict[str, str]:
@@ -104,14 +135,15 @@ def device_identity(device: torch.device) -> dict[str, str]:
     return identity
 
 
-def result_key(device: torch.device, resolved_config: Mapping[str, Any]) -> str:
+def result_key(device: torch.device, resolved_config: Mapping[str, Any], components: Iterable[Component]) -> str:
     """SHA-256 of everything that determines a run's result: the config (less where results
-    go), the code, the package versions and the device. Resume reuses a run only on a match."""
+    go), the code (axoexp's and the plugin files ``components`` come from: :func:`code_state`),
+    the package versions and the device. Resume reuses a run only on a match."""
     from axoexp.tracking import config_digest
 
     key = {
         "config": config_digest(resolved_config),
-        "code": code_state(),
+        "code": code_state(components),
         names.GIT_COMMIT: git_state(PACKAGE_DIR)[names.GIT_COMMIT],
         "versions": package_versions(),
         names.DEVICE: device_identity(device),
@@ -200,11 +232,11 @@ def source_tags(program: str | None = None) -> dict[str, str]:
     return tags
 
 
-def collect(device: torch.device) -> dict[str, str]:
-    """All metadata tags for a run on ``device``."""
+def collect(device: torch.device, components: Iterable[Component]) -> dict[str, str]:
+    """All metadata tags for a run of ``components`` on ``device``."""
     return {
         **git_state(PACKAGE_DIR),
-        **code_state(),
+        **code_state(components),
         **package_versions(),
         **device_info(device),
         **determinism_flags(),

@@ -37,7 +37,7 @@ FAILURE = "axoexp.failure"
 PARTIAL = "axoexp.partial"
 CONFIG_HASH = "axoexp.config_hash"
 SWEEP_ROLE = "axoexp.sweep"  # "parent" on a sweep's parent run
-SWEEP_DEFINITION = "axoexp.sweep_definition"  # on a parent: SHA-256 of its overrides, bookkeeping left out
+SWEEP_DEFINITION = "axoexp.sweep_definition"  # on a parent: SHA-256 of its jobs' configs (else overrides)
 REUSED_PREFIX = "axoexp.reused."  # on a parent: axoexp.reused.jobN = the earlier run job N reused
 REFUSED_PREFIX = "axoexp.refused."  # on a parent: axoexp.refused.jobN = why job N made no run
 REMEASURED_PREFIX = "axoexp.remeasured."  # on a parent: axoexp.remeasured.jobN = why job N reused no run
@@ -53,7 +53,7 @@ HOSTNAME = "hostname"
 PROCESS_START = "process.start"  # the process's start time (psutil create_time), against pid reuse
 RESULT_KEY = "axoexp.result_key"  # what determines a result: config, code, plugins, versions, device
 CODE_HASH = "code.sha256"  # SHA-256 of axoexp's own source files as they ran
-PLUGINS_HASH = "code.plugins_sha256"  # SHA-256 of every loaded plugin file
+PLUGINS_HASH = "code.plugins_sha256"  # SHA-256 of the plugin files the run's components come from
 CODE_FILES = "code.files"  # path=sha256[:12] of each of those files: which one changed between runs
 JOURNAL = "axoexp.journal"  # path of the run's local journal
 JOURNAL_ID = "axoexp.journal_id"  # the journal's id: how a sync finds the run again

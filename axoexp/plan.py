@@ -1,10 +1,10 @@
 """Planning: check a composed config before any work and resolve it into a :class:`Plan`.
 
 Every problem that can be found before the work (unknown names, parameters a factory does
-not take, out-of-range values, a CUDA-only executor on the CPU, a non-capturable optimizer
-under capture, what a factory's ``config_problems`` refuses, a population an executor cannot
-run, banks to start from that do not fit) is collected into one :class:`ConfigError`, raised
-before any MLflow run exists.
+not take, keys a ``+key=value`` override added, out-of-range values, a CUDA-only executor on
+the CPU, a non-capturable optimizer under capture, what a factory's ``config_problems``
+refuses, a population an executor cannot run, banks to start from that do not fit) is
+collected into one :class:`ConfigError`, raised before any MLflow run exists.
 
 The population is built once while planning (:func:`probe_population`): its factory runs as it
 will in the run. What it builds decides each executor's preconditions
@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from axoexp import names
 from axoexp.banks import InitialBanks, read_initial_banks
 from axoexp.components.population import checkpoint_problem
-from axoexp.config import bounded_keys
+from axoexp.config import added_keys, bounded_keys
 from axoexp.errors import BanksError, ConfigError, IncompatibleComponentsError, RegistryError, first_line
 from axoexp.executors import optimizer_calls
 from axoexp.executors.base import batch_loss
@@ -177,6 +177,7 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
         problems += components[group].value_problems(node)
         problems += factory_problems(components[group], node, config)
 
+    problems += added_keys(config)
     for key, bounds in bounded_keys().items():
         problem = bounds.problem(OmegaConf.select(config, key))
         if problem:

@@ -25,6 +25,10 @@ idle 16-CPU host, on all 16 CPUs and on 2 of them: every idle run stayed at or b
 above (the 6 others were slowed uniformly, which a spread cannot show).
 benchmarks/results/noise-threads_*_2026-12-03_*.json keep every latency."""
 LOW, HIGH = "low", "high"
+MIN_RUNS = 2
+"""Runs per side that a ratio's bootstrap interval (and a verdict from it) needs: the interval
+resamples runs, so with one run it holds only that run's own spread, not the run-to-run spread
+(up to 1.8x between two runs of one config on a shared 2-core machine)."""
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0
 CONFIDENCE = 0.95

@@ -50,6 +50,7 @@ from axoexp.job_process import SWEEP_PROCESS_ENV, sweep_process_marker
 from axoexp.journal import JOURNAL_FILE, START, process_tags, read_journal
 from axoexp.outputs import claim_directory
 from axoexp.plan import plan_experiment, resume_mode
+from axoexp.registry import GROUPS, REGISTRY, Component
 from axoexp.statistics import disturbance
 from axoexp.sync import end_dead_run, process_gone, sync_journal
 from axoexp.tracking import (
@@ -67,6 +68,7 @@ from axoexp.tracking import (
 PARENT_FILE = "mlflow_parent_run_id"
 PARENT_OVERRIDE_KEY = "sweep.parent_run_id"
 REPEAT_OVERRIDE_KEY = "sweep.repeat"
+NEW = "new"  # resume's reason for a job with no earlier run of its config
 RESUME_CANDIDATES = 200  # newest runs of a job's result key looked at for reuse
 WORKER_GRACE_S = 10.0
 """How long a stopped sweep waits for its workers to end their runs (SLURM's grace is 30 s)."""
@@ -74,9 +76,14 @@ WORKER_GRACE_S = 10.0
 log = logging.getLogger(__name__)
 
 
-def sweep_definition(overrides: list[str]) -> str:
-    """What a sweep measures: SHA-256 of its overrides in any order, without those that say
-    where results go or how runs are watched (``tracking.*``, ``sweep.*``, ``run.progress``)."""
+def sweep_definition(overrides: list[str], job_configs: list[str] | None = None) -> str:
+    """What a sweep measures: SHA-256 of its jobs' resolved configs (``job_configs``: each job's
+    :func:`~axoexp.tracking.config_digest`, in any order, each once), where the sweeper's jobs are
+    known up front (the basic sweeper), so ``+experiment=sweep_cpu`` and the same overrides
+    spelled out are one sweep; else of its overrides in any order, without those that say where
+    results go or how runs are watched (``tracking.*``, ``sweep.*``, ``run.progress``)."""
+    if job_configs:
+        return hashlib.sha256("\n".join(sorted(set(job_configs))).encode()).hexdigest()
     measured = sorted(o for o in overrides if not o.lstrip("+~").startswith(names.NOT_MEASUREMENT_PARAM_PREFIXES))
     return hashlib.sha256("\n".join(measured).encode()).hexdigest()
 
@@ -96,7 +103,7 @@ class MlflowSweepCallback(Callback):
         overrides = list(config.hydra.overrides.task)
         try:  # before any run exists: no empty parent. Hydra turns a callback's exception into a warning
             check_launcher(config)
-            self.refused = refused_jobs(config)
+            self.refused, job_configs = plan_jobs(config)
         except SweepRefusedError as error:
             print(f"axoexp: {error}", file=sys.stderr, flush=True)
             raise SystemExit(error.exit_code) from None
@@ -118,7 +125,7 @@ class MlflowSweepCallback(Callback):
                             names.SWEEP_ROLE: "parent",
                             names.SWEEP_DIR: str(sweep_dir.resolve()),
                             names.SWEEP_OVERRIDES: " ".join(overrides),
-                            names.SWEEP_DEFINITION: sweep_definition(overrides),
+                            names.SWEEP_DEFINITION: sweep_definition(overrides, job_configs),
                             names.COMMAND: " ".join(sys.argv),
                             **process_tags(),
                             **metadata.source_tags(metadata.HYDRA_APP_SOURCE),
@@ -236,12 +243,14 @@ def check_launcher(config: DictConfig) -> None:
         raise SweepRefusedError(f"hydra.launcher.n_jobs={jobs}: must be at least 1 (the worker processes of the sweep)")
 
 
-def refused_jobs(config: DictConfig) -> list[str]:
+def plan_jobs(config: DictConfig) -> tuple[list[str], list[str]]:
     """Plan every job of a basic sweep before any run exists: ``job N (overrides): why`` for each
-    refused one. If every job is refused, :class:`SweepRefusedError` lists them all in one line
-    and no parent run is created. Other sweepers choose their jobs as they go: nothing is planned."""
+    refused one, and each job's resolved config as its :func:`~axoexp.tracking.config_digest`
+    (the sweep's definition). If every job is refused, :class:`SweepRefusedError` lists them all
+    in one line and no parent run is created. Other sweepers choose their jobs as they go:
+    nothing is planned."""
     if not str(config.hydra.sweeper.get("_target_", "")).endswith("BasicSweeper"):
-        return []
+        return [], []
     loader = GlobalHydra.instance().config_loader()
     params = [f"{key}={value}" for key, value in (config.hydra.sweeper.get("params") or {}).items()]
     parsed = OverridesParser.create(config_loader=loader).parse_overrides([*params, *config.hydra.overrides.task])
@@ -250,16 +259,32 @@ def refused_jobs(config: DictConfig) -> list[str]:
     # job, they must not start torch's intra-op (OpenMP) thread pool: a child forked after it has
     # started deadlocks in its first parallel op. Each job sets its own threads (run.threads).
     torch.set_num_threads(1)
-    refused = []
+    refused, digests = [], []
     for number, job in enumerate(jobs):
         try:
-            plan_experiment(loader.load_sweep_config(config, job))
+            job_config = loader.load_sweep_config(config, job)
+            digests.append(_job_digest(job_config, job))
+            plan_experiment(job_config)
         except (ConfigError, HydraException, OmegaConfBaseException) as error:
             shown = " ".join(item for item in job if not item.startswith(names.NOT_MEASUREMENT_PARAM_PREFIXES))
             refused.append(f"job {number} ({shown or 'defaults'}): {str(error).strip().splitlines()[0]}")
+            if len(digests) == number:  # its config could not be composed: its overrides stand for it
+                digests.append(_job_digest(None, job))
     if jobs and len(refused) == len(jobs):
         raise SweepRefusedError(f"no job of the sweep can run, so it created no run: {'; '.join(refused)}")
-    return refused
+    return refused, digests
+
+
+def _job_digest(job_config: DictConfig | None, overrides: list[str]) -> str:
+    """The job's resolved config, less Hydra's own node, as its :func:`~axoexp.tracking.config_digest`;
+    its overrides where it cannot be resolved here."""
+    if job_config is not None:
+        task = OmegaConf.masked_copy(job_config, [str(key) for key in job_config if key != "hydra"])
+        try:
+            return config_digest(cast(dict[str, Any], OmegaConf.to_container(task, resolve=True)))
+        except OmegaConfBaseException:
+            pass
+    return "overrides " + " ".join(sorted(overrides))
 
 
 def claim_sweep_dir(config: DictConfig) -> Path:
@@ -352,11 +377,16 @@ def note_refused_job(config: DictConfig, job_number: int, job_name: str, error: 
         log.error("could not record the refused job %s on the parent run: %s", job_name, unreachable)
 
 
+def job_components(config: DictConfig) -> list[Component]:
+    """The registered components the job's config chooses, one per group (names Hydra accepted)."""
+    return [REGISTRY.get(group, str(config[group].name)) for group in GROUPS if group in config]
+
+
 def result_key(config: DictConfig) -> str:
-    """What determines this job's result (:func:`axoexp.metadata.result_key`): config, code,
-    plugins, package versions, device."""
+    """What determines this job's result (:func:`axoexp.metadata.result_key`): config, code
+    (axoexp's and the plugin files its components come from), package versions, device."""
     container = cast(dict[str, Any], OmegaConf.to_container(config, resolve=True))
-    return metadata.result_key(torch.device(str(config.device)), container)
+    return metadata.result_key(torch.device(str(config.device)), container, job_components(config))
 
 
 @dataclass(frozen=True)
@@ -373,12 +403,13 @@ def resume_job(config: DictConfig, job_number: int) -> Resume:
     A run qualifies if it FINISHED with every metric finite, was measured quietly
     (``timing.contention=none`` and noise not ``high``; ``sweep.resume_contended=true`` drops
     this condition), has this job's :func:`result_key` (tag ``axoexp.result_key``: config, code,
-    plugins, package versions, device) and this ``sweep.repeat``, and, with
-    ``sweep.resume=same_sweep`` (the default), is a job of an earlier sweep with the same
-    definition (:func:`sweep_definition`): a single run or another sweep's job is reused only
-    with ``sweep.resume=any``. Outside a sweep and with ``sweep.resume=false`` nothing is reused
-    and no reason is given; otherwise the reason (contended, not finished, code or config
-    changed) is recorded on the parent as ``axoexp.remeasured.jobN``.
+    the plugin files its components come from, package versions, device) and this
+    ``sweep.repeat``, and, with ``sweep.resume=same_sweep`` (the default), is a job of an earlier
+    sweep with the same definition (:func:`sweep_definition`: the same jobs' resolved configs,
+    however the overrides spelled them): a single run or another sweep's job is reused only with
+    ``sweep.resume=any``. Outside a sweep and with ``sweep.resume=false`` nothing is reused and
+    no reason is given; otherwise the reason (new, contended, not finished, code changed,
+    changed versions or device) is recorded on the parent as ``axoexp.remeasured.jobN``.
     """
     mode = resume_mode(config.sweep.resume)
     parent_id = config.sweep.parent_run_id
@@ -399,10 +430,10 @@ def resume_job(config: DictConfig, job_number: int) -> Resume:
 def _decide(client: MlflowClient, config: DictConfig, parent_id: str, mode: str) -> Resume:
     found = client.get_experiment_by_name(config.tracking.experiment)
     if found is None:
-        return Resume(None, "no earlier run: the experiment is new")
+        return Resume(None, f"{NEW}: no earlier run (experiment {config.tracking.experiment!r} is new)")
     repeat = f"params.`{names.SWEEP_REPEAT_PARAM}` = '{config.sweep.repeat}'"
     scope = None if mode == "any" else _same_sweeps(client, found.experiment_id, parent_id)
-    where = "in any run" if scope is None else "in an earlier sweep with these overrides"
+    where = "in any run" if scope is None else "in an earlier sweep of the same jobs"
 
     def search(condition: str) -> list[Run]:
         runs = client.search_runs(
@@ -438,7 +469,7 @@ def _decide(client: MlflowClient, config: DictConfig, parent_id: str, mode: str)
     if same_config:
         earlier = same_config[0]
         return Resume(None, f"{_what_changed(earlier, config)} since the earlier run {earlier.info.run_id}")
-    return Resume(None, f"config changed: no earlier run of this resolved config {where}")
+    return Resume(None, f"{NEW}: no earlier run of this resolved config {where}")
 
 
 def _same_sweeps(client: MlflowClient, experiment: str, parent_id: str) -> set[str]:
@@ -454,7 +485,7 @@ def _what_changed(earlier: Run, config: DictConfig) -> str:
     """Why a run of the same config has another result key: which code files, versions or device."""
     tags = earlier.data.tags
     now = {
-        **metadata.code_state(),
+        **metadata.code_state(job_components(config)),
         **metadata.git_state(metadata.PACKAGE_DIR),
         **metadata.package_versions(),
         **metadata.device_identity(torch.device(str(config.device))),
@@ -469,23 +500,28 @@ def _what_changed(earlier: Run, config: DictConfig) -> str:
 
 
 def print_reuse(client: MlflowClient, parent: Run, children: int) -> None:
-    """Say how many jobs reused earlier runs, and from which sweeps (``reused k of n jobs from ...``),
-    and how many were measured again, by reason (``re-measured m: 3 contended, 1 code changed``)."""
+    """Say how many jobs were new (no earlier run of the same config), how many were measured again,
+    by reason (``measured 2 new jobs; re-measured 4 jobs: 3 contended, 1 code changed``), and how
+    many reused earlier runs, and from which sweeps (``reused k of n jobs from ...``)."""
     tags = parent.data.tags
     refused = {key.removeprefix(names.REFUSED_PREFIX) for key in tags if key.startswith(names.REFUSED_PREFIX)}
     reasons = [
-        value
+        value.partition(":")[0]
         for key, value in parent.data.tags.items()
         if key.startswith(names.REMEASURED_PREFIX) and key.removeprefix(names.REMEASURED_PREFIX) not in refused
     ]
-    if reasons:
-        counts = Counter(reason.partition(":")[0] for reason in reasons)
-        print(
-            f"re-measured {len(reasons)} job{'s' if len(reasons) != 1 else ''}: "
+    new = reasons.count(NEW)
+    counts = Counter(reason for reason in reasons if reason != NEW)
+    parts = [f"measured {new} new job{'s' if new != 1 else ''} (no earlier run of the same config)"] if new else []
+    if counts:
+        remeasured = sum(counts.values())
+        parts.append(
+            f"re-measured {remeasured} job{'s' if remeasured != 1 else ''}: "
             + ", ".join(f"{count} {reason}" for reason, count in sorted(counts.items()))
-            + " (each job's line says which run or file)",
-            flush=True,
+            + " (each job's line says which run or file)"
         )
+    if parts:
+        print("; ".join(parts), flush=True)
     reused = [value for key, value in parent.data.tags.items() if key.startswith(names.REUSED_PREFIX)]
     if not reused:
         return

@@ -1,14 +1,18 @@
-"""``python -m axoexp.sync [PATH ...]``: put what runs measured into MLflow, and end dead runs.
+"""python -m axoexp.sync [PATH ...]: put what runs measured into MLflow, and end dead runs.
 
-Each PATH is a journal (``journal.jsonl``) or a directory searched for journals (an
-``outputs/`` tree, a sweep directory). A journal whose run the store lacks becomes a real
-run (name, start and end times, params, tags, metric series, artifacts); one whose run was
-left RUNNING (the process was killed) or stopped mid-run (the store died) is completed.
-The run is found again by its journal id (tag ``axoexp.journal_id``) and marked
-``axoexp.synced``, so syncing twice changes nothing.
+Each PATH is a journal (journal.jsonl) or a directory searched for journals (an outputs/
+tree, a sweep directory). Each journal's run goes to the store the journal records (the
+run's tracking.uri; a relative sqlite path is taken from the run's working directory),
+unless --tracking-uri names another: then the line says it overrides, and a journal whose
+run is in its own store is skipped, saying so, rather than copied. A journal whose run the
+store lacks becomes a real run (name, start and end times, params, tags, metric series,
+artifacts); one whose run was left RUNNING (the process was killed) or stopped mid-run (the
+store died) is completed. The run is found again by its journal id (tag axoexp.journal_id)
+and marked axoexp.synced, so syncing twice changes nothing.
 
-Then every RUNNING run of the store whose process (tags ``process.pid``, ``hostname``) ran
-on this host and is gone is ended KILLED with the reason, from its journal if it has one.
+Then every RUNNING run of those stores (of the default store where no journal was given)
+whose process (tags process.pid, hostname) ran on this host and is gone is ended KILLED
+with the reason, from its journal if it has one.
 """
 
 from __future__ import annotations
@@ -42,7 +46,16 @@ from axoexp.journal import (
     WINDOW,
     read_journal_lines,
 )
-from axoexp.tracking import UNREACHABLE, Tracker, experiment_id, open_client, resolve_tracking_uri, store_problem
+from axoexp.tracking import (
+    SQLITE_PREFIX,
+    UNREACHABLE,
+    Tracker,
+    experiment_id,
+    open_client,
+    resolve_tracking_uri,
+    sqlite_path,
+    store_problem,
+)
 from axoexp.windows import MEASURED, WARMUP, UpdateTrace, log_traces
 
 RUNNING = "RUNNING"
@@ -310,39 +323,117 @@ def end_dead_runs(client: MlflowClient) -> list[str]:
     return done
 
 
+def journal_store(path: Path) -> str | None:
+    """The store the journal's run was logged to: its start record's ``tracking_uri``, a relative
+    ``sqlite:///`` path taken from the run's working directory (from this one for a journal that
+    predates recording it); ``None`` where the start record is unreadable."""
+    start = next((record for record in read_journal_lines(path).records if record["kind"] == START), None)
+    if start is None or not start.get("tracking_uri"):
+        return None
+    return absolute_store(start["tracking_uri"], Path(start.get("cwd") or "."))
+
+
+def absolute_store(uri: str, base: Path) -> str:
+    """``uri`` with a relative sqlite database path made absolute against ``base``; other URIs as they are."""
+    path = sqlite_path(uri)
+    if path is None or str(path) == ":memory:" or path.is_absolute():
+        return uri
+    query = uri.partition("?")[2]
+    return f"{SQLITE_PREFIX}{(base / path).resolve()}" + (f"?{query}" if query else "")
+
+
+def run_in_store(uri: str, path: Path) -> Run | None:
+    """The journal's run in the store ``uri`` where that store exists and answers, else ``None``;
+    nothing is created."""
+    database = sqlite_path(uri)
+    if store_problem(uri) or (database is not None and not database.is_file()):
+        return None
+    contents = read_journal_lines(path)
+    ids = _journal_ids(contents.records)
+    start = next((record for record in contents.records if record["kind"] == START), None)
+    try:
+        return _run(MlflowClient(tracking_uri=uri), start, ids[0] if len(ids) == 1 else None)
+    except UNREACHABLE:
+        return None
+
+
+def _target(path: Path, explicit: str | None, default: str) -> tuple[str, str]:
+    """The store a journal's run goes to and what to say about it: its own store, unless
+    ``--tracking-uri`` names another (said; and refused, in words, where its own store has the run)."""
+    own = journal_store(path)
+    if explicit is None or own is None:
+        return own or default, ""
+    if own == absolute_store(explicit, Path.cwd()):
+        return explicit, ""
+    earlier = run_in_store(own, path)
+    if earlier is not None:
+        return "", (
+            f"skipped: its run {earlier.info.run_id} is in its own store {own} ({earlier.info.status}); "
+            f"--tracking-uri {explicit} would make a second copy (without --tracking-uri, sync completes it there)"
+        )
+    return explicit, f" (--tracking-uri overrides its own store {own}, which does not have the run)"
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m axoexp.sync", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m axoexp.sync", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("paths", nargs="*", type=Path, help="journals, or directories to search for journal.jsonl")
     parser.add_argument(
         "--tracking-uri",
         default=None,
-        help="the MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)",
+        help="the MLflow store for every journal, overriding the store each journal records (default: each "
+        "journal's own store; where none is recorded or no journal is given: $MLFLOW_TRACKING_URI, else "
+        "sqlite:///mlflow.db)",
     )
     args = parser.parse_args(argv)
     missing = [str(path) for path in args.paths if not path.exists()]
     if missing:
         print(f"axoexp.sync: no such journal or directory: {', '.join(missing)}", file=sys.stderr)
         return 2
-    uri = resolve_tracking_uri(args.tracking_uri)
-    problem = store_problem(uri)
-    if problem:
-        print(f"axoexp.sync: {problem}", file=sys.stderr)
+    default = resolve_tracking_uri(args.tracking_uri)
+    journals = list(find_journals(args.paths))
+    if args.paths and not journals:
+        print(f"no {JOURNAL_FILE} below {', '.join(map(str, args.paths))}: nothing to upload", flush=True)
+    targets = [(path, *_target(path, args.tracking_uri, default)) for path in journals]
+    stores = list(dict.fromkeys(uri for _, uri, _ in targets if uri)) if journals else [default]
+    problems = {uri: problem for uri in stores if (problem := store_problem(uri))}
+    if problems and len(problems) == len(stores):
+        print(f"axoexp.sync: {'; '.join(problems.values())}", file=sys.stderr)
         return 2
-    try:
-        client = open_client(uri)
-        journals = list(find_journals(args.paths))
-        for path in journals:
-            print(f"{path}: {sync_journal(client, path)}", flush=True)
-        if args.paths and not journals:
-            print(f"no {JOURNAL_FILE} below {', '.join(map(str, args.paths))}: nothing to upload", flush=True)
-        for line in end_dead_runs(client):
-            print(line, flush=True)
-    except UNREACHABLE as error:
-        print(
-            f"axoexp.sync: MLflow tracking at {uri} is unreachable: {str(error).splitlines()[0][:300]}", file=sys.stderr
-        )
-        return 1
-    return 0
+    clients: dict[str, MlflowClient] = {}
+
+    def client(uri: str) -> MlflowClient:
+        if uri not in clients:
+            clients[uri] = open_client(uri)
+        return clients[uri]
+
+    status = 0
+    for path, uri, said in targets:
+        if not uri:  # its run is in its own store
+            print(f"{path}: {said}", flush=True)
+        elif uri in problems:
+            print(f"{path}: skipped: {problems[uri]}", flush=True)
+            status = 2
+        else:
+            try:
+                where = "" if uri == absolute_store(default, Path.cwd()) and not said else f" in {uri}"
+                print(f"{path}: {sync_journal(client(uri), path)}{where}{said}", flush=True)
+            except UNREACHABLE as error:
+                print(f"axoexp.sync: {path}: {_unreachable(uri, error)}", file=sys.stderr, flush=True)
+                status = 1
+    for uri in (uri for uri in stores if uri not in problems):
+        try:
+            for line in end_dead_runs(client(uri)):
+                print(line, flush=True)
+        except UNREACHABLE as error:
+            print(f"axoexp.sync: {_unreachable(uri, error)}", file=sys.stderr, flush=True)
+            status = 1
+    return status
+
+
+def _unreachable(uri: str, error: BaseException) -> str:
+    return f"MLflow tracking at {uri} is unreachable: {str(error).splitlines()[0][:300]}"
 
 
 if __name__ == "__main__":

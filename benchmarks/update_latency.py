@@ -361,8 +361,10 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("this benchmark needs a CUDA GPU")
-    register_configs(load_plugins())
-    environment = {**metadata.collect(torch.device("cuda")), **metadata.provenance("cuda")}
+    registry = load_plugins()
+    register_configs(registry)
+    # any registered component may be measured: the code recorded is every one's
+    environment = {**metadata.collect(torch.device("cuda"), registry.components()), **metadata.provenance("cuda")}
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[Row] = []
     for text, streams in itertools.product(args.shapes, args.batch_sizes):  # files rewritten after each: a

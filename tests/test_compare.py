@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+from helpers import REPO, run_clis
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from axoexp import names
-from axoexp.compare import main, parse_threshold, verdict
+from axoexp.compare import main, parse_threshold, too_few_runs, verdict
 from axoexp.errors import ComparisonError
+from axoexp.statistics import MIN_RUNS, NOISE_THRESHOLD
 
 UPDATES = [10.0 + 0.01 * (index % 10) for index in range(60)]  # median 10.045 ms, tight
 
@@ -61,10 +64,16 @@ def _run(
     return run_id
 
 
-def _sweep(client: MlflowClient, experiment: str, scales: dict[str, float], **kwargs) -> str:
+def _repeats(client: MlflowClient, experiment: str, parent: str, lr: str, scale: float, repeats: int = 2, **kwargs):
+    """``repeats`` runs of one config (sweep.repeats), the second 1% slower than the first."""
+    for repeat in range(repeats):
+        _run(client, experiment, parent, lr, scale * (1 + 0.01 * repeat), repeat=repeat, **kwargs)
+
+
+def _sweep(client: MlflowClient, experiment: str, scales: dict[str, float], repeats: int = 2, **kwargs) -> str:
     parent = client.create_run(experiment, tags={names.SWEEP_ROLE: "parent"}).info.run_id
     for lr, scale in scales.items():
-        _run(client, experiment, parent, lr, scale, **kwargs)
+        _repeats(client, experiment, parent, lr, scale, repeats, **kwargs)
     client.set_terminated(parent, "FINISHED")
     return parent
 
@@ -85,10 +94,10 @@ def test_verdicts_of_known_medians_and_a_contended_slowdown_is_no_regression(
 ) -> None:
     base = _sweep(client, experiment, {"0.1": 1.0, "0.2": 1.0, "0.3": 1.0, "0.4": 1.0, "0.5": 1.0})
     new = client.create_run(experiment, tags={names.SWEEP_ROLE: "parent"}).info.run_id
-    _run(client, experiment, new, "0.1", 1.02, commit="bbbb")  # within 5%: no change
-    _run(client, experiment, new, "0.2", 0.8, commit="bbbb")  # faster
-    _run(client, experiment, new, "0.3", 1.5, commit="bbbb", **{names.TIMING_CONTENTION: "cpu"})
-    _run(client, experiment, new, "0.4", 1.5, commit="bbbb", **{names.TIMING_NOISE: "high"})
+    _repeats(client, experiment, new, "0.1", 1.02, commit="bbbb")  # within 5%: no change
+    _repeats(client, experiment, new, "0.2", 0.8, commit="bbbb")  # faster
+    _repeats(client, experiment, new, "0.3", 1.5, commit="bbbb", **{names.TIMING_CONTENTION: "cpu"})
+    _repeats(client, experiment, new, "0.4", 1.5, commit="bbbb", **{names.TIMING_NOISE: "high"})
     _run(client, experiment, new, "0.5", 1.5, commit="bbbb", status="FAILED")
 
     assert _compare(tracking_uri, base, new, "--format", "json") == 0
@@ -117,7 +126,7 @@ def test_a_regression_exits_1_and_is_shown_in_capitals(
 
     assert _compare(tracking_uri, base, new) == 1
     text = capsys.readouterr().out
-    assert "BASE: 2 runs; git.commit aaaa, git.dirty false" in text and "NEW: 2 runs; git.commit bbbb" in text
+    assert "BASE: 4 runs; git.commit aaaa, git.dirty false" in text and "NEW: 4 runs; git.commit bbbb" in text
     slower = next(line for line in text.splitlines() if "optimizer.lr=0.2" in line)
     assert "SLOWER" in slower and " 1.200 " in slower
     assert "no change" in next(line for line in text.splitlines() if "optimizer.lr=0.1" in line)
@@ -130,14 +139,34 @@ def test_repeats_pool_and_latest_2_compares_the_two_newest_sweeps(
     client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     base = client.create_run(experiment, tags={names.SWEEP_ROLE: "parent"}).info.run_id
-    for repeat in (0, 1):
+    for repeat in (0, 1, 2):
         _run(client, experiment, base, "0.1", 1.0 + 0.1 * repeat, repeat=repeat)
-    _sweep(client, experiment, {"0.1": 1.3}, commit="bbbb")
+    _sweep(client, experiment, {"0.1": 1.5}, commit="bbbb")
 
     assert _compare(tracking_uri, "--latest", "2", "--format", "csv") == 1
     header, row = capsys.readouterr().out.splitlines()
     record = dict(zip(header.split(","), row.split(","), strict=True))
-    assert record["base_runs"] == "2" and record["new_runs"] == "1" and record["verdict"] == "slower"
+    assert record["base_runs"] == "3" and record["new_runs"] == "2" and record["verdict"] == "slower"
+
+
+def test_one_run_on_a_side_gets_no_verdict_and_says_why(
+    client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two single runs of one config, the second 1.8x slower (the run-to-run spread of a shared
+    machine): one run per side shows no run-to-run spread, so no verdict, no interval, exit 0."""
+    base = _run(client, experiment, None, "0.1", 1.0)
+    new = _run(client, experiment, None, "0.1", 1.8)
+    assert _compare(tracking_uri, base, new) == 0
+    text = capsys.readouterr().out
+    row = next(line for line in text.splitlines() if line.startswith("2x12x4"))
+    assert "no verdict" in row and "one run per side: run-to-run spread unknown; measure with sweep.repeats=2" in row
+    assert " 1.800 " in row and "[" not in row and row.endswith("1/1")
+
+    repeated = _sweep(client, experiment, {"0.1": 1.8})  # one side repeated: still none, naming the other
+    assert _compare(tracking_uri, repeated, base, "--format", "json") == 0
+    (record,) = json.loads(capsys.readouterr().out)["rows"]
+    assert record["verdict"] == "no verdict" and record["ratio_low"] is None and not record["regression"]
+    assert record["caution"] == "one run on NEW: run-to-run spread unknown; measure with sweep.repeats=2 or more"
 
 
 def test_bad_input_is_one_line_and_exit_2(
@@ -156,11 +185,39 @@ def test_bad_input_is_one_line_and_exit_2(
         assert err.startswith(message) and err.count("\n") == 1, err
 
 
+def test_decide_md_states_the_noise_threshold_the_code_uses() -> None:
+    text = (REPO / "docs" / "decide.md").read_text()
+    assert f"IQR / median above {NOISE_THRESHOLD}," in text and f"fewer than {MIN_RUNS} FINISHED runs" in text
+
+
 def test_verdict_needs_the_whole_interval_beyond_the_threshold() -> None:
     assert verdict(1.06, 1.2, 0.05) == "slower"
     assert verdict(1.04, 1.2, 0.05) == "no change"
     assert verdict(0.8, 0.94, 0.05) == "faster"
     assert verdict(None, None, 0.05) == "not compared"
+    assert too_few_runs(2, 3) == "" and too_few_runs(1, 1).startswith("one run per side")
     assert parse_threshold("5%") == pytest.approx(0.05) == parse_threshold("0.05")
     with pytest.raises(ComparisonError, match="--threshold=120%"):
         parse_threshold("120%")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("migrated_store")
+def test_real_single_runs_give_no_verdict_and_repeated_ones_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two single runs of one config, then two sweeps of it with sweep.repeats=2, each pair measured
+    side by side (identical code: whatever the machine's load, a verdict is only given with repeats)."""
+    short = ("run.warmup_updates=2", "run.measured_updates=20", "run.progress=false")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    for commands in ([short, short], [("-m", *short, "sweep.repeats=2", "sweep.resume=false")] * 2):
+        for result in run_clis([(command, tmp_path, None) for command in commands]):
+            assert result.returncode == 0, result.stderr
+        assert _compare(uri, "--latest", "2", "--format", "json") in (0, 1)
+        (row,) = json.loads(capsys.readouterr().out)["rows"]
+        if commands[0] == short:
+            assert (row["verdict"], row["ratio_low"], row["regression"]) == ("no verdict", None, False)
+            assert row["caution"].startswith("one run per side: run-to-run spread unknown")
+        else:
+            assert (row["base_runs"], row["new_runs"]) == (2, 2) and row["ratio_low"] <= row["ratio_high"]
+            assert row["verdict"] in ("slower", "faster", "no change")

@@ -29,6 +29,13 @@ from axoexp.plan import plan_experiment
 from axoexp.sync import main as sync_main
 
 SLEEPY = sleepy_executor_plugin(20)
+LOSS_PLUGIN = """from axoexp import component
+
+
+@component("loss", "unrelated")
+def unrelated():
+    return lambda prediction, target: (prediction - target).abs().mean()
+"""
 LONG_RUN = ("executor=sleepy", "run.warmup_updates=2", "run.measured_updates=100000")
 
 
@@ -470,21 +477,29 @@ def test_an_unwritable_store_is_refused_at_once(make_config, tmp_path: Path) -> 
 # --- resume ---------------------------------------------------------------------------------------
 
 
-def test_the_result_key_covers_config_code_plugins_and_device(tmp_path: Path) -> None:
+def test_the_result_key_covers_config_code_the_used_plugins_and_device(tmp_path: Path) -> None:
     from axoexp import plugins
+    from axoexp.registry import BUILTIN, Component
 
     config = {"seed": 0, "population": {"neurons": 3}}
     cpu = torch.device("cpu")
-    key = metadata.result_key(cpu, config)
-    assert metadata.result_key(cpu, {**config, "tracking": {"uri": "elsewhere"}}) == key
-    assert metadata.result_key(cpu, {**config, "seed": 1}) != key
+    builtin = [Component("loss", "mse", lambda: None, BUILTIN)]
+    key = metadata.result_key(cpu, config, builtin)
+    assert metadata.result_key(cpu, {**config, "tracking": {"uri": "elsewhere"}}, builtin) == key
+    assert metadata.result_key(cpu, {**config, "seed": 1}, builtin) != key
     plugin = tmp_path / "plugin.py"
     plugin.write_text("LOSS_SCALE = 1\n")
     plugins._plugin_files.append(plugin)
     try:
-        with_plugin = metadata.result_key(cpu, config)
+        assert metadata.result_key(cpu, config, builtin) == key, "a loaded plugin file the run does not use"
+        used = [*builtin, Component("loss", "scaled", lambda: None, str(plugin))]
+        with_plugin = metadata.result_key(cpu, config, used)
+        assert metadata.code_state(used)[names.CODE_FILES].endswith(
+            f" {plugin}={metadata._file_digests([plugin])[-12:]}"
+        )
         plugin.write_text("LOSS_SCALE = 1000\n")
-        assert len({key, with_plugin, metadata.result_key(cpu, config)}) == 3
+        assert len({key, with_plugin, metadata.result_key(cpu, config, used)}) == 3
+        assert metadata.result_key(cpu, config, builtin) == key
     finally:
         plugins._plugin_files.remove(plugin)
 
@@ -497,6 +512,9 @@ def test_resume_does_not_reuse_a_run_whose_plugin_code_changed(tmp_path: Path) -
     assert first.wait(timeout=300) == 0
     same = run_cli(*sweep, cwd=tmp_path)
     assert same.stdout.count(": FINISHED as MLflow run") == 2, same.stdout  # both jobs reused
+    (tmp_path / "plugins" / "unrelated.py").write_text(LOSS_PLUGIN)  # a plugin no job uses
+    unrelated = run_cli(*sweep, cwd=tmp_path)
+    assert unrelated.stdout.count(": FINISHED as MLflow run") == 2, unrelated.stdout  # still reused
     plugin = tmp_path / "plugins" / "sleepy.py"
     plugin.write_text(plugin.read_text().replace("0.02", "0.03"))
     changed = run_cli(*sweep, cwd=tmp_path)

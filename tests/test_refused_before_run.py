@@ -221,3 +221,13 @@ def test_bad_loss_values_and_a_file_store_exit_2_in_one_line_before_any_run(tmp_
         assert (result.returncode, result.stdout) == (2, ""), (arguments, result.stderr)
         assert result.stderr.startswith(expected) and result.stderr.count("\n") == 1, (arguments, result.stderr)
         assert [path.name for path in folder.iterdir()] in ([], ["outputs"]), "a store or a run was made"
+
+
+def test_keys_a_plus_override_added_are_refused_naming_the_valid_keys(make_config: Callable) -> None:
+    """Hydra's ``+key=value`` adds any key; outside the components nothing would read it."""
+    with pytest.raises(ConfigError) as refused:
+        plan_experiment(make_config("+foo=3", "+tracking.urii=x"))
+    message = str(refused.value)
+    assert "foo: no such key; top-level keys: population, loss, optimizer," in message
+    assert "tracking.urii: no such key in tracking (did you mean uri?); its keys: uri, experiment," in message
+    plan_experiment(make_config("+experiment=sweep_cpu"))  # a group's option adds no key

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from hydra import compose, initialize_config_module
 from mlflow.tracking import MlflowClient
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 from axoexp import metadata, names
 from axoexp.errors import ConfigError
 from axoexp.plan import plan_experiment
-from axoexp.sweep import print_reuse, result_key, resume_job, sweep_definition
+from axoexp.sweep import plan_jobs, print_reuse, result_key, resume_job, sweep_definition
 from axoexp.tracking import config_digest, experiment_id
 
 
@@ -68,7 +69,7 @@ def test_a_job_reuses_only_finished_jobs_of_earlier_sweeps_with_the_same_definit
 
     print_reuse(client, client.get_run(current), children=1)
     assert capsys.readouterr().out == (
-        "re-measured 1 job: 1 config changed (each job's line says which run or file)\n"
+        "measured 1 new job (no earlier run of the same config)\n"
         f"reused 1 of 2 jobs from 'sweep population.neurons=2,3 sweep.resume=false "
         f"tracking.uri=x' ({earlier}) (sweep.resume=false re-measures)\n"
     )
@@ -136,3 +137,51 @@ def test_resume_names_the_unfinished_run_and_the_changed_code_file(make_config, 
     assert reason == f"not finished: the earlier run {failed} ended FAILED"
     reason = resume_job(make_config("population.neurons=3", f"sweep.parent_run_id={current}"), 1).remeasure_reason
     assert reason == f"code changed: sweep.py since the earlier run {old_code}"
+
+
+def test_a_job_without_an_earlier_run_is_new_and_counted_apart_from_changed_ones(
+    make_config, client: MlflowClient, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = _sweep(client, "0", "population.neurons=2,3")  # experiment 0, the store's Default: nothing in axoexp
+    reason = resume_job(make_config("population.neurons=2", f"sweep.parent_run_id={first}"), 0).remeasure_reason
+    assert reason == "new: no earlier run (experiment 'axoexp' is new)"
+
+    experiment = experiment_id(client, "axoexp")
+    earlier = _sweep(client, experiment, "population.neurons=2,3,4")
+    contended = _finished(client, experiment, make_config("population.neurons=2"), parent=earlier, timing_noise="high")
+    current = _sweep(client, experiment, "population.neurons=2,3,4")
+    for job, neurons in enumerate((2, 3, 4)):
+        resume_job(make_config(f"population.neurons={neurons}", f"sweep.parent_run_id={current}"), job)
+    tags = client.get_run(current).data.tags
+    assert tags[f"{names.REMEASURED_PREFIX}job1"] == (
+        "new: no earlier run of this resolved config in an earlier sweep of the same jobs"
+    )
+    assert tags[f"{names.REMEASURED_PREFIX}job0"].startswith(f"contended: the earlier run {contended}")
+    print_reuse(client, client.get_run(current), children=3)
+    assert capsys.readouterr().out == (
+        "measured 2 new jobs (no earlier run of the same config); "
+        "re-measured 1 job: 1 contended (each job's line says which run or file)\n"
+    )
+
+
+def _sweep_config(*overrides: str, task: tuple[str, ...] = ()):
+    """The sweep's own config (Hydra's node included), as the sweep callback sees it."""
+    with initialize_config_module(config_module="axoexp.conf", version_base="1.3"):
+        config = compose("config", overrides=list(overrides), return_hydra_config=True)
+        with open_dict(config.hydra.overrides):
+            config.hydra.overrides.task = [*overrides, *task]
+        refused, job_configs = plan_jobs(config)
+    return refused, job_configs, list(config.hydra.overrides.task)
+
+
+def test_a_preset_and_its_overrides_spelled_out_are_one_sweep(loaded_registry) -> None:
+    """Jobs match on their resolved configs, not on how the overrides spelled them."""
+    refused, preset_jobs, preset_overrides = _sweep_config("+experiment=sweep_cpu")
+    _, spelled_jobs, spelled_overrides = _sweep_config(
+        task=("gradient_transform=none,clip_norm", "population.time_steps=12,64", "population.neurons=3,64")
+    )
+    assert refused == [] and len(preset_jobs) == len(set(preset_jobs)) == 8
+    assert sorted(preset_jobs) == sorted(spelled_jobs)
+    assert sweep_definition(preset_overrides, preset_jobs) == sweep_definition(spelled_overrides, spelled_jobs)
+    _, other_jobs, other_overrides = _sweep_config(task=("population.neurons=3,65",))
+    assert sweep_definition(other_overrides, other_jobs) != sweep_definition(preset_overrides, preset_jobs)

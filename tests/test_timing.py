@@ -253,11 +253,18 @@ def test_report_pools_repeats_and_gives_each_speedup_an_interval(client: MlflowC
     fast = by_executor["fast"]
     assert (fast.median_ms, fast.speedup_vs_eager, fast.speedup_low, fast.speedup_high) == (2.0, 4.0, 4.0, 4.0)
     assert set(fast.run_ids) == set(runs[2:])
-    assert (by_executor["eager"].speedup_low, by_executor["eager"].speedup_high) == (1.0, 1.0)
+    eager = by_executor["eager"]  # against itself: no interval, shown as —
+    assert (eager.speedup_vs_eager, eager.speedup_low, eager.speedup_high) == (1.0, None, None)
     table = format_table(rows)
     assert "[4, 4]" in table and "95% interval" in table
+    eager_line = next(line for line in table.splitlines() if line.split()[1] == "eager")
+    assert " — " in eager_line and "1.00x" not in eager_line and "[1, 1]" not in eager_line
     without_series = build_rows([client.get_run(run_id) for run_id in runs])
     assert all(row.speedup_low is None for row in without_series if row.executor == "fast")
+    # one run of a side: its interval would hold only that run's own spread, so it has none
+    single = build_rows([client.get_run(run_id) for run_id in (runs[0], *runs[2:])], client)
+    fast = next(row for row in single if row.executor == "fast")
+    assert (fast.speedup_vs_eager, fast.speedup_low, fast.speedup_high) == (4.0, None, None)
 
 
 # --- a busy machine (slow: real processes)

@@ -1,22 +1,22 @@
-"""``python -m axoexp.report``: a sweep's runs as a table and a figure, next to the sweep's outputs.
+"""python -m axoexp.report: a sweep's runs as a table and a figure, next to the sweep's outputs.
 
-Reads the children of a sweep's parent run (the newest sweep unless ``--parent`` names
-one) plus the earlier runs its jobs reused (marked as such), and prints one row per run:
-shape, executor, status, median update ms with p10/p90, capture ms, speedup over the eager
-run of the same settings, and the run's swept settings. The table prints as text, markdown,
-CSV or JSON (``--format``). The figure shows median latency against the swept dimension
+Reads the children of a sweep's parent run (the newest sweep unless --parent names
+one) plus the earlier runs its jobs reused (marked as such), and prints one row per config
+and executor (sweep.repeats pooled): shape, executor, status, median update ms with p10/p90,
+capture ms, speedup over the eager runs of the same settings (a 95% bootstrap interval where
+both have 2 or more runs; an eager row shows —), and the swept settings. The table prints as text, markdown,
+CSV or JSON (--format). The figure shows median latency against the swept dimension
 (p10-p90 bars; the other swept settings as panels, executors as colours) and the speedup
 over eager per executor. Both are written to the sweep's output directory and logged to the
 parent run.
 
-Runs with batches of different lengths (``population.lengths``) add a table per length bucket
-(bucket, the lengths it holds, updates, median, p10, p90, padding overhead; with ``--format csv``
+Runs with batches of different lengths (population.lengths) add a table per length bucket
+(bucket, the lengths it holds, updates, median, p10, p90, padding overhead; with --format csv
 the file report_buckets.csv) and the figure report_lengths.png: each bucket's median latency
 against length, p10-p90 bars, bucket boundaries dotted, one series per executor and settings
 (docs/lengths.md).
 
-One module per job: :mod:`~axoexp.report.rows` (runs to rows), :mod:`~axoexp.report.table`
-(rows as text, markdown, CSV or JSON), :mod:`~axoexp.report.figure` (the figure),
-:mod:`~axoexp.report.length_figure` (latency against length), :mod:`~axoexp.report.pareto` (a search's
-Pareto front) and :mod:`~axoexp.report.__main__` (the command). None imports torch or the executors.
+One module per job: rows.py (runs to rows), table.py (rows as text, markdown, CSV or JSON),
+figure.py (the figure), length_figure.py (latency against length), pareto.py (a search's Pareto
+front) and __main__.py (the command). None imports torch or the executors.
 """

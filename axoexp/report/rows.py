@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 
 from axoexp import names
 from axoexp.registry import GROUPS
-from axoexp.statistics import HIGH, LOW, LatencySummary, disturbance, median_ratio_interval
+from axoexp.statistics import HIGH, LOW, MIN_RUNS, LatencySummary, disturbance, median_ratio_interval
 from axoexp.tracking import child_runs
 
 EXECUTOR_KEY = f"{names.EXECUTOR_PARAM_PREFIX}name"
@@ -48,7 +48,8 @@ class ReportRow:
     p90_ms: float = math.nan
     reused: bool = False  # an earlier sweep's run that this sweep's job reused
     settings: tuple[tuple[str, str], ...] = ()  # the swept settings other than executor: (label, value)
-    speedup_low: float | None = None  # 95% bootstrap interval of speedup_vs_eager, where the series are known
+    speedup_low: float | None = None  # 95% bootstrap interval of speedup_vs_eager, where the series of 2+ runs
+    # per side are known (an eager row against itself: none)
     speedup_high: float | None = None  # (statistics.median_ratio_interval)
     repeats: int = 1  # FINISHED runs of the same config pooled into this row (sweep.repeats)
     run_ids: tuple[str, ...] = ()
@@ -196,8 +197,10 @@ def build_rows(
     runs stand alone. Runs measured under contention or with high noise
     (:func:`axoexp.statistics.disturbance`) form rows of their own, marked, without a speedup,
     and are no eager baseline, unless ``include_contended`` pools them with the rest. With
-    ``client``, each speedup carries a 95% bootstrap interval from the per-update series
-    (:func:`axoexp.statistics.median_ratio_interval`, seeded). With ``parent_id``, a run that is
+    ``client``, each speedup of a row and a baseline of :data:`~axoexp.statistics.MIN_RUNS` runs
+    or more (``sweep.repeats``) carries a 95% bootstrap interval from the per-update series
+    (:func:`axoexp.statistics.median_ratio_interval`, seeded); a single run's interval would hold
+    only its own spread, so it has none. With ``parent_id``, a run that is
     not that parent's child is marked ``reused``."""
     executor_tag = names.component_tag("executor")
     groups = _group(runs, client, include_contended)
@@ -219,9 +222,14 @@ def build_rows(
         baseline = eager.get(_pairing_key(first)) if quiet[id(group)] else None
         speedup = (baseline.statistic("median") if baseline else math.nan) / median
         low = high = None
-        if baseline is group:
-            speedup, low, high = 1.0, 1.0, 1.0
-        elif baseline is not None and baseline.series is not None and group.series is not None:
+        if baseline is group:  # eager against itself: 1 by definition, no interval
+            speedup = 1.0
+        elif (
+            baseline is not None
+            and baseline.series is not None
+            and group.series is not None
+            and min(len(baseline.runs), len(group.runs)) >= MIN_RUNS
+        ):
             interval = median_ratio_interval(baseline.series, group.series)
             speedup, low, high = interval.estimate, interval.low, interval.high
         contention, noise = _labels(group.runs)

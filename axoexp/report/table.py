@@ -10,7 +10,7 @@ from collections.abc import Container, Sequence
 from dataclasses import asdict, fields
 
 from axoexp.lengths import parse_lengths
-from axoexp.report.rows import BucketRow, ReportRow
+from axoexp.report.rows import BASELINE, BucketRow, ReportRow
 
 FORMATS = {"text": "txt", "markdown": "md", "csv": "csv", "json": "json"}
 BUCKETS_CSV = "report_buckets.csv"  # with --format csv: the per-bucket rows
@@ -21,7 +21,10 @@ def _number(value: float | None, digits: int) -> str:
 
 
 def _speedup(row: ReportRow) -> str:
-    return "" if math.isnan(row.speedup_vs_eager) else f"{row.speedup_vs_eager:.2f}x"
+    """``2.50x``; ``—`` for an eager row, its own baseline; blank where there is no baseline."""
+    if math.isnan(row.speedup_vs_eager):
+        return ""
+    return "—" if row.executor == BASELINE else f"{row.speedup_vs_eager:.2f}x"
 
 
 def _interval(row: ReportRow) -> str:

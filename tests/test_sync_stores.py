@@ -1,0 +1,80 @@
+"""``python -m axoexp.sync``: each journal's run goes to the store its journal records, with two real
+sqlite stores and real runs; ``--tracking-uri`` overrides, saying so, and never copies a run that its
+own store has."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from axoexp.experiment import run_experiment
+from axoexp.journal import JOURNAL_FILE
+from axoexp.sync import main as sync_main
+
+SHORT = ("run.warmup_updates=1", "run.measured_updates=2")
+
+
+def _runs(database: Path) -> list:
+    client = MlflowClient(tracking_uri=f"sqlite:///{database}")
+    experiment = client.get_experiment_by_name("axoexp")
+    return client.search_runs([experiment.experiment_id]) if experiment else []
+
+
+@pytest.fixture
+def finished_run(make_config, tmp_path: Path, empty_store: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Path]:
+    """A run FINISHED in ``ro/m.db``, named by a relative URI from ``tmp_path``: its run id and outputs."""
+    (tmp_path / "ro").mkdir()
+    shutil.copyfile(empty_store, tmp_path / "ro" / "m.db")
+    monkeypatch.chdir(tmp_path)
+    outputs = tmp_path / "outputs" / "run"
+    outputs.mkdir(parents=True)
+    # MLflow keeps one store per URI in a process: the URI names this test's folder, relatively
+    uri = f"sqlite:///../{tmp_path.name}/ro/m.db"
+    result = run_experiment(make_config(f"tracking.uri={uri}", *SHORT), output_dir=outputs)
+    assert [run.info.status for run in _runs(tmp_path / "ro" / "m.db")] == ["FINISHED"]
+    return result.run_id, outputs
+
+
+def test_sync_writes_to_the_journal_s_own_store_and_makes_no_second_copy(
+    finished_run: tuple[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_id, outputs = finished_run
+    elsewhere = tmp_path / "elsewhere"  # the relative sqlite:///ro/m.db is the run's, not this directory's
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert sync_main([str(tmp_path / "outputs")]) == 0
+    assert capsys.readouterr().out == (
+        f"{outputs / JOURNAL_FILE}: already complete in the store: run {run_id} (FINISHED, 3 updates) "
+        f"in sqlite:///{tmp_path / 'ro' / 'm.db'}\n"
+    )
+    assert not (elsewhere / "mlflow.db").exists()
+    assert len(_runs(tmp_path / "ro" / "m.db")) == 1
+
+    other = tmp_path / "other.db"
+    assert sync_main([str(tmp_path / "outputs"), "--tracking-uri", f"sqlite:///{other}"]) == 0
+    assert capsys.readouterr().out == (
+        f"{outputs / JOURNAL_FILE}: skipped: its run {run_id} is in its own store "
+        f"sqlite:///{tmp_path / 'ro' / 'm.db'} (FINISHED); --tracking-uri sqlite:///{other} would make a second "
+        "copy (without --tracking-uri, sync completes it there)\n"
+    )
+    assert not other.exists() and len(_runs(tmp_path / "ro" / "m.db")) == 1
+
+
+def test_tracking_uri_overrides_a_store_that_lacks_the_run_and_says_so(
+    finished_run: tuple[str, Path], tmp_path: Path, empty_store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_id, outputs = finished_run
+    (tmp_path / "ro" / "m.db").unlink()  # the run's own store is lost
+    other = tmp_path / "other.db"
+    shutil.copyfile(empty_store, other)
+    assert sync_main([str(outputs), "--tracking-uri", f"sqlite:///{other}"]) == 0
+    (copied,) = _runs(other)
+    assert capsys.readouterr().out == (
+        f"{outputs / JOURNAL_FILE}: synced to run {copied.info.run_id} (FINISHED, 3 updates) in sqlite:///{other} "
+        f"(--tracking-uri overrides its own store sqlite:///{tmp_path / 'ro' / 'm.db'}, which does not have the run)\n"
+    )
+    assert copied.info.status == "FINISHED" and copied.info.run_id != run_id
+    assert not (tmp_path / "ro" / "m.db").exists(), "the lost store is not created again"
