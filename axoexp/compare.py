@@ -15,8 +15,9 @@ resamples runs, so with one run the interval would hold only that run's own spre
 run-to-run spread of a shared machine. Measure both sides with sweep.repeats=2 or more.
 
 A row whose runs were contended (timing.contention not none) or noisy (timing.noise high) on
-either side is marked and never counted as a regression. Exit 1 when any row is a
-regression, 0 otherwise, 2 on bad input (one line).
+either side is marked and never counted as a regression; such runs form rows of their own, apart
+from a config's quiet repeats, unless --include-contended pools them (as the report's flag does).
+Exit 1 when any row is a regression, 0 otherwise, 2 on bad input (one line).
 """
 
 from __future__ import annotations
@@ -143,7 +144,7 @@ def untrusted(runs: Sequence[Run]) -> str:
     return ", ".join(reasons)
 
 
-def load_side(client: MlflowClient, run_id: str, label: str) -> Side:
+def load_side(client: MlflowClient, run_id: str, label: str, include_contended: bool = False) -> Side:
     """A sweep parent's runs (children and reused) or the one run ``run_id`` names."""
     try:
         run = client.get_run(run_id)
@@ -154,7 +155,7 @@ def load_side(client: MlflowClient, run_id: str, label: str) -> Side:
     runs = sweep_runs(client, run) if run.data.tags.get(names.SWEEP_ROLE) == "parent" else [run]
     if not runs:
         raise ComparisonError(f"{label}={run_id}: the sweep has no runs to compare")
-    return Side(label, runs, build_rows(runs, client))
+    return Side(label, runs, build_rows(runs, client, include_contended=include_contended))
 
 
 def latest_two(client: MlflowClient, experiment: str) -> tuple[str, str]:
@@ -322,6 +323,11 @@ def run_compare(argv: list[str] | None = None) -> int:
     parser.add_argument("--experiment", default="axoexp")
     parser.add_argument("--threshold", default=DEFAULT_THRESHOLD, help="smallest change that counts (default 5%%)")
     parser.add_argument("--format", choices=FORMATS, default="text")
+    parser.add_argument(
+        "--include-contended",
+        action="store_true",
+        help="pool runs measured under contention or with high noise with a config's other runs (still marked)",
+    )
     args = parser.parse_args(argv)
     threshold = parse_threshold(args.threshold)
     if args.latest is not None and args.latest != 2:
@@ -333,7 +339,8 @@ def run_compare(argv: list[str] | None = None) -> int:
         raise NoSweepError(f"no MLflow store at {uri}; give --tracking-uri or run something first")
     client = MlflowClient(tracking_uri=uri)
     base_id, new_id = latest_two(client, args.experiment) if args.latest else args.runs
-    base, new = load_side(client, base_id, "BASE"), load_side(client, new_id, "NEW")
+    base = load_side(client, base_id, "BASE", args.include_contended)
+    new = load_side(client, new_id, "NEW", args.include_contended)
     comparisons = compare(client, base, new, threshold)
     if not comparisons:
         raise ComparisonError(f"BASE={base_id} NEW={new_id}: no config and executor was measured on both sides")

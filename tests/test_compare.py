@@ -207,13 +207,15 @@ def test_real_single_runs_give_no_verdict_and_repeated_ones_do(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Two single runs of one config, then two sweeps of it with sweep.repeats=2, each pair measured
-    side by side (identical code: whatever the machine's load, a verdict is only given with repeats)."""
+    side by side (identical code: whatever the machine's load, a verdict is only given with repeats).
+    ``--include-contended`` pools every repeat, so a repeat that a loaded machine disturbed still
+    counts (without it, it would form a row of its own, apart from its quiet twin)."""
     short = ("run.warmup_updates=2", "run.measured_updates=20", "run.progress=false")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     for commands in ([short, short], [("-m", *short, "sweep.repeats=2", "sweep.resume=false")] * 2):
         for result in run_clis([(command, tmp_path, None) for command in commands]):
             assert result.returncode == 0, result.stderr
-        assert _compare(uri, "--latest", "2", "--format", "json") in (0, 1)
+        assert _compare(uri, "--latest", "2", "--format", "json", "--include-contended") in (0, 1)
         (row,) = json.loads(capsys.readouterr().out)["rows"]
         if commands[0] == short:
             assert (row["verdict"], row["ratio_low"], row["regression"]) == ("no verdict", None, False)
