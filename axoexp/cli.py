@@ -19,14 +19,14 @@ from typing import NoReturn
 import hydra
 from hydra.conf import HydraConf
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+from hydra.errors import ConfigCompositionException, OverrideParseException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from axoexp import collector, targets, wallclock
 from axoexp.compose_once import composed_once
-from axoexp.config import describe, no_such_key, register_configs
+from axoexp.config import describe, one_line, register_configs
 from axoexp.errors import AxoexpError, ConfigError, RefusedTargetError, shown
 from axoexp.plugins import load_plugins
 from axoexp.signals import OUTSIDE_A_RUN, OUTSIDE_A_RUN_EXIT, Interrupted
@@ -35,7 +35,6 @@ DESCRIBE_FLAG = "--describe"
 MULTIRUN_FLAGS = ("-m", "--multirun")
 FULL_ERROR_ENV = "HYDRA_FULL_ERROR"
 CONFIG_ERRORS = (ConfigCompositionException, OverrideParseException, OmegaConfBaseException)
-HIDDEN_KEYS = ("hydra", "name")  # Hydra's own node; a component's name is chosen as group=name
 _tracebacks_wanted = os.environ.get(FULL_ERROR_ENV) == "1"  # the user's own setting, read before ours
 
 
@@ -159,36 +158,6 @@ def _main() -> None:
             "folder (hydra.run.dir=DIR, or hydra.sweep.dir=DIR with -m)",
             2,
         )
-
-
-def one_line(error: BaseException) -> str:
-    """A Hydra or OmegaConf composition error as one line: key, value and what is expected."""
-    if isinstance(error, MissingConfigException) and error.missing_cfg_file and error.options is not None:
-        group, _, option = error.missing_cfg_file.rpartition("/")
-        return f"{group}={option}: no such option; valid {group} options: {', '.join(sorted(error.options))}"
-    cause = error.__cause__
-    unknown = _unknown_key(cause) if isinstance(cause, OmegaConfBaseException) else None
-    if unknown:
-        return unknown
-    text = str(error).strip().splitlines()[0].removeprefix("Error merging override ")
-    if isinstance(cause, OmegaConfBaseException):
-        detail = (getattr(cause, "msg", None) or str(cause)).strip().splitlines()[0]
-        return f"{text}: {detail}"
-    if isinstance(error, OmegaConfBaseException):
-        key = getattr(error, "full_key", None)
-        return f"{key}: {text}" if key else text
-    return text
-
-
-def _unknown_key(error: OmegaConfBaseException) -> str | None:
-    """An override of a key the config lacks, e.g. ``optimizer.lrr: no such key in optimizer=adam
-    (did you mean lr?); its keys: ...``; ``None`` for any other error."""
-    parent, key = getattr(error, "parent_node", None), getattr(error, "key", None)
-    if not isinstance(parent, DictConfig) or not isinstance(key, str) or key in parent:
-        return None
-    keys = [str(name) for name in parent if name not in HIDDEN_KEYS]
-    section = str(getattr(error, "full_key", None) or key).rpartition(".")[0]
-    return no_such_key(key, section, keys, f"{section}={parent['name']}" if "name" in parent else "")
 
 
 def _exit_without_teardown() -> NoReturn:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 
 from axoexp.registry import AT_LEAST_ONE, GROUPS, NON_NEGATIVE, POSITIVE, Bounds, Component, Registry
 
@@ -140,6 +141,7 @@ class ExperimentConfig:
 
 
 CONFIG_SCALARS = (int, float, bool, str)
+HIDDEN_KEYS = ("hydra", "name")  # Hydra's own node; a component's name is chosen as group=name
 
 
 def no_such_key(key: str, section: str, keys: Sequence[str], where: str = "") -> str:
@@ -152,6 +154,38 @@ def no_such_key(key: str, section: str, keys: Sequence[str], where: str = "") ->
         return f"{key}: no such key{guess}; top-level keys: {', '.join(keys)}"
     settings = f"its keys: {', '.join(keys)}" if keys else "it takes no settings"
     return f"{section}.{key}: no such key in {where or section}{guess}; {settings}"
+
+
+def one_line(error: BaseException) -> str:
+    """A Hydra or OmegaConf composition error as one line: key, value and what is expected."""
+    from hydra.errors import MissingConfigException  # loaded wherever Hydra raised it
+
+    if isinstance(error, MissingConfigException) and error.missing_cfg_file and error.options is not None:
+        group, _, option = error.missing_cfg_file.rpartition("/")
+        return f"{group}={option}: no such option; valid {group} options: {', '.join(sorted(error.options))}"
+    cause = error.__cause__
+    unknown = _unknown_key(cause) if isinstance(cause, OmegaConfBaseException) else None
+    if unknown:
+        return unknown
+    text = str(error).strip().splitlines()[0].removeprefix("Error merging override ")
+    if isinstance(cause, OmegaConfBaseException):
+        detail = (getattr(cause, "msg", None) or str(cause)).strip().splitlines()[0]
+        return f"{text}: {detail}"
+    if isinstance(error, OmegaConfBaseException):
+        key = getattr(error, "full_key", None)
+        return f"{key}: {text}" if key else text
+    return text
+
+
+def _unknown_key(error: OmegaConfBaseException) -> str | None:
+    """An override of a key the config lacks, e.g. ``optimizer.lrr: no such key in optimizer=adam
+    (did you mean lr?); its keys: ...``; ``None`` for any other error."""
+    parent, key = getattr(error, "parent_node", None), getattr(error, "key", None)
+    if not isinstance(parent, DictConfig) or not isinstance(key, str) or key in parent:
+        return None
+    keys = [str(name) for name in parent if name not in HIDDEN_KEYS]
+    section = str(getattr(error, "full_key", None) or key).rpartition(".")[0]
+    return no_such_key(key, section, keys, f"{section}={parent['name']}" if "name" in parent else "")
 
 
 def added_keys(config: DictConfig, cls: type = ExperimentConfig, section: str = "") -> list[str]:

@@ -44,6 +44,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from axoexp import collector, metadata, names, processes, signals
+from axoexp.config import one_line
 from axoexp.describe import sweep_run_name
 from axoexp.errors import ConfigError, StoreError, SweepRefusedError
 from axoexp.job_process import SWEEP_PROCESS_ENV, sweep_process_marker
@@ -267,7 +268,7 @@ def plan_jobs(config: DictConfig) -> tuple[list[str], list[str]]:
             plan_experiment(job_config)
         except (ConfigError, HydraException, OmegaConfBaseException) as error:
             shown = " ".join(item for item in job if not item.startswith(names.NOT_MEASUREMENT_PARAM_PREFIXES))
-            refused.append(f"job {number} ({shown or 'defaults'}): {str(error).strip().splitlines()[0]}")
+            refused.append(f"job {number} ({shown or 'defaults'}): {one_line(error)}")
             if len(digests) == number:  # its config could not be composed: its overrides stand for it
                 digests.append(_job_digest(None, job))
     if jobs and len(refused) == len(jobs):

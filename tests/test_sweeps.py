@@ -293,6 +293,14 @@ REFUSED_SWEEPS = {  # sweeps refused before any run: their overrides and the one
         "job 0 (population.neurons=0): invalid experiment config: population.neurons=0: must be at least 1; "
         "job 1 (population.neurons=-1): invalid experiment config: population.neurons=-1: must be at least 1",
     ),
+    "every_job_misspelled": (  # a job's composition error reads as a single run's does
+        ("optimizer.lrr=0.1,0.2",),
+        "axoexp: no job of the sweep can run, so it created no run: "
+        "job 0 (optimizer.lrr=0.1): optimizer.lrr: no such key in optimizer=adam (did you mean lr?); its keys: "
+        "capturable, lr, beta1, beta2, eps, weight_decay; "
+        "job 1 (optimizer.lrr=0.2): optimizer.lrr: no such key in optimizer=adam (did you mean lr?); its keys: "
+        "capturable, lr, beta1, beta2, eps, weight_decay",
+    ),
     "slurm_without_slurm": (
         ("hydra/launcher=slurm", "population.neurons=2,3"),
         "axoexp: hydra/launcher=slurm needs SLURM, but 'srun' is not on PATH here; start the sweep on a "
@@ -306,8 +314,8 @@ REFUSED_SWEEPS = {  # sweeps refused before any run: their overrides and the one
 
 
 def test_a_sweep_that_cannot_run_creates_no_run_and_says_why_in_one_line(tmp_path: Path) -> None:
-    """Every job refused, the SLURM preset without SLURM, the parallel launcher without workers:
-    the three sweeps side by side, each in a folder of its own."""
+    """Every job refused (a value out of range, a misspelled key), the SLURM preset without SLURM,
+    the parallel launcher without workers: the sweeps side by side, each in a folder of its own."""
     cases = {
         name: case
         for name, case in REFUSED_SWEEPS.items()
