@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import sys
 import threading
 from contextlib import nullcontext
@@ -163,7 +164,10 @@ def _main() -> None:
 def _exit_without_teardown() -> NoReturn:
     """End the process as ``sys.exit(0)`` would, less the interpreter's teardown of every module and
     object (seconds with torch, dynamo, MLflow and SQLAlchemy loaded): threads are waited for, exit
-    handlers run (logging, a sweep's parent run, MLflow's own) and the streams are flushed first."""
+    handlers run (logging, a sweep's parent run, MLflow's own) and the streams are flushed first.
+    Ctrl-C is ignored from here on: the work is done and logged, and a KeyboardInterrupt would only
+    break one exit handler off halfway, with a traceback (SIGTERM still ends the process at once)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading._shutdown()  # type: ignore[attr-defined]  # as the interpreter does before the handlers
     atexit._run_exitfuncs()
     sys.stdout.flush()
