@@ -104,6 +104,9 @@ COMPILE_CACHE_DIR = "compile.cache_dir"
 FUSED_LOSS = "fused.loss"  # kernel | torch: where fused_cudagraph computed the loss and its gradient
 FUSED_FRONT = "fused.front"  # kernel | torch: where fused_cudagraph computed the tokens, the cache and their gradients
 FUSED_STEP = "fused.step"  # kernel | torch | torch: why: fused_cudagraph's gradient transform and optimizer step
+FUSED_GRADIENTS = (
+    "fused.gradients"  # kernel | autograd | autograd: why: who added the banks' gradients in fused_cudagraph
+)
 
 # --- tags: the code, the versions and the hardware a result belongs to (axoexp.metadata)
 GIT_COMMIT = "git.commit"

@@ -291,6 +291,7 @@ def test_a_run_with_the_fused_step_verifies_against_eager(make_config, plugin_re
     plan = plan_experiment(config, plugin_registry)
     executor = plan.build_executor(plan.build_population().module)
     assert isinstance(executor.fused_step, fused_step.FusedStep), "the run's updates go through the fused step"
+    assert executor.loss_and_gradients is not None, "and the kernels add the banks' gradients, with no autograd"
     result = run_experiment(config, registry=plugin_registry)
     assert result.verification is not None and result.verification.passed, result.verification
     assert result.verification.max_abs_param_change > 1e-5, "the compared updates must move the banks"
@@ -356,16 +357,24 @@ for (loss, masked), front_constants in itertools.product(((0, False), (1, False)
     source = ASTSource(_lite_forward_kernel, {**forward, **dict.fromkeys(constants, "constexpr")}, constants)
     triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
 backward = {**dict.fromkeys(("tokens", "cache", *weights, "states", "grad_outputs", "grad_tokens", "grad_cache",
-                             "grad_scale"), "*fp32"), "neurons": "i32", "blocks": "i32", **front}
+                             "grad_scale", "behavior_grad", "efficacy_grad", "morphology_grad", "partials", "loss"),
+                            "*fp32"), "neurons": "i32", "blocks": "i32", **front}
 for scaled, front_constants in itertools.product((False, True), fronts):
-    constants = dict(shape, STORE_INPUT_GRAD=scaled, SCALED=scaled, **front_constants)
+    constants = dict(shape, STORE_INPUT_GRAD=scaled, SCALED=scaled, BANK_GRADS=False, **front_constants)
     source = ASTSource(_lite_backward_kernel, {**backward, **dict.fromkeys(constants, "constexpr")}, constants)
     triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
+# the banks' gradients added in the kernel, with no autograd (the front in the kernel)
+constants = dict(shape, STORE_INPUT_GRAD=False, SCALED=False, BANK_GRADS=True, **fronts[1])
+source = ASTSource(_lite_backward_kernel, {**backward, **dict.fromkeys(constants, "constexpr")}, constants)
+triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
 from axoexp.kernels.pad import BLOCK as PAD_BLOCK, _pad_kernel
 signature = {**dict.fromkeys(("inputs", "static_inputs", "targets", "static_targets"), "*fp32"), "length": "*i64",
              **dict.fromkeys(("input_width", "static_input_width", "input_numel", "input_programs", "target_width",
-                              "static_target_width", "target_numel", "steps"), "i32"), "BLOCK": "constexpr"}
-triton.compile(ASTSource(_pad_kernel, signature, {"BLOCK": PAD_BLOCK}), target=GPUTarget("cuda", 90, 32))
+                              "static_target_width", "target_numel", "steps"), "i32"),
+             "WRITE_LENGTH": "constexpr", "BLOCK": "constexpr"}
+for write_length in (True, False):  # a bucket's padding; a fixed-length graph's copy
+    constants = {"WRITE_LENGTH": write_length, "BLOCK": PAD_BLOCK}
+    triton.compile(ASTSource(_pad_kernel, signature, constants), target=GPUTarget("cuda", 90, 32))
 print("compiled")
 """
 
@@ -373,7 +382,8 @@ print("compiled")
 @pytest.mark.slow  # a process of its own: Triton's interpreter, set in this one, compiles nothing
 def test_the_kernels_compile_for_an_h200_without_one(tmp_path: Path) -> None:
     """Triton's compiler and the ptxas it ships build the fused step's, the recurrence's (with and
-    without the loss, with the front in torch and in the kernels) and the bucket padding's kernels
+    without the loss, with the front in torch and in the kernels, with the banks' gradients added in
+    the backward kernel) and the bucket padding's kernels (and the fixed-length copy)
     for sm_90 on any machine: what the interpreter tolerates but a GPU build would reject (types,
     shapes, masks) fails here."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}

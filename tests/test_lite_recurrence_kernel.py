@@ -22,7 +22,10 @@ from axoexp.components.population import lite  # noqa: E402
 from axoexp.executors.base import batch_loss, pad_steps  # noqa: E402
 from axoexp.executors.fused import FusedLiteForward  # noqa: E402
 from axoexp.kernels import fused_population_forward, lite_recurrence, unsupported_reason  # noqa: E402
-from axoexp.kernels.lite_population import fused_population_loss  # noqa: E402
+from axoexp.kernels.lite_population import (  # noqa: E402
+    fused_population_loss,
+    fused_population_loss_and_gradients,
+)
 
 if not ON_GPU and not lite_recurrence.INTERPRETED:
     pytest.skip("triton was imported before TRITON_INTERPRET=1 could be set in this process", allow_module_level=True)
@@ -274,6 +277,18 @@ def test_the_loss_in_the_kernels_equals_the_loss_of_the_eager_output(
     for parameter, eager in zip(population.adaptation_parameters(), eager_grads, strict=True):
         assert (eager.abs().max() > 0) == (length is None or length > 4), "the banks get a gradient after warm-up"
         _assert_matches(parameter.grad, eager)
+    # With no autograd: the backward kernel adds the gradients into the banks' .grad (here already
+    # holding eager's, so they double) and sums the loss.
+    fused_options = {"error": loss_fn.pointwise.kind, "delta": loss_fn.pointwise.delta, "block_n": block_n}
+    for parameter, eager in zip(population.adaptation_parameters(), eager_grads, strict=True):
+        parameter.grad = eager.clone()
+    got = fused_population_loss_and_gradients(
+        population, inputs, targets, warmup_steps=loss_fn.warmup_steps, length=steps, **fused_options
+    )
+    assert got.grad_fn is None and got.shape == ()
+    _assert_matches(got, expected.detach())
+    for parameter, eager in zip(population.adaptation_parameters(), eager_grads, strict=True):
+        _assert_matches(parameter.grad, 2 * eager)
 
 
 def test_the_loss_in_the_kernels_is_chosen_for_the_built_in_mean_errors_only() -> None:
@@ -282,6 +297,29 @@ def test_the_loss_in_the_kernels_is_chosen_for_the_built_in_mean_errors_only() -
     assert all(forward.objective(loss_fn) is not None for loss_fn in LOSSES.values())
     assert forward.objective(torch.nn.functional.mse_loss) is None, "a plugin's loss runs in torch"
     assert forward.objective(MeanOverSteps(torch.nn.functional.l1_loss, torch.abs, 0)) is None, "no pointwise error"
+
+
+def test_the_kernels_add_the_gradients_only_where_the_loss_the_front_and_the_step_all_run_in_kernels() -> None:
+    from axoexp.executors.fused import gradients_for
+    from axoexp.executors.fused_step import FusedStep
+
+    population, _ = _population(neurons=2, time_steps=8, contacts=2, seed=18)
+    banks = list(population.adaptation_parameters())
+    optimizer = torch.optim.Adam(banks, lr=1e-3)
+    step = FusedStep(optimizer, None)
+    in_kernels, torch_front = FusedLiteForward(population), FusedLiteForward(population, front=False)
+    gradients, tag = gradients_for(True, in_kernels, mse(), optimizer, step)
+    assert gradients is not None and tag == "kernel"
+    assert gradients_for(False, in_kernels, mse(), optimizer, step) == (None, "autograd")
+    assert gradients_for(True, in_kernels, mse(), optimizer, None) == (None, "autograd: the step runs in torch")
+    plugin_loss = torch.nn.functional.mse_loss
+    assert gradients_for(True, in_kernels, plugin_loss, optimizer, step) == (None, "autograd: the loss runs in torch")
+    assert gradients_for(True, torch_front, mse(), optimizer, step) == (None, "autograd: the front runs in torch")
+    two_banks = torch.optim.Adam(banks[:2], lr=1e-3)
+    assert gradients_for(True, in_kernels, mse(), two_banks, step) == (
+        None,
+        "autograd: the optimizer does not adapt exactly the three banks",
+    )
 
 
 def test_rows_per_program_other_than_a_power_of_two_are_refused_while_planning(make_config) -> None:

@@ -33,6 +33,11 @@ Objective = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.
 """``objective(inputs, targets, length)``: the forward and loss of one update, differentiable in the
 banks (:func:`batch_loss` by default; the fused executor's runs the loss in its kernels)."""
 
+LossAndGradients = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+"""``loss_and_gradients(inputs, targets, length)``: an :data:`Objective` and its backward without
+autograd: returns the 0-dim loss, having added the banks' gradients into their zeroed ``.grad``
+itself (the fused executor's kernels, :func:`axoexp.kernels.lite_recurrence.lite_front_loss_and_gradients`)."""
+
 
 def batch_loss(
     module: torch.nn.Module,
@@ -75,20 +80,26 @@ def eager_update(
     *,
     fused_step: StepFusion | None = None,
     objective: Objective | None = None,
+    loss_and_gradients: LossAndGradients | None = None,
 ) -> torch.Tensor:
     """One update exactly as ``axosim.CudaGraphAdaptationStep`` captures it (with ``length``: on a
     padded batch, whose padded steps contribute nothing, :func:`batch_loss`). ``fused_step``, when
     given, zeroes the gradients and does the gradient transform and the optimizer step in one call
-    each (:class:`axoexp.executors.fused_step.FusedStep`); ``objective``, when given, the forward and loss."""
+    each (:class:`axoexp.executors.fused_step.FusedStep`); ``objective``, when given, the forward and
+    loss; ``loss_and_gradients``, when given, the forward, loss and backward (no autograd)."""
     if fused_step is None:
         optimizer_calls.zero_grad(optimizer)
     else:
         fused_step.zero_grad()
-    if objective is None:
-        loss = batch_loss(module, loss_fn, inputs, targets, length)
+    if loss_and_gradients is not None:
+        loss = loss_and_gradients(inputs, targets, length)
     else:
-        loss = objective(inputs, targets, length)
-    loss.backward()
+        loss = (
+            batch_loss(module, loss_fn, inputs, targets, length)
+            if objective is None
+            else objective(inputs, targets, length)
+        )
+        loss.backward()
     if fused_step is not None:
         fused_step()
         return loss.detach()

@@ -9,7 +9,7 @@ import torch
 
 from axoexp import names
 from axoexp.components.losses import masked_form
-from axoexp.executors.base import UPDATE_STAGES, Objective, StepFusion
+from axoexp.executors.base import UPDATE_STAGES, LossAndGradients, Objective, StepFusion
 from axoexp.executors.capture import CapturedUpdate, capture_update
 from axoexp.interfaces import Batch, Executor, LossFn
 from axoexp.lengths import BUCKETS_SYNTAX, DEFAULT_BUCKETS, bucket_of, buckets_for
@@ -65,6 +65,10 @@ class CudaGraphExecutor(Executor):
         """The gradient transform and optimizer step as one call, where a subclass fuses them."""
         self.objective: Objective | None = None
         """The forward and loss of an update, where a subclass computes them its own way."""
+        self.loss_and_gradients: LossAndGradients | None = None
+        """The forward, loss and backward of an update without autograd, where a subclass has them."""
+        self.copy_in_one_launch = False
+        """Whether a fixed-length graph's batch is copied in by one launch (:func:`capture_update`)."""
 
     @classmethod
     def length_refusal(cls, *, params: Mapping[str, Any], lengths: list[int], loss_fn: LossFn | None) -> str | None:
@@ -148,6 +152,8 @@ class CudaGraphExecutor(Executor):
             pool=pool,
             fused_step=self.fused_step,
             objective=self.objective,
+            loss_and_gradients=self.loss_and_gradients,
+            copy_in_one_launch=self.copy_in_one_launch,
         )
         self.graphs_captured += 1
         return captured

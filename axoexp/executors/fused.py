@@ -11,13 +11,15 @@ from axosim import AxoSimPopulation
 from axoexp import names
 from axoexp.components.losses import MeanOverSteps
 from axoexp.errors import IncompatibleComponentsError
-from axoexp.executors.base import UPDATE_STAGES, Objective, StepFusion, batch_loss
+from axoexp.executors.base import UPDATE_STAGES, LossAndGradients, Objective, StepFusion, batch_loss
 from axoexp.executors.cudagraph import Buckets, CudaGraphExecutor, WarmupSteps
 from axoexp.executors.step_rule import FUSED_STEP_KEY, fused_step_problem
 from axoexp.interfaces import GradientTransform, LossFn
 from axoexp.kernels.lite_population import (
+    front_in_kernel,
     fused_population_forward,
     fused_population_loss,
+    fused_population_loss_and_gradients,
     fused_refusal,
     unsupported_reason,
 )
@@ -39,6 +41,12 @@ LossInKernelOption = Annotated[
     bool,
     "the loss and its gradient inside the recurrence kernels for mse, causal_mse and huber (other losses run in "
     "torch either way; tag fused.loss says which ran)",
+]
+
+GradientsInKernelOption = Annotated[
+    bool,
+    "the backward kernel adds the banks' gradients into the fused step's buffer and sums the loss itself, with no "
+    "autograd, where the loss, the front and the step all run in kernels (tag fused.gradients says whether it did)",
 ]
 
 FrontInKernelOption = Annotated[
@@ -76,6 +84,23 @@ def fused_step_for(
         return None, f"torch: {error}"
 
 
+def gradients_for(
+    setting: bool,
+    fused: FusedLiteForward,
+    loss_fn: LossFn,
+    optimizer: torch.optim.Optimizer,
+    fused_step: StepFusion | None,
+) -> tuple[LossAndGradients | None, str]:
+    """The update's forward, loss and backward without autograd that a ``gradients_in_kernel`` setting
+    gives (:meth:`FusedLiteForward.loss_and_gradients`), and the :data:`axoexp.names.FUSED_GRADIENTS` tag:
+    ``kernel``, ``autograd``, or ``autograd: why`` where the kernels cannot (then None)."""
+    if not setting:
+        return None, "autograd"
+    if fused_step is None:  # the fused step is what gives every bank a .grad to add into
+        return None, "autograd: the step runs in torch"
+    return fused.loss_and_gradients(loss_fn, optimizer)
+
+
 def block_n_problems(params: Mapping[str, Any]) -> list[str]:
     """A ``block_n`` the kernels cannot take (Triton's block shapes are powers of 2)."""
     block_n = params.get("block_n", 0)
@@ -102,6 +127,45 @@ class FusedLiteForward(torch.nn.Module):
     def forward_batch(self, inputs: torch.Tensor) -> torch.Tensor:
         """B streams: the kernel's rows are B x neurons."""
         return fused_population_forward(self.population, inputs, block_n=self.block_n, front=self.front)
+
+    def loss_and_gradients(
+        self, loss_fn: LossFn, optimizer: torch.optim.Optimizer
+    ) -> tuple[LossAndGradients | None, str]:
+        """The update's forward, loss and backward with no autograd
+        (:func:`axoexp.kernels.lite_recurrence.lite_front_loss_and_gradients`), and the
+        :data:`axoexp.names.FUSED_GRADIENTS` tag: ``kernel``, or ``autograd: why`` (then None) where the
+        loss is not one the kernels compute, the front is not in the kernels, or ``optimizer`` does not
+        adapt exactly the three banks. The banks' ``.grad`` must exist (the fused step makes them)."""
+        if not isinstance(loss_fn, MeanOverSteps) or loss_fn.pointwise is None:
+            return None, "autograd: the loss runs in torch"
+        if not self.front:
+            return None, "autograd: the front runs in torch"
+        population = self.population
+        banks = (population.behavior_adapter, population.morphology_adapter, population.synaptic_log_efficacy)
+        adapted = {id(parameter) for group in optimizer.param_groups for parameter in group["params"]}
+        if adapted != {id(bank) for bank in banks}:
+            return None, "autograd: the optimizer does not adapt exactly the three banks"
+        error, warmup_steps = loss_fn.pointwise, loss_fn.warmup_steps
+
+        def loss_and_gradients(
+            inputs: torch.Tensor, targets: torch.Tensor, length: torch.Tensor | None
+        ) -> torch.Tensor:
+            if not front_in_kernel(population, inputs, True):  # all warm-up: autograd, as the objective does
+                loss = batch_loss(self, loss_fn, inputs, targets, length)
+                loss.backward()
+                return loss.detach()
+            return fused_population_loss_and_gradients(
+                population,
+                inputs,
+                targets,
+                error=error.kind,
+                delta=error.delta,
+                warmup_steps=warmup_steps,
+                length=length,
+                block_n=self.block_n,
+            )
+
+        return loss_and_gradients, "kernel"
 
     def objective(self, loss_fn: LossFn) -> Objective | None:
         """The update's forward and loss with the loss's error and gradient in the recurrence kernels
@@ -138,7 +202,9 @@ class FusedCudaGraphExecutor(CudaGraphExecutor):
     (``auto``: wherever it computes them exactly) the gradient transform and optimizer step are one
     Triton launch (two with clip_norm) over flat views of the banks; with ``front_in_kernel`` the
     recurrence kernels also compute the tokens and the cache from the contact inputs and the banks
-    (else torch does); the whole update is captured in one CUDA graph (docs/fused.md). float32,
+    (else torch does); with ``gradients_in_kernel``, where all three run in kernels, the backward
+    kernel adds the banks' gradients into the fused step's buffer itself (no autograd); the whole
+    update is captured in one CUDA graph, its batch copied in by one launch (docs/fused.md). float32,
     AxoSim-Lite populations, adaptation banks only."""
 
     update_includes = ("input_copy", "graph_replay", *UPDATE_STAGES, "loss_clone", "synchronize")
@@ -151,6 +217,7 @@ class FusedCudaGraphExecutor(CudaGraphExecutor):
         fused_step: FusedStepOption = "auto",
         loss_in_kernel: LossInKernelOption = True,
         front_in_kernel: FrontInKernelOption = True,
+        gradients_in_kernel: GradientsInKernelOption = True,
         block_n: BlockNOption = 0,
         **components: object,
     ) -> None:
@@ -162,6 +229,10 @@ class FusedCudaGraphExecutor(CudaGraphExecutor):
         self.fused_step, self.prepared_tags[names.FUSED_STEP] = fused_step_for(
             fused_step, self.optimizer, self.gradient_transform
         )
+        self.loss_and_gradients, self.prepared_tags[names.FUSED_GRADIENTS] = gradients_for(
+            gradients_in_kernel and loss_in_kernel, self.fused, self.loss_fn, self.optimizer, self.fused_step
+        )
+        self.copy_in_one_launch = True
 
     @staticmethod
     def config_problems(params: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:

@@ -290,3 +290,48 @@ def fused_population_loss(
         raise ValueError(f"the fused loss needs at least {population.neuron.patch_size} steps, got {inputs.shape[-2]}")
     rows = tokens.shape[1]
     return lite_recurrence_loss(population.neuron, tokens, cache, targets.reshape(rows, *targets.shape[-2:]), **loss)
+
+
+def fused_population_loss_and_gradients(
+    population: AxoSimPopulation,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    error: str,
+    delta: float = 0.0,
+    warmup_steps: int,
+    length: torch.Tensor | None = None,
+    block_n: int | None = None,
+) -> torch.Tensor:
+    """:func:`fused_population_loss` with the front in the kernels, and its backward with no autograd:
+    returns the loss (0-dim, no graph), having added the gradients of the behaviour, morphology and
+    log-efficacy banks into their ``.grad``, which must exist, zeroed (two launches in all:
+    :func:`axoexp.kernels.lite_recurrence.lite_front_loss_and_gradients`). Needs at least one patch of
+    steps and inputs that need no gradient (:func:`front_in_kernel`)."""
+    reason = unsupported_reason(population, inputs.dtype)
+    if reason is not None:
+        raise ValueError(reason)
+    if not front_in_kernel(population, inputs, True):
+        raise ValueError(
+            f"the kernels' gradients need at least {population.neuron.patch_size} steps of inputs that need no gradient"
+        )
+    banks = _banks(population)
+    grads = tuple(bank.grad for bank in banks)
+    if any(grad is None for grad in grads):
+        raise ValueError("the banks' gradients must exist (zeroed) before the kernels add into them")
+    from axoexp.kernels.lite_recurrence import lite_front_loss_and_gradients
+
+    flat = _rows(inputs)
+    return lite_front_loss_and_gradients(
+        population.neuron,
+        population_front(population),
+        flat,
+        banks,
+        cast(tuple[torch.Tensor, torch.Tensor, torch.Tensor], grads),
+        targets.reshape(flat.shape[0], *targets.shape[-2:]),
+        error=error,
+        delta=delta,
+        warmup_steps=warmup_steps,
+        length=length,
+        block_n=block_n,
+    )

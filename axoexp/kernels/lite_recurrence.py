@@ -210,6 +210,58 @@ def _adaptation(
     return token_offset, token_scale, decay, state_scale, state_shift, output_scale, output_offset
 
 
+@triton.jit
+def _put(pointer, values, mask, ACCUMULATE: tl.constexpr):
+    """Store ``values``, or with ``ACCUMULATE`` add them atomically (rows of several streams or
+    neurons may meet in one bank row)."""
+    if ACCUMULATE:
+        tl.atomic_add(pointer, values, mask=mask)
+    else:
+        tl.store(pointer, values, mask=mask)
+
+
+@triton.jit
+def _put_cache_gradient(
+    row_grad,
+    token_offset,
+    token_gain,
+    decay,
+    state_gain,
+    state_offset,
+    output_gain,
+    output_offset,
+    k,
+    s,
+    o,
+    k_ok,
+    s_ok,
+    o_ok,
+    TOKEN: tl.constexpr,
+    STATE: tl.constexpr,
+    OUTPUT: tl.constexpr,
+    ACCUMULATE: tl.constexpr,
+):
+    """A cache gradient's seven parts (token offset and gain, decay, state gain and offset, output gain
+    and offset) into their lanes of ``row_grad``, as axosim packs the cache (:func:`_adaptation`)."""
+    _put(row_grad + k, token_offset, k_ok, ACCUMULATE)
+    _put(row_grad + TOKEN + k, token_gain, k_ok, ACCUMULATE)
+    _put(row_grad + 2 * TOKEN + s, decay, s_ok, ACCUMULATE)
+    _put(row_grad + 2 * TOKEN + STATE + s, state_gain, s_ok, ACCUMULATE)
+    _put(row_grad + 2 * TOKEN + 2 * STATE + s, state_offset, s_ok, ACCUMULATE)
+    _put(row_grad + 2 * TOKEN + 3 * STATE + o, output_gain, o_ok, ACCUMULATE)
+    _put(row_grad + 2 * TOKEN + 3 * STATE + OUTPUT + o, output_offset, o_ok, ACCUMULATE)
+
+
+@triton.jit
+def _sum_of(values, count, BLOCK: tl.constexpr):
+    """The sum of ``values[:count]``, added in one fixed order."""
+    total = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, count, BLOCK):
+        index = start + tl.arange(0, BLOCK)
+        total += tl.load(values + index, mask=index < count, other=0.0)
+    return tl.sum(total, axis=0)
+
+
 NO_LOSS: tl.constexpr = tl.constexpr(0)
 SQUARED: tl.constexpr = tl.constexpr(1)
 """``LOSS`` code: the squared error, ``(y - t)^2`` (torch's ``mse_loss``)."""
@@ -422,6 +474,11 @@ def _lite_backward_kernel(
     projection_bias,
     bank_rows,
     input_steps,
+    behavior_grad,
+    efficacy_grad,
+    morphology_grad,
+    partials,
+    loss,
     TOKEN: tl.constexpr,
     STATE: tl.constexpr,
     OUTPUT: tl.constexpr,
@@ -431,6 +488,7 @@ def _lite_backward_kernel(
     BLOCK_N: tl.constexpr,
     STORE_INPUT_GRAD: tl.constexpr,
     SCALED: tl.constexpr,
+    BANK_GRADS: tl.constexpr,
     FRONT: tl.constexpr,
     CONTACTS: tl.constexpr,
     CONTACTS_PAD: tl.constexpr,
@@ -448,6 +506,11 @@ def _lite_backward_kernel(
         dL/ds_{b-1} = d * g + W_rec^T dL/dz_b
     The decay gradient is accumulated as sum_b g * (s_{b-1} - q_b), q_b = p_b (1 + state_gain),
     and multiplied by sigmoid' = d (1 - d) once at the end, since d does not depend on b.
+
+    With ``BANK_GRADS`` (and ``FRONT``) no per-row gradients are stored: each row's cache gradient
+    is added (atomically) into its neuron's row of ``behavior_grad`` and its morphology's row of
+    ``morphology_grad``, its log-efficacy gradient into ``efficacy_grad`` (all zeroed by the caller),
+    and program 0 writes to ``loss`` the sum of the forward's ``partials``, one per program.
     """
     CACHE: tl.constexpr = 2 * TOKEN + 3 * STATE + 2 * OUTPUT
     rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -577,20 +640,84 @@ def _lite_backward_kernel(
             token = next_token
         grad_output = next_grad_output
 
-    row_grad = grad_cache + rows[:, None] * CACHE
-    tl.store(row_grad + k, grad_token_offset, mask=k_ok)
-    tl.store(row_grad + TOKEN + k, grad_token_gain, mask=k_ok)
-    tl.store(row_grad + 2 * TOKEN + s, grad_decay * decay * (1.0 - decay), mask=s_ok)
-    tl.store(row_grad + 2 * TOKEN + STATE + s, grad_state_gain, mask=s_ok)
-    tl.store(row_grad + 2 * TOKEN + 2 * STATE + s, grad_state_offset, mask=s_ok)
-    tl.store(row_grad + 2 * TOKEN + 3 * STATE + o, grad_output_gain, mask=o_ok)
-    tl.store(row_grad + 2 * TOKEN + 3 * STATE + OUTPUT + o, grad_output_offset, mask=o_ok)
-    if FRONT and STORE_INPUT_GRAD:
+    grad_decay = grad_decay * decay * (1.0 - decay)
+    if BANK_GRADS:
+        morphology_row = tl.load(morphology_indices + bank_row[:, None], mask=row_ok, other=0)
+        _put_cache_gradient(
+            behavior_grad + bank_row[:, None] * CACHE,
+            grad_token_offset,
+            grad_token_gain,
+            grad_decay,
+            grad_state_gain,
+            grad_state_offset,
+            grad_output_gain,
+            grad_output_offset,
+            k,
+            s,
+            o,
+            k_ok,
+            s_ok,
+            o_ok,
+            TOKEN,
+            STATE,
+            OUTPUT,
+            True,
+        )
+        _put_cache_gradient(
+            morphology_grad + morphology_row * CACHE,
+            grad_token_offset,
+            grad_token_gain,
+            grad_decay,
+            grad_state_gain,
+            grad_state_offset,
+            grad_output_gain,
+            grad_output_offset,
+            k,
+            s,
+            o,
+            k_ok,
+            s_ok,
+            o_ok,
+            TOKEN,
+            STATE,
+            OUTPUT,
+            True,
+        )
+    else:
+        _put_cache_gradient(
+            grad_cache + rows[:, None] * CACHE,
+            grad_token_offset,
+            grad_token_gain,
+            grad_decay,
+            grad_state_gain,
+            grad_state_offset,
+            grad_output_gain,
+            grad_output_offset,
+            k,
+            s,
+            o,
+            k_ok,
+            s_ok,
+            o_ok,
+            TOKEN,
+            STATE,
+            OUTPUT,
+            False,
+        )
+    if FRONT and (STORE_INPUT_GRAD or BANK_GRADS):
         # d/d log-efficacy = efficacy x d/d efficacy, summed over the patch's steps: the row's share
         # of the log-efficacies' gradient (batched streams: one share per stream).
         per_step = tl.reshape(grad_window * efficacy, (BLOCK_N, PATCH_STEPS_PAD, CONTACTS_PAD))
         c = tl.arange(0, CONTACTS_PAD)[None, :]
-        tl.store(grad_tokens + rows[:, None] * CONTACTS + c, tl.sum(per_step, axis=1), mask=row_ok & (c < CONTACTS))
+        c_ok = row_ok & (c < CONTACTS)
+        if BANK_GRADS:
+            tl.atomic_add(efficacy_grad + bank_row[:, None] * CONTACTS + c, tl.sum(per_step, axis=1), mask=c_ok)
+        else:
+            tl.store(grad_tokens + rows[:, None] * CONTACTS + c, tl.sum(per_step, axis=1), mask=c_ok)
+    if BANK_GRADS:
+        if tl.program_id(0) == 0:  # the forward ran as many programs as this launch
+            total = _sum_of(partials, tl.num_programs(0), 128)
+            tl.store(loss + tl.arange(0, 1), total + tl.zeros([1], tl.float32))
 
 
 ONE_ROW_PER_PROGRAM_UP_TO = 4096
@@ -777,23 +904,32 @@ def _forward(
     return outputs, states, partials
 
 
-def _backward(ctx: Any, grad_outputs: torch.Tensor, grad_scale: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-    """Launch the backward kernel from what the forward saved: the gradients of the Functions' first
-    four inputs (source, cache or behaviour bank, log-efficacies, morphology bank), None where not needed."""
-    # Both Functions save source, cache, log-efficacies, morphology bank and states first and the weights
-    # last (the loss's gradient between).
-    source, cache, log_efficacy, morphology, states, *weights = (
-        ctx.saved_tensors[:5] + ctx.saved_tensors[-ctx.weights :]
-    )
-    front: Front | None = ctx.front
+def _launch_backward(
+    saved: tuple[torch.Tensor, ...],
+    front: Front | None,
+    block_n: int,
+    grad_outputs: torch.Tensor,
+    grad_scale: torch.Tensor | None,
+    *,
+    need_input: bool,
+    bank_grads: tuple[torch.Tensor, ...] | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Launch the backward kernel on what the forward saved (``saved``: source, cache or behaviour bank,
+    log-efficacies, morphology bank, states, then the weights): (the source's gradient or, with the front,
+    each row's share of the log-efficacies', if ``need_input``; each row's cache gradient). With
+    ``bank_grads`` (behaviour, log-efficacy and morphology gradients, zeroed, then the forward's partials
+    and a 0-dim loss) the kernel adds the banks' gradients into them and writes the loss instead, and
+    both results are None."""
+    source, cache, log_efficacy, morphology, states, *weights = saved
     token_dim = weights[0].shape[1]
     blocks, rows = _shape(source, front)
-    need_input = ctx.needs_input_grad[0 if front is None else 2]
-    grad_input = None
+    grad_input = grad_cache = None
     if need_input:  # the tokens' gradient, or with the front each row's share of the log-efficacies'
         grad_input = torch.empty_like(source) if front is None else source.new_empty(rows, front.contacts)
-    grad_cache = cache.new_empty(rows, cache.shape[1])
-    grid, constants = _launch_config(rows, token_dim, tuple(weights), ctx.block_n)
+    if bank_grads is None:
+        grad_cache = cache.new_empty(rows, cache.shape[1])
+    unused = dict.fromkeys(("behavior_grad", "efficacy_grad", "morphology_grad", "partials", "loss"), source)
+    grid, constants = _launch_config(rows, token_dim, tuple(weights), block_n)
     if rows:
         _lite_backward_kernel[grid](
             source,
@@ -802,19 +938,36 @@ def _backward(ctx: Any, grad_outputs: torch.Tensor, grad_scale: torch.Tensor | N
             states,
             grad_outputs.contiguous(),
             source if grad_input is None else grad_input,  # without an input gradient the kernel stores none
-            grad_cache,
+            source if grad_cache is None else grad_cache,
             rows,
             blocks,
             source if grad_scale is None else grad_scale,
             **_front_arguments(front, log_efficacy, morphology, source),
+            **(unused if bank_grads is None else dict(zip(unused, bank_grads, strict=True))),
             STORE_INPUT_GRAD=need_input,
             SCALED=grad_scale is not None,
+            BANK_GRADS=bank_grads is not None,
             num_warps=NUM_WARPS,
             **constants,
         )
+    return grad_input, grad_cache
+
+
+def _backward(ctx: Any, grad_outputs: torch.Tensor, grad_scale: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    """The backward kernel from what the forward saved: the gradients of the Functions' first
+    four inputs (source, cache or behaviour bank, log-efficacies, morphology bank), None where not needed."""
+    # Both Functions save source, cache, log-efficacies, morphology bank and states first and the weights
+    # last (the loss's gradient between).
+    saved = ctx.saved_tensors[:5] + ctx.saved_tensors[-ctx.weights :]
+    front: Front | None = ctx.front
+    need_input = ctx.needs_input_grad[0 if front is None else 2]
+    grad_input, grad_cache = _launch_backward(
+        saved, front, ctx.block_n, grad_outputs, grad_scale, need_input=need_input
+    )
+    grad_cache = cast(torch.Tensor, grad_cache)
     if front is None:
         return grad_input, grad_cache if ctx.needs_input_grad[1] else None, None, None
-    return (None, *_bank_gradients(ctx, front, grad_cache, grad_input, cast(torch.Tensor, morphology)))
+    return (None, *_bank_gradients(ctx, front, grad_cache, grad_input, cast(torch.Tensor, saved[3])))
 
 
 def _bank_gradients(
@@ -1099,3 +1252,58 @@ def lite_front_recurrence_loss(
         block_n,
         *weights,
     )
+
+
+def lite_front_loss_and_gradients(
+    neuron: AxoSimLite,
+    front: Front,
+    inputs: torch.Tensor,
+    banks: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    targets: torch.Tensor,
+    *,
+    error: str,
+    delta: float = 0.0,
+    warmup_steps: int,
+    length: torch.Tensor | None = None,
+    block_n: int | None = None,
+) -> torch.Tensor:
+    """:func:`lite_front_recurrence_loss` and its backward with no autograd, in two launches: returns
+    the 0-dim loss, and adds the banks' gradients into ``grads`` (zeroed by the caller: the (behaviour,
+    morphology, log-efficacy) banks' gradients, contiguous float32 of the banks' shapes). The backward
+    kernel adds each row's share into its bank rows atomically, so rows that share a bank row (batched
+    streams, a morphology's neurons) add up to float32 rounding in an order that may vary, as torch's
+    ``index_add`` on CUDA does; and its program 0 sums the forward's shares of the loss."""
+    weights = _checked_front(neuron, front, inputs, banks)
+    if any(
+        grad.shape != bank.shape or grad.dtype != torch.float32 or not grad.is_contiguous()
+        for grad, bank in zip(grads, banks, strict=True)
+    ):
+        raise ValueError("the banks' gradients must be contiguous float32 tensors of the banks' shapes")
+    loss = _loss_arguments(neuron, inputs.shape[0], targets, error, delta, warmup_steps, length is not None)
+    behavior, morphology, log_efficacy = (bank.contiguous() for bank in banks)
+    inputs, targets = inputs.contiguous(), targets.contiguous()
+    block_n = _block_n(weights, inputs.shape[0], block_n, front.window)
+    grad_forecasts, states, partials = _forward(
+        inputs,
+        behavior,
+        weights,
+        block_n,
+        store_states=True,
+        loss={**loss, "targets": targets, "length": targets if length is None else length},
+        front=front,
+        log_efficacy=log_efficacy,
+        morphology=morphology,
+    )
+    value = inputs.new_empty(())
+    behavior_grad, morphology_grad, efficacy_grad = grads
+    _launch_backward(
+        (inputs, behavior, log_efficacy, morphology, states, *weights),
+        front,
+        block_n,
+        grad_forecasts,
+        None,
+        need_input=False,
+        bank_grads=(behavior_grad, efficacy_grad, morphology_grad, cast(torch.Tensor, partials), value),
+    )
+    return value

@@ -1,8 +1,9 @@
 """An executor with preconditions that runs on the CPU: eager updates whose forward is the fused
 AxoSim-Lite kernel (in Triton's CPU interpreter without a GPU), with the loss in the kernels as
 ``fused_cudagraph`` runs it, and with ``fused_step`` the fused gradient transform and optimizer
-step too. Its refusals are the fused executor's, so planning judges a population and a fused
-step for it exactly as for ``fused_cudagraph``."""
+step too (then, as there, the backward kernel adds the banks' gradients with no autograd). Its
+refusals are the fused executor's, so planning judges a population and a fused step for it
+exactly as for ``fused_cudagraph``."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ from axoexp.executors.eager import EagerExecutor
 from axoexp.executors.fused import (
     FusedLiteForward,
     FusedStepOption,
+    GradientsInKernelOption,
     LossInKernelOption,
     fused_step_config_problems,
     fused_step_for,
+    gradients_for,
 )
 from axoexp.kernels.lite_population import fused_refusal
 
@@ -29,12 +32,20 @@ class FusedEagerExecutor(EagerExecutor):
     """Eager updates through the fused kernel's forward and backward (and, optionally, fused step)."""
 
     def __init__(
-        self, *, fused_step: FusedStepOption = "auto", loss_in_kernel: LossInKernelOption = True, **components: Any
+        self,
+        *,
+        fused_step: FusedStepOption = "auto",
+        loss_in_kernel: LossInKernelOption = True,
+        gradients_in_kernel: GradientsInKernelOption = True,
+        **components: Any,
     ) -> None:
         super().__init__(**components)
         self.forward = FusedLiteForward(self.module)  # type: ignore[arg-type]
         self.objective = self.forward.objective(self.loss_fn) if loss_in_kernel else None
         self.fused_step, _ = fused_step_for(fused_step, self.optimizer, self.gradient_transform)
+        self.loss_and_gradients, _ = gradients_for(
+            gradients_in_kernel and loss_in_kernel, self.forward, self.loss_fn, self.optimizer, self.fused_step
+        )
 
     @classmethod
     def refusal(cls, *, module: torch.nn.Module, dtype: torch.dtype) -> str | None:
@@ -54,4 +65,5 @@ class FusedEagerExecutor(EagerExecutor):
             targets,
             fused_step=self.fused_step,
             objective=self.objective,
+            loss_and_gradients=self.loss_and_gradients,
         )
