@@ -371,10 +371,8 @@ from axoexp.kernels.pad import BLOCK as PAD_BLOCK, _pad_kernel
 signature = {**dict.fromkeys(("inputs", "static_inputs", "targets", "static_targets"), "*fp32"), "length": "*i64",
              **dict.fromkeys(("input_width", "static_input_width", "input_numel", "input_programs", "target_width",
                               "static_target_width", "target_numel", "steps"), "i32"),
-             "WRITE_LENGTH": "constexpr", "BLOCK": "constexpr"}
-for write_length in (True, False):  # a bucket's padding; a fixed-length graph's copy
-    constants = {"WRITE_LENGTH": write_length, "BLOCK": PAD_BLOCK}
-    triton.compile(ASTSource(_pad_kernel, signature, constants), target=GPUTarget("cuda", 90, 32))
+             "BLOCK": "constexpr"}
+triton.compile(ASTSource(_pad_kernel, signature, {"BLOCK": PAD_BLOCK}), target=GPUTarget("cuda", 90, 32))
 print("compiled")
 """
 
@@ -383,7 +381,7 @@ print("compiled")
 def test_the_kernels_compile_for_an_h200_without_one(tmp_path: Path) -> None:
     """Triton's compiler and the ptxas it ships build the fused step's, the recurrence's (with and
     without the loss, with the front in torch and in the kernels, with the banks' gradients added in
-    the backward kernel) and the bucket padding's kernels (and the fixed-length copy)
+    the backward kernel) and the bucket padding's kernels
     for sm_90 on any machine: what the interpreter tolerates but a GPU build would reject (types,
     shapes, masks) fails here."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}

@@ -97,14 +97,11 @@ class CapturedUpdate:
     static_targets: torch.Tensor
     static_loss: torch.Tensor
     static_length: torch.Tensor | None = None
-    copy_in_one_launch: bool = False
-    """Whether a fixed-length graph's batch is copied in by one launch (a bucket's always is, where
-    Triton is installed)."""
     pad: Callable[[torch.Tensor, torch.Tensor], None] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
-        if (self.static_length is not None or self.copy_in_one_launch) and PAD_IN_ONE_LAUNCH:
-            from axoexp.kernels.pad import BucketPad  # Triton: imported by bucketed and fused runs only
+        if self.static_length is not None and PAD_IN_ONE_LAUNCH:
+            from axoexp.kernels.pad import BucketPad  # Triton: imported by bucketed runs only
 
             self.pad = BucketPad(self.static_inputs, self.static_targets, self.static_length)
 
@@ -135,11 +132,8 @@ class CapturedUpdate:
                     f"{tuple(self.static_inputs.shape)} {self.static_inputs.dtype} and targets "
                     f"{tuple(self.static_targets.shape)} {self.static_targets.dtype}"
                 )
-        if self.pad is not None:
-            self.pad(inputs, targets)
-        else:
-            self.static_inputs.copy_(inputs, non_blocking=True)
-            self.static_targets.copy_(targets, non_blocking=True)
+        self.static_inputs.copy_(inputs, non_blocking=True)
+        self.static_targets.copy_(targets, non_blocking=True)
         self.graph.replay()
         return self.static_loss.clone()
 
@@ -158,16 +152,13 @@ def capture_update(
     fused_step: StepFusion | None = None,
     objective: Objective | None = None,
     loss_and_gradients: LossAndGradients | None = None,
-    copy_in_one_launch: bool = False,
 ) -> CapturedUpdate:
     """Capture one whole update for these shapes; module and optimizer end as they began.
 
     With ``bucket``, for batches of up to ``bucket`` steps: the example is padded to it and the
     loss masked to a length read from a static device scalar. ``pool``: the memory pool the
     graph allocates from (``torch.cuda.graph_pool_handle()``, shared by a run's bucket graphs).
-    ``fused_step``, ``objective`` and ``loss_and_gradients``: as in :func:`eager_update`. With
-    ``copy_in_one_launch`` a fixed-length graph's batch is copied into its buffers by one Triton launch
-    (:class:`axoexp.kernels.pad.BucketPad`) rather than two copies."""
+    ``fused_step``, ``objective`` and ``loss_and_gradients``: as in :func:`eager_update`."""
     static_length = None
     if bucket is None:
         static_inputs, static_targets = example_inputs.clone(), example_targets.clone()
@@ -208,4 +199,4 @@ def capture_update(
         torch.cuda.current_stream(example_inputs.device).wait_stream(stream)
         torch.cuda.synchronize(example_inputs.device)
     torch.cuda.synchronize(example_inputs.device)
-    return CapturedUpdate(graph, static_inputs, static_targets, static_loss, static_length, copy_in_one_launch)
+    return CapturedUpdate(graph, static_inputs, static_targets, static_loss, static_length)

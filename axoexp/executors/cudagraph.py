@@ -67,8 +67,6 @@ class CudaGraphExecutor(Executor):
         """The forward and loss of an update, where a subclass computes them its own way."""
         self.loss_and_gradients: LossAndGradients | None = None
         """The forward, loss and backward of an update without autograd, where a subclass has them."""
-        self.copy_in_one_launch = False
-        """Whether a fixed-length graph's batch is copied in by one launch (:func:`capture_update`)."""
 
     @classmethod
     def length_refusal(cls, *, params: Mapping[str, Any], lengths: list[int], loss_fn: LossFn | None) -> str | None:
@@ -153,7 +151,6 @@ class CudaGraphExecutor(Executor):
             fused_step=self.fused_step,
             objective=self.objective,
             loss_and_gradients=self.loss_and_gradients,
-            copy_in_one_launch=self.copy_in_one_launch,
         )
         self.graphs_captured += 1
         return captured

@@ -204,7 +204,7 @@ class FusedCudaGraphExecutor(CudaGraphExecutor):
     recurrence kernels also compute the tokens and the cache from the contact inputs and the banks
     (else torch does); with ``gradients_in_kernel``, where all three run in kernels, the backward
     kernel adds the banks' gradients into the fused step's buffer itself (no autograd); the whole
-    update is captured in one CUDA graph, its batch copied in by one launch (docs/fused.md). float32,
+    update is captured in one CUDA graph (docs/fused.md). float32,
     AxoSim-Lite populations, adaptation banks only."""
 
     update_includes = ("input_copy", "graph_replay", *UPDATE_STAGES, "loss_clone", "synchronize")
@@ -232,7 +232,6 @@ class FusedCudaGraphExecutor(CudaGraphExecutor):
         self.loss_and_gradients, self.prepared_tags[names.FUSED_GRADIENTS] = gradients_for(
             gradients_in_kernel and loss_in_kernel, self.fused, self.loss_fn, self.optimizer, self.fused_step
         )
-        self.copy_in_one_launch = True
 
     @staticmethod
     def config_problems(params: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:

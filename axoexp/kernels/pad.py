@@ -47,7 +47,6 @@ def _pad_kernel(
     target_numel,
     length,
     steps,
-    WRITE_LENGTH: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     """The first ``input_programs`` programs pad the inputs, the others the targets; program 0
@@ -61,18 +60,16 @@ def _pad_kernel(
     else:
         block = program - input_programs
         _pad_block(targets, static_targets, target_width, static_target_width, target_numel, block, BLOCK)
-    if WRITE_LENGTH:
-        if program == 0:
-            tl.store(length, steps)
+    if program == 0:
+        tl.store(length, steps)
 
 
 class BucketPad:
     """:func:`pad_into` for one bucket's static buffers, with what no batch changes worked out once:
     each replay of a bucket's graph waits for this launch to be issued, and on an H200's host
-    pad_into's checks and argument arithmetic took about 9 of its 25 us (2026-12-04). Without a
-    ``length`` it is a fixed-length graph's copy: the batch fills the buffers, one launch for both."""
+    pad_into's checks and argument arithmetic took about 9 of its 25 us (2026-12-04)."""
 
-    def __init__(self, static_inputs: torch.Tensor, static_targets: torch.Tensor, length: torch.Tensor | None) -> None:
+    def __init__(self, static_inputs: torch.Tensor, static_targets: torch.Tensor, length: torch.Tensor) -> None:
         self.static_inputs, self.static_targets, self.length = static_inputs, static_targets, length
         self.input_lead, self.input_channels = static_inputs.shape[:-2], static_inputs.shape[-1]
         self.target_lead, self.target_channels = static_targets.shape[:-2], static_targets.shape[-1]
@@ -114,9 +111,8 @@ class BucketPad:
             steps * self.target_channels,
             self.static_target_width,
             self.static_targets.numel(),
-            self.static_inputs if self.length is None else self.length,
+            self.length,
             steps,
-            WRITE_LENGTH=self.length is not None,
             BLOCK=BLOCK,
             num_warps=NUM_WARPS,
         )
