@@ -108,6 +108,15 @@ class MlflowSweepCallback(Callback):
         except SweepRefusedError as error:
             print(f"axoexp: {error}", file=sys.stderr, flush=True)
             raise SystemExit(error.exit_code) from None
+        if self.refused:  # said now, while the user can still stop the sweep, and again at its end
+            print(
+                f"axoexp: {len(self.refused)} of {len(job_configs)} jobs cannot run and will create no run; "
+                "the others run, and the sweep will end FAILED:",
+                file=sys.stderr,
+                flush=True,
+            )
+            for line in self.refused:
+                print(f"refused {line}", file=sys.stderr, flush=True)
         sweep_dir = claim_sweep_dir(config)
         with read_write(config.hydra.overrides), open_dict(config.hydra.overrides):
             add_repeats(config)  # also without a parent run

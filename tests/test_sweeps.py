@@ -85,11 +85,15 @@ def test_failing_job_fails_the_parent_but_keeps_the_others(sweeps) -> None:
     result, folder = sweeps["failing"]
     assert result.returncode == 1, "a sweep in which a job failed exits 1"
     assert "axoexp: invalid experiment config: population.neurons=0: must be at least 1" in result.stderr
+    lines = result.stderr.splitlines()
+    notice = "axoexp: 2 of 4 jobs cannot run and will create no run; the others run, and the sweep will end FAILED:"
+    assert notice in lines, "said before the jobs run"
     for job, executor in ((0, "eager"), (2, "flaky")):  # every refused job is listed, not only the first
-        assert (
+        line = (
             f"refused job {job} (executor={executor} population.neurons=0 run.measured_updates=3): "
             "invalid experiment config: population.neurons=0: must be at least 1"
-        ) in result.stderr.splitlines()
+        )
+        assert lines.count(line) == 2 and lines.index(line) > lines.index(notice), "listed up front and at the end"
     _, runs = _runs(f"sqlite:///{folder / 'mlflow.db'}")
     (parent,), children = _split(runs)
     assert parent.info.status == "FAILED"
