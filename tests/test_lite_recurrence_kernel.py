@@ -92,10 +92,16 @@ def _check(population, inputs: torch.Tensor, **options: int) -> None:
         (7, 12, 4, 3, ("morphology", "synaptic"), 4),  # ragged: 4 + 3
         (5, 10, 3, 4, ("synaptic",), None),  # time not a multiple of 4: a partial last patch
         (4, 6, 2, 5, ("behavior", "morphology"), None),  # one block, every forecast cut off
-        (3, 16, 2, 11, BANKS, None),
-        (5, 8, 4, 12, ("behavior", "synaptic"), 2),  # ragged: 2 + 2 + 1
-        (7, 16, 2, 13, BANKS, None),
-        (1, 12, 4, 14, ("morphology",), None),
+        # more of the same: the whole suite runs them, the fast subset (-m "not slow") does not
+        *(
+            pytest.param(*case, marks=pytest.mark.slow)
+            for case in (
+                (3, 16, 2, 11, BANKS, None),
+                (5, 8, 4, 12, ("behavior", "synaptic"), 2),  # ragged: 2 + 2 + 1
+                (7, 16, 2, 13, BANKS, None),
+                (1, 12, 4, 14, ("morphology",), None),
+            )
+        ),
     ],
 )
 def test_matches_eager_output_and_gradients(
