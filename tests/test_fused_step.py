@@ -358,7 +358,7 @@ for (loss, masked), front_constants in itertools.product(((0, False), (1, False)
     triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
 backward = {**dict.fromkeys(("tokens", "cache", *weights, "states", "grad_outputs", "grad_tokens", "grad_cache",
                              "grad_scale", "behavior_grad", "efficacy_grad", "morphology_grad", "partials", "loss"),
-                            "*fp32"), "neurons": "i32", "blocks": "i32", **front}
+                            "*fp32"), "neurons": "i32", "blocks": "i32", "partial_count": "i32", **front}
 for scaled, front_constants in itertools.product((False, True), fronts):
     constants = dict(shape, STORE_INPUT_GRAD=scaled, SCALED=scaled, BANK_GRADS=False, **front_constants)
     source = ASTSource(_lite_backward_kernel, {**backward, **dict.fromkeys(constants, "constexpr")}, constants)

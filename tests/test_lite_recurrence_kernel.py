@@ -236,6 +236,8 @@ LOSSES = {
         ("mse", 3, 3, 16, 9, 4),
         ("huber", None, 2, 16, 3, None),  # masked inside the warm-up patch: a loss, no gradient
         ("huber", None, 2, 16, 6, None),
+        # 150 programs: the backward's program 0 sums the loss's shares in more than one block of 128
+        pytest.param("mse", 3, 50, 8, None, 1, marks=pytest.mark.slow),
     ],
 )
 def test_the_loss_in_the_kernels_equals_the_loss_of_the_eager_output(
@@ -318,6 +320,18 @@ def test_the_kernels_add_the_gradients_only_where_the_loss_the_front_and_the_ste
     assert gradients is not None and tag == "kernel"
     assert gradients_for(False, in_kernels, mse(), optimizer, step) == (None, "autograd")
     assert gradients_for(True, in_kernels, mse(), optimizer, None) == (None, "autograd: the step runs in torch")
+    assert gradients_for(True, in_kernels, mse(), optimizer, step, loss_in_kernel=False) == (
+        None,
+        "autograd: the loss runs in torch",
+    )
+    torch.use_deterministic_algorithms(True)
+    try:  # the kernels' adds into shared bank rows are atomic: their order may vary
+        assert gradients_for(True, in_kernels, mse(), optimizer, step) == (
+            None,
+            "autograd: deterministic algorithms were asked for, and the kernels add atomically",
+        )
+    finally:
+        torch.use_deterministic_algorithms(False)
     plugin_loss = torch.nn.functional.mse_loss
     assert gradients_for(True, in_kernels, plugin_loss, optimizer, step) == (None, "autograd: the loss runs in torch")
     assert gradients_for(True, torch_front, mse(), optimizer, step) == (None, "autograd: the front runs in torch")

@@ -90,14 +90,22 @@ def gradients_for(
     loss_fn: LossFn,
     optimizer: torch.optim.Optimizer,
     fused_step: StepFusion | None,
+    *,
+    loss_in_kernel: bool = True,
 ) -> tuple[LossAndGradients | None, str]:
     """The update's forward, loss and backward without autograd that a ``gradients_in_kernel`` setting
     gives (:meth:`FusedLiteForward.loss_and_gradients`), and the :data:`axoexp.names.FUSED_GRADIENTS` tag:
-    ``kernel``, ``autograd``, or ``autograd: why`` where the kernels cannot (then None)."""
+    ``kernel``, ``autograd``, or ``autograd: why`` where the kernels cannot (then None). Under
+    ``torch.use_deterministic_algorithms`` autograd runs it: the kernels' adds into shared bank rows
+    are atomic, so their order may vary from run to run."""
     if not setting:
         return None, "autograd"
+    if not loss_in_kernel:
+        return None, "autograd: the loss runs in torch"
     if fused_step is None:  # the fused step is what gives every bank a .grad to add into
         return None, "autograd: the step runs in torch"
+    if torch.are_deterministic_algorithms_enabled():
+        return None, "autograd: deterministic algorithms were asked for, and the kernels add atomically"
     return fused.loss_and_gradients(loss_fn, optimizer)
 
 
@@ -143,7 +151,7 @@ class FusedLiteForward(torch.nn.Module):
         population = self.population
         banks = (population.behavior_adapter, population.morphology_adapter, population.synaptic_log_efficacy)
         adapted = {id(parameter) for group in optimizer.param_groups for parameter in group["params"]}
-        if adapted != {id(bank) for bank in banks}:
+        if adapted != {id(bank) for bank in banks} or not all(bank.requires_grad for bank in banks):
             return None, "autograd: the optimizer does not adapt exactly the three banks"
         error, warmup_steps = loss_fn.pointwise, loss_fn.warmup_steps
 
@@ -230,7 +238,12 @@ class FusedCudaGraphExecutor(CudaGraphExecutor):
             fused_step, self.optimizer, self.gradient_transform
         )
         self.loss_and_gradients, self.prepared_tags[names.FUSED_GRADIENTS] = gradients_for(
-            gradients_in_kernel and loss_in_kernel, self.fused, self.loss_fn, self.optimizer, self.fused_step
+            gradients_in_kernel,
+            self.fused,
+            self.loss_fn,
+            self.optimizer,
+            self.fused_step,
+            loss_in_kernel=loss_in_kernel,
         )
 
     @staticmethod

@@ -478,6 +478,7 @@ def _lite_backward_kernel(
     efficacy_grad,
     morphology_grad,
     partials,
+    partial_count,
     loss,
     TOKEN: tl.constexpr,
     STATE: tl.constexpr,
@@ -510,8 +511,9 @@ def _lite_backward_kernel(
     With ``BANK_GRADS`` (and ``FRONT``) no per-row gradients are stored: each row's cache gradient
     is added (atomically) into its neuron's row of ``behavior_grad`` and its morphology's row of
     ``morphology_grad``, its log-efficacy gradient into ``efficacy_grad`` (all zeroed by the caller),
-    and program 0 writes to ``loss`` the sum of the forward's ``partials``, one per program.
+    and program 0 writes to ``loss`` the sum of the forward's ``partial_count`` ``partials``.
     """
+    tl.static_assert(FRONT or not BANK_GRADS, "the banks' gradients are added with the front in the kernel")
     CACHE: tl.constexpr = 2 * TOKEN + 3 * STATE + 2 * OUTPUT
     rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     population = tl.cast(neurons, tl.int64)  # int64 row arithmetic: no overflow at scale
@@ -715,8 +717,8 @@ def _lite_backward_kernel(
         else:
             tl.store(grad_tokens + rows[:, None] * CONTACTS + c, tl.sum(per_step, axis=1), mask=c_ok)
     if BANK_GRADS:
-        if tl.program_id(0) == 0:  # the forward ran as many programs as this launch
-            total = _sum_of(partials, tl.num_programs(0), 128)
+        if tl.program_id(0) == 0:
+            total = _sum_of(partials, partial_count, 128)
             tl.store(loss + tl.arange(0, 1), total + tl.zeros([1], tl.float32))
 
 
@@ -929,6 +931,7 @@ def _launch_backward(
     if bank_grads is None:
         grad_cache = cache.new_empty(rows, cache.shape[1])
     unused = dict.fromkeys(("behavior_grad", "efficacy_grad", "morphology_grad", "partials", "loss"), source)
+    partial_count = 0 if bank_grads is None else bank_grads[3].numel()
     grid, constants = _launch_config(rows, token_dim, tuple(weights), block_n)
     if rows:
         _lite_backward_kernel[grid](
@@ -944,6 +947,7 @@ def _launch_backward(
             source if grad_scale is None else grad_scale,
             **_front_arguments(front, log_efficacy, morphology, source),
             **(unused if bank_grads is None else dict(zip(unused, bank_grads, strict=True))),
+            partial_count=partial_count,
             STORE_INPUT_GRAD=need_input,
             SCALED=grad_scale is not None,
             BANK_GRADS=bank_grads is not None,

@@ -44,7 +44,12 @@ class FusedEagerExecutor(EagerExecutor):
         self.objective = self.forward.objective(self.loss_fn) if loss_in_kernel else None
         self.fused_step, _ = fused_step_for(fused_step, self.optimizer, self.gradient_transform)
         self.loss_and_gradients, _ = gradients_for(
-            gradients_in_kernel and loss_in_kernel, self.forward, self.loss_fn, self.optimizer, self.fused_step
+            gradients_in_kernel,
+            self.forward,
+            self.loss_fn,
+            self.optimizer,
+            self.fused_step,
+            loss_in_kernel=loss_in_kernel,
         )
 
     @classmethod
