@@ -52,10 +52,13 @@ def hydra_app(config: DictConfig) -> float | None:
 
     job_number, job_name = hydra_config.job.num, hydra_config.job.override_dirname or "defaults"
     output_dir = Path(hydra_config.runtime.output_dir)
-    return run_isolated(
-        lambda: _experiment(config, hydra_config),
-        lambda pid, how: sweep.end_killed_job(config, job_number, job_name, output_dir, pid, how),
-    )
+    try:
+        return run_isolated(
+            lambda: _experiment(config, hydra_config),
+            lambda pid, how: sweep.end_killed_job(config, job_number, job_name, output_dir, pid, how),
+        )
+    finally:  # the job's phases ended in its forked process: the next job's count from here
+        wallclock.take_phases()
 
 
 def _experiment(config: DictConfig, hydra_config: HydraConf) -> float | None:

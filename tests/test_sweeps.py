@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -177,6 +178,19 @@ def test_joblib_launcher_runs_each_job_in_its_own_process(tmp_path: Path) -> Non
     assert {child.data.tags[names.PARENT_RUN_ID] for child in children} == {parent.info.run_id}
     launcher_pid = parent.data.tags[names.PROCESS_PID]
     assert all(child.data.tags[names.PROCESS_PID] != launcher_pid for child in children)
+
+
+def test_each_jobs_process_phases_count_from_the_end_of_the_job_before(sweeps) -> None:
+    """Jobs run in forked processes: a job's ``process_*`` phases start where the previous job ended,
+    not where the sweep began (they once took in every earlier job, each job's more than the last)."""
+    _, folder = sweeps["report"]
+    _, runs = _runs(f"sqlite:///{folder / 'mlflow.db'}")
+    _, children = _split(runs)
+    children = sorted(children, key=lambda run: run.info.run_name)  # "01 ...", "02 ...": the jobs in order
+    assert len(children) == 4
+    for earlier, later in itertools.pairwise(children):
+        since_earlier_ended_ms = later.info.end_time - earlier.info.end_time
+        assert later.data.metrics[names.PROCESS_TOTAL] <= since_earlier_ended_ms + 100, (earlier, later)
 
 
 def test_report_tabulates_a_sweep_next_to_its_outputs_and_logs_it_to_the_parent(sweeps) -> None:
