@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,8 @@ CONTENDED = ("fail", "keep")
 STUDY_FILE = "optuna.db"
 PARENT_KEY = "sweep.parent_run_id"
 DONE = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
+FAIL_KIND = "axoexp_fail"
+"""A FAIL trial's user attribute: why it told no value (``contended``, ``failed`` or ``stopped``)."""
 
 log = logging.getLogger(__name__)
 
@@ -250,6 +253,7 @@ class Search:
                 returns = self.launch(batch, initial_job_idx=trials[0].number)
             except BaseException as error:  # a stop signal (Interrupted) or a launcher's failure: no value counts
                 for trial in trials:
+                    trial.set_user_attr(FAIL_KIND, "stopped")
                     study.tell(trial, state=TrialState.FAIL)
                     stopped = Outcome(None, f"the search was stopped: {signals.received() or repr(error)}")
                     self._tag_trial(client, self._trial_run(client, parent_id, trial.number), parent_id, trial, stopped)
@@ -261,6 +265,8 @@ class Search:
                 if job.status == JobStatus.FAILED and outcome.values is not None:
                     outcome = Outcome(None, f"the job failed: {getattr(job, '_return_value', '')}")
                 state = TrialState.COMPLETE if outcome.values is not None else TrialState.FAIL
+                if outcome.values is None:
+                    trial.set_user_attr(FAIL_KIND, "contended" if outcome.disturbed else "failed")
                 study.tell(trial, outcome.values, state=state)
                 self._tag_trial(client, run, parent_id, trial, outcome)
                 if outcome.values is None:
@@ -333,7 +339,13 @@ class Search:
 
     def _summary(self, study: optuna.Study) -> None:
         complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        print(f"study {study.study_name}: {len(study.trials)} trials, {len(complete)} complete", flush=True)
+        fails = Counter(
+            trial.user_attrs.get(FAIL_KIND, "failed")
+            for trial in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+        )
+        said = {"contended": "timing contended", "failed": "failed", "stopped": "stopped"}
+        counts = [f"{len(complete)} complete", *(f"{fails[kind]} {said[kind]}" for kind in said if fails[kind])]
+        print(f"study {study.study_name}: {len(study.trials)} trials, {', '.join(counts)}", flush=True)
         if not complete:
             return
         for trial in sorted(study.best_trials, key=lambda trial: trial.number):

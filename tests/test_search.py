@@ -212,6 +212,7 @@ def test_failed_trials_are_told_fail_and_n_jobs_trials_run_side_by_side(tmp_path
     assert result.returncode == 1, "a search in which trials failed exits 1"
     assert "is launching 2 jobs" in result.stdout + result.stderr, "both trials in one batch of the parallel launcher"
     assert "axoexp: 2 trials failed (trials 0, 1), told to Optuna as FAIL" in result.stderr
+    assert re.search(r"^study \S+: 2 trials, 0 complete, 2 failed$", result.stdout, re.MULTILINE), result.stdout
     study = optuna.load_study(study_name=None, storage=f"sqlite:///{tmp_path / 'optuna.db'}")
     assert [trial.state for trial in study.trials] == [optuna.trial.TrialState.FAIL] * 2
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
