@@ -152,7 +152,7 @@ def sync_journal(client: MlflowClient, path: Path) -> str:
         complete = stored_updates(client, run.info.run_id) >= len(updates)
         if complete and (names.SYNCED in run.data.tags or not stopped_mid_run):
             already = "already synced to" if names.SYNCED in run.data.tags else "already complete in the store:"
-            return f"{already} run {run.info.run_id} ({run.info.status}, {len(updates)} updates){said}"
+            return f"{already} run {run.info.run_id} ({run.info.status}, {_counted(updates)}){said}"
     gone = process_gone(tags)
     if not ends and not gone and (run is None or run.info.status == RUNNING):
         where = tags.get(names.HOSTNAME, "an unknown host")
@@ -180,7 +180,13 @@ def sync_journal(client: MlflowClient, path: Path) -> str:
         synced[names.FAILURE] = reason[:5000]
     Tracker(client, run.info.run_id).set_tags(synced)
     client.set_terminated(run.info.run_id, status=status, end_time=end_time)
-    return f"synced to run {run.info.run_id} ({status}, {len(updates)} updates){said}"
+    return f"synced to run {run.info.run_id} ({status}, {_counted(updates)}){said}"
+
+
+def _counted(updates: list[dict[str, Any]]) -> str:
+    """``302 updates: 2 warm-up, 300 measured``: the journal's updates, by window."""
+    measured = sum(1 for update in updates if update.get("window") == MEASURED)
+    return f"{len(updates)} updates: {len(updates) - measured} warm-up, {measured} measured"
 
 
 def _ending(

@@ -344,7 +344,9 @@ def test_server_killed_mid_run_switches_to_the_journal_then_sync(tmp_path: Path,
         client, run = only_run(uri)
         assert run.info.status == "RUNNING", "the server died before the run could end"
         synced = sync(str(tmp_path / "outputs"), "--tracking-uri", uri, cwd=tmp_path)
-        assert f"synced to run {run.info.run_id} (FINISHED, 302 updates)" in synced.stdout, synced.stderr
+        assert f"synced to run {run.info.run_id} (FINISHED, 302 updates: 2 warm-up, 300 measured)" in synced.stdout, (
+            synced.stderr
+        )
         client, run = only_run(uri)
         assert run.info.status == "FINISHED" and run.data.metrics[names.update_metric("count")] == 300
         assert_everything_measured_is_in(client, run, journal)
@@ -420,7 +422,7 @@ def test_a_store_on_a_full_disk_loses_nothing(tmp_path: Path, small_filesystem: 
     assert len(updates_in(journal)) == 3000
     filler.unlink()
     synced = sync(str(journal), "--tracking-uri", uri, cwd=tmp_path)
-    assert "(FINISHED, 3000 updates)" in synced.stdout, synced.stdout + synced.stderr
+    assert "(FINISHED, 3000 updates: 0 warm-up, 3000 measured)" in synced.stdout, synced.stdout + synced.stderr
     client, run = only_run(uri)
     assert run.info.status == "FINISHED"
     assert_everything_measured_is_in(client, run, journal)

@@ -289,7 +289,7 @@ def test_damaged_journals_are_synced_by_record_and_reported_by_line(tmp_path: Pa
     client, copy = _copy(killed, journal, tmp_path / "first")
     _damage_line(copy, 1)
     said = sync_journal(client, copy)
-    assert f"synced to run {run.info.run_id} (KILLED, {len(updates)} updates)" in said
+    assert f"synced to run {run.info.run_id} (KILLED, {len(updates)} updates: " in said
     assert "damaged journal lines skipped: 1" in said
     assert_everything_measured_is_in(client, client.get_run(run.info.run_id), copy)
 
@@ -327,7 +327,7 @@ def test_a_run_a_sweep_ended_killed_is_completed_from_its_journal_once(killed_ru
     assert stored_updates(client, run.info.run_id) == 0
 
     synced = sync(str(folder / "outputs"), cwd=folder)
-    assert f"synced to run {run.info.run_id} (KILLED, {len(updates_in(journal))} updates)" in synced.stdout
+    assert f"synced to run {run.info.run_id} (KILLED, {len(updates_in(journal))} updates: " in synced.stdout
     client, run = only_run(f"sqlite:///{folder / 'mlflow.db'}")
     assert run.info.status == "KILLED"
     assert run.data.tags[names.FAILURE] == "the sweep was stopped (its job failed) before this run ended"

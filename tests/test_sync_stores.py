@@ -47,8 +47,8 @@ def test_sync_writes_to_the_journal_s_own_store_and_makes_no_second_copy(
     monkeypatch.chdir(elsewhere)
     assert sync_main([str(tmp_path / "outputs")]) == 0
     assert capsys.readouterr().out == (
-        f"{outputs / JOURNAL_FILE}: already complete in the store: run {run_id} (FINISHED, 3 updates) "
-        f"in sqlite:///{tmp_path / 'ro' / 'm.db'}\n"
+        f"{outputs / JOURNAL_FILE}: already complete in the store: run {run_id} "
+        f"(FINISHED, 3 updates: 1 warm-up, 2 measured) in sqlite:///{tmp_path / 'ro' / 'm.db'}\n"
     )
     assert not (elsewhere / "mlflow.db").exists()
     assert len(_runs(tmp_path / "ro" / "m.db")) == 1
@@ -73,7 +73,8 @@ def test_tracking_uri_overrides_a_store_that_lacks_the_run_and_says_so(
     assert sync_main([str(outputs), "--tracking-uri", f"sqlite:///{other}"]) == 0
     (copied,) = _runs(other)
     assert capsys.readouterr().out == (
-        f"{outputs / JOURNAL_FILE}: synced to run {copied.info.run_id} (FINISHED, 3 updates) in sqlite:///{other} "
+        f"{outputs / JOURNAL_FILE}: synced to run {copied.info.run_id} (FINISHED, 3 updates: 1 warm-up, 2 measured) "
+        f"in sqlite:///{other} "
         f"(--tracking-uri overrides its own store sqlite:///{tmp_path / 'ro' / 'm.db'}, which does not have the run)\n"
     )
     assert copied.info.status == "FINISHED" and copied.info.run_id != run_id
