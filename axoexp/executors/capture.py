@@ -12,6 +12,7 @@ autograd reports as "The AccumulateGrad node's stream does not match ..." on eve
 from __future__ import annotations
 
 import copy
+import functools
 import importlib.util
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -170,31 +171,24 @@ def capture_update(
         release_autograd_graphs(module)
         stream = torch.cuda.Stream(example_inputs.device)
         stream.wait_stream(torch.cuda.current_stream(example_inputs.device))
+        update = functools.partial(
+            eager_update,
+            module,
+            optimizer,
+            loss_fn,
+            transform,
+            *batch,
+            fused_step=fused_step,
+            objective=objective,
+            loss_and_gradients=loss_and_gradients,
+        )
         with torch.cuda.stream(stream):
             for _ in range(warmup_steps):
-                eager_update(
-                    module,
-                    optimizer,
-                    loss_fn,
-                    transform,
-                    *batch,
-                    fused_step=fused_step,
-                    objective=objective,
-                    loss_and_gradients=loss_and_gradients,
-                )
+                update()
                 release_autograd_graphs(module)  # no warm-up graph (nor its accumulators) outlives its update
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool, stream=stream):
-            static_loss = eager_update(
-                module,
-                optimizer,
-                loss_fn,
-                transform,
-                *batch,
-                fused_step=fused_step,
-                objective=objective,
-                loss_and_gradients=loss_and_gradients,
-            )
+            static_loss = update()
         release_autograd_graphs(module)
         torch.cuda.current_stream(example_inputs.device).wait_stream(stream)
         torch.cuda.synchronize(example_inputs.device)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import torch
 from axosim import AxoSimPopulation
 
 from axoexp import names
-from axoexp.components.losses import MeanOverSteps
+from axoexp.components.losses import MeanOverSteps, PointwiseError
 from axoexp.errors import IncompatibleComponentsError
 from axoexp.executors.base import UPDATE_STAGES, LossAndGradients, Objective, StepFusion, batch_loss
 from axoexp.executors.cudagraph import Buckets, CudaGraphExecutor, WarmupSteps
@@ -153,7 +153,7 @@ class FusedLiteForward(torch.nn.Module):
         adapted = {id(parameter) for group in optimizer.param_groups for parameter in group["params"]}
         if adapted != {id(bank) for bank in banks} or not all(bank.requires_grad for bank in banks):
             return None, "autograd: the optimizer does not adapt exactly the three banks"
-        error, warmup_steps = loss_fn.pointwise, loss_fn.warmup_steps
+        options = self._kernel_loss_options(loss_fn)
 
         def loss_and_gradients(
             inputs: torch.Tensor, targets: torch.Tensor, length: torch.Tensor | None
@@ -162,18 +162,19 @@ class FusedLiteForward(torch.nn.Module):
                 loss = batch_loss(self, loss_fn, inputs, targets, length)
                 loss.backward()
                 return loss.detach()
-            return fused_population_loss_and_gradients(
-                population,
-                inputs,
-                targets,
-                error=error.kind,
-                delta=error.delta,
-                warmup_steps=warmup_steps,
-                length=length,
-                block_n=self.block_n,
-            )
+            return fused_population_loss_and_gradients(population, inputs, targets, length=length, **options)
 
         return loss_and_gradients, "kernel"
+
+    def _kernel_loss_options(self, loss_fn: MeanOverSteps) -> dict[str, Any]:
+        """The kernels' loss arguments for ``loss_fn``, a mean of a pointwise error, and the rows per program."""
+        error = cast(PointwiseError, loss_fn.pointwise)
+        return {
+            "error": error.kind,
+            "delta": error.delta,
+            "warmup_steps": loss_fn.warmup_steps,
+            "block_n": self.block_n,
+        }
 
     def objective(self, loss_fn: LossFn) -> Objective | None:
         """The update's forward and loss with the loss's error and gradient in the recurrence kernels
@@ -181,23 +182,13 @@ class FusedLiteForward(torch.nn.Module):
         compute (the built-in mse, causal_mse and huber); None for any other loss."""
         if not isinstance(loss_fn, MeanOverSteps) or loss_fn.pointwise is None:
             return None
-        error, warmup_steps = loss_fn.pointwise, loss_fn.warmup_steps
+        options = self._kernel_loss_options(loss_fn)
         patch = self.population.neuron.patch_size
 
         def objective(inputs: torch.Tensor, targets: torch.Tensor, length: torch.Tensor | None) -> torch.Tensor:
             if inputs.shape[-2] < patch:  # all warm-up: no recurrence to put the loss in
                 return batch_loss(self, loss_fn, inputs, targets, length)
-            return fused_population_loss(
-                self.population,
-                inputs,
-                targets,
-                error=error.kind,
-                delta=error.delta,
-                warmup_steps=warmup_steps,
-                length=length,
-                block_n=self.block_n,
-                front=self.front,
-            )
+            return fused_population_loss(self.population, inputs, targets, length=length, front=self.front, **options)
 
         return objective
 
