@@ -49,7 +49,9 @@ STUDY_FILE = "optuna.db"
 PARENT_KEY = "sweep.parent_run_id"
 DONE = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
 FAIL_KIND = "axoexp_fail"
-"""A FAIL trial's user attribute: why it told no value (``contended``, ``failed`` or ``stopped``)."""
+"""A FAIL trial's user attribute: why it told no value, one of :data:`FAIL_KINDS`."""
+FAIL_KINDS = {"contended": "timing contended", "failed": "failed", "stopped": "stopped"}
+"""Each FAIL kind and how the search's summary counts it."""
 
 log = logging.getLogger(__name__)
 
@@ -343,8 +345,10 @@ class Search:
             trial.user_attrs.get(FAIL_KIND, "failed")
             for trial in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
         )
-        said = {"contended": "timing contended", "failed": "failed", "stopped": "stopped"}
-        counts = [f"{len(complete)} complete", *(f"{fails[kind]} {said[kind]}" for kind in said if fails[kind])]
+        counts = [
+            f"{len(complete)} complete",
+            *(f"{fails[kind]} {shown}" for kind, shown in FAIL_KINDS.items() if fails[kind]),
+        ]
         print(f"study {study.study_name}: {len(study.trials)} trials, {', '.join(counts)}", flush=True)
         if not complete:
             return

@@ -97,6 +97,11 @@ class MlflowSweepCallback(Callback):
         self.parent_run_id: str | None = None
         self.refused: list[str] = []
 
+    def _say_refused(self) -> None:
+        """Each job planning refused, a line each: said as the sweep starts and again at its end."""
+        for line in self.refused:
+            print(f"refused {line}", file=sys.stderr, flush=True)
+
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         collector.release()  # the command line's start-up done: the sweep's process may live for hours
         os.environ[SWEEP_PROCESS_ENV] = sweep_process_marker()  # job processes elsewhere die with this one
@@ -115,8 +120,7 @@ class MlflowSweepCallback(Callback):
                 file=sys.stderr,
                 flush=True,
             )
-            for line in self.refused:
-                print(f"refused {line}", file=sys.stderr, flush=True)
+            self._say_refused()
         sweep_dir = claim_sweep_dir(config)
         with read_write(config.hydra.overrides), open_dict(config.hydra.overrides):
             add_repeats(config)  # also without a parent run
@@ -208,8 +212,7 @@ class MlflowSweepCallback(Callback):
                 )
         children = child_runs(client, parent_run)
         print_reuse(client, parent_run, len(children))
-        for line in self.refused:
-            print(f"refused {line}", file=sys.stderr, flush=True)
+        self._say_refused()
         unfinished = [child for child in children if child.info.status != "FINISHED"]
         refused = [key for key in parent_run.data.tags if key.startswith(names.REFUSED_PREFIX)]
         died = {

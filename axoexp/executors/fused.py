@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, cast
+from typing import Annotated, Any
 
 import torch
 from axosim import AxoSimPopulation
 
 from axoexp import names
-from axoexp.components.losses import MeanOverSteps, PointwiseError
+from axoexp.components.losses import MeanOverSteps
 from axoexp.errors import IncompatibleComponentsError
 from axoexp.executors.base import UPDATE_STAGES, LossAndGradients, Objective, StepFusion, batch_loss
 from axoexp.executors.cudagraph import Buckets, CudaGraphExecutor, WarmupSteps
 from axoexp.executors.step_rule import FUSED_STEP_KEY, fused_step_problem
 from axoexp.interfaces import GradientTransform, LossFn
 from axoexp.kernels.lite_population import (
+    adaptation_banks,
     front_in_kernel,
     fused_population_forward,
     fused_population_loss,
@@ -144,16 +145,16 @@ class FusedLiteForward(torch.nn.Module):
         :data:`axoexp.names.FUSED_GRADIENTS` tag: ``kernel``, or ``autograd: why`` (then None) where the
         loss is not one the kernels compute, the front is not in the kernels, or ``optimizer`` does not
         adapt exactly the three banks. The banks' ``.grad`` must exist (the fused step makes them)."""
-        if not isinstance(loss_fn, MeanOverSteps) or loss_fn.pointwise is None:
+        options = self._kernel_loss_options(loss_fn)
+        if options is None:
             return None, "autograd: the loss runs in torch"
         if not self.front:
             return None, "autograd: the front runs in torch"
         population = self.population
-        banks = (population.behavior_adapter, population.morphology_adapter, population.synaptic_log_efficacy)
+        banks = adaptation_banks(population)
         adapted = {id(parameter) for group in optimizer.param_groups for parameter in group["params"]}
         if adapted != {id(bank) for bank in banks} or not all(bank.requires_grad for bank in banks):
             return None, "autograd: the optimizer does not adapt exactly the three banks"
-        options = self._kernel_loss_options(loss_fn)
 
         def loss_and_gradients(
             inputs: torch.Tensor, targets: torch.Tensor, length: torch.Tensor | None
@@ -166,9 +167,12 @@ class FusedLiteForward(torch.nn.Module):
 
         return loss_and_gradients, "kernel"
 
-    def _kernel_loss_options(self, loss_fn: MeanOverSteps) -> dict[str, Any]:
-        """The kernels' loss arguments for ``loss_fn``, a mean of a pointwise error, and the rows per program."""
-        error = cast(PointwiseError, loss_fn.pointwise)
+    def _kernel_loss_options(self, loss_fn: LossFn) -> dict[str, Any] | None:
+        """The kernels' loss arguments for ``loss_fn`` and the rows per program, where ``loss_fn`` is a mean
+        of a pointwise error the kernels compute (the built-in mse, causal_mse and huber); None for any other."""
+        if not isinstance(loss_fn, MeanOverSteps) or loss_fn.pointwise is None:
+            return None
+        error = loss_fn.pointwise
         return {
             "error": error.kind,
             "delta": error.delta,
@@ -180,9 +184,9 @@ class FusedLiteForward(torch.nn.Module):
         """The update's forward and loss with the loss's error and gradient in the recurrence kernels
         (:func:`fused_population_loss`), where ``loss_fn`` is a mean of a pointwise error the kernels
         compute (the built-in mse, causal_mse and huber); None for any other loss."""
-        if not isinstance(loss_fn, MeanOverSteps) or loss_fn.pointwise is None:
-            return None
         options = self._kernel_loss_options(loss_fn)
+        if options is None:
+            return None
         patch = self.population.neuron.patch_size
 
         def objective(inputs: torch.Tensor, targets: torch.Tensor, length: torch.Tensor | None) -> torch.Tensor:

@@ -214,7 +214,7 @@ def _rows(inputs: torch.Tensor) -> torch.Tensor:
     return inputs.reshape(-1, *inputs.shape[-2:])
 
 
-def _banks(population: AxoSimPopulation) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def adaptation_banks(population: AxoSimPopulation) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The (behaviour, morphology, log-efficacy) banks the kernels read."""
     return population.behavior_adapter, population.morphology_adapter, population.synaptic_log_efficacy
 
@@ -239,7 +239,7 @@ def fused_population_forward(
     neuron = population.neuron
     time_steps = inputs.shape[-2]
     forecast = lite_front_recurrence(
-        neuron, population_front(population), _rows(inputs), _banks(population), block_n=block_n
+        neuron, population_front(population), _rows(inputs), adaptation_banks(population), block_n=block_n
     )
     return assemble_output(neuron, forecast, time_steps).reshape(*inputs.shape[:-1], neuron.config.output_dim)
 
@@ -281,7 +281,7 @@ def fused_population_loss(
             population.neuron,
             population_front(population),
             flat,
-            _banks(population),
+            adaptation_banks(population),
             targets.reshape(flat.shape[0], *targets.shape[-2:]),
             **loss,
         )
@@ -315,7 +315,7 @@ def fused_population_loss_and_gradients(
         raise ValueError(
             f"the kernels' gradients need at least {population.neuron.patch_size} steps of inputs that need no gradient"
         )
-    banks = _banks(population)
+    banks = adaptation_banks(population)
     grads = tuple(bank.grad for bank in banks)
     if any(grad is None for grad in grads):
         raise ValueError("the banks' gradients must exist (zeroed) before the kernels add into them")
