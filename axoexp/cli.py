@@ -71,7 +71,7 @@ def _experiment(config: DictConfig, hydra_config: HydraConf) -> float | None:
     from axoexp.targets import check_targets
 
     wallclock.mark("imports")
-    job_name = run_name = None
+    job_name = run_name = on_planned = None
     if hydra_config.mode == RunMode.MULTIRUN:
         job_name = hydra_config.job.override_dirname or "defaults"
         job_number, overrides = hydra_config.job.num, list(hydra_config.overrides.task)
@@ -84,8 +84,9 @@ def _experiment(config: DictConfig, hydra_config: HydraConf) -> float | None:
                 flush=True,
             )
             return None
-        if resume.remeasure_reason:
-            print(f"measuring {job_name}: {resume.remeasure_reason}", flush=True)
+        if resume.remeasure_reason:  # said once planning accepts the job: a refused job says only why
+            line = f"measuring {job_name}: {resume.remeasure_reason}"
+            on_planned = lambda plan: print(line, flush=True)  # noqa: E731
     try:
         refused = check_targets(config)  # this job's sweep values (Hydra's config was checked before instantiating)
         if refused:
@@ -96,6 +97,7 @@ def _experiment(config: DictConfig, hydra_config: HydraConf) -> float | None:
             Path(hydra_config.runtime.output_dir),
             run_name=run_name,
             observers=run_observers(config.run.progress, in_this_terminal),
+            on_planned=on_planned,
         )
     except AxoexpError as error:
         wallclock.take_phases()  # a failed job's phases are not the next job's

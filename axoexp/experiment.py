@@ -85,15 +85,19 @@ def run_experiment(
     run_name: str | Callable[[Plan], str] | None = None,
     registry: Registry = REGISTRY,
     observers: Sequence[Observer] = (),
+    on_planned: Callable[[Plan], None] | None = None,
 ) -> ExperimentResult:
     """Run the experiment ``config`` describes and log it as one MLflow run, named ``run_name``
-    (or by ``run_name(plan)``) unless ``tracking.run_name`` names it.
+    (or by ``run_name(plan)``) unless ``tracking.run_name`` names it; ``on_planned(plan)`` is
+    called once planning has accepted it.
 
     In a sweep the run is a child of ``sweep.parent_run_id``. If the tracking store is
     unreachable the experiment still runs, logs to ``output_dir`` and then raises
     :class:`~axoexp.errors.TrackingUnavailableError`.
     """
     plan = plan_experiment(config, registry)
+    if on_planned is not None:
+        on_planned(plan)
     plan.begin_executor_setup()  # e.g. the compiler's start-up, overlapping the run's set-up below
     wallclock.mark("planning")
     tracking_uri = configure_tracking(config.tracking)
@@ -107,11 +111,11 @@ def run_experiment(
         run_name = run_name(plan)
     run_name = config.tracking.run_name or run_name or describe.default_run_name(plan)
     components = plan.components.values()
+    machine_tags = metadata.collect(plan.device, components)
     tags = {
         **describe.run_tags(plan, container),
-        names.RESULT_KEY: metadata.result_key(plan.device, container, components),
+        names.RESULT_KEY: metadata.result_key(plan.device, container, components, collected=machine_tags),
     }
-    machine_tags = metadata.collect(plan.device, components)
     with (
         signals.interruptible(),
         journaled_run(

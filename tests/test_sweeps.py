@@ -95,6 +95,10 @@ def test_failing_job_fails_the_parent_but_keeps_the_others(sweeps) -> None:
             "invalid experiment config: population.neurons=0: must be at least 1"
         )
         assert lines.count(line) == 2 and lines.index(line) > lines.index(notice), "listed up front and at the end"
+    measuring = [line.split(": ")[0] for line in result.stdout.splitlines() if line.startswith("measuring ")]
+    assert measuring == [
+        f"measuring executor={executor},population.neurons=2,run.measured_updates=3" for executor in ("eager", "flaky")
+    ], "a refused job says only why it was refused"
     _, runs = _runs(f"sqlite:///{folder / 'mlflow.db'}")
     (parent,), children = _split(runs)
     assert parent.info.status == "FAILED"
