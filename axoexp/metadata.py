@@ -92,6 +92,9 @@ def component_plugin_files(components: Iterable[Component]) -> list[Path]:
     return sorted(candidates & loaded)
 
 
+CODE_STATE_TAGS = (names.CODE_HASH, names.PLUGINS_HASH, names.CODE_FILES, names.GIT_DIFF_SHA256)
+
+
 def code_state(components: Iterable[Component] = ()) -> dict[str, str]:
     """What code computes a result: axoexp's own sources as they are on disk (a commit and
     its uncommitted changes alike), the uncommitted diff of the work tree holding them, and
@@ -135,16 +138,24 @@ def device_identity(device: torch.device) -> dict[str, str]:
     return identity
 
 
-def result_key(device: torch.device, resolved_config: Mapping[str, Any], components: Iterable[Component]) -> str:
+def result_key(
+    device: torch.device,
+    resolved_config: Mapping[str, Any],
+    components: Iterable[Component],
+    collected: Mapping[str, str] | None = None,
+) -> str:
     """SHA-256 of everything that determines a run's result: the config (less where results
     go), the code (axoexp's and the plugin files ``components`` come from: :func:`code_state`),
-    the package versions and the device. Resume reuses a run only on a match."""
+    the package versions and the device. Resume reuses a run only on a match. ``collected``:
+    the run's :func:`collect` tags, whose code state and commit are then not read again."""
     from axoexp.tracking import config_digest
 
+    if collected is None:
+        collected = {**code_state(components), **git_state(PACKAGE_DIR)}
     key = {
         "config": config_digest(resolved_config),
-        "code": code_state(components),
-        names.GIT_COMMIT: git_state(PACKAGE_DIR)[names.GIT_COMMIT],
+        "code": {name: collected[name] for name in CODE_STATE_TAGS},
+        names.GIT_COMMIT: collected[names.GIT_COMMIT],
         "versions": package_versions(),
         names.DEVICE: device_identity(device),
     }
