@@ -4,16 +4,23 @@
         '{"k": 8}' '{"k": 8, "prewarm": ["device"]}' '{"k": 16, "profile": true}'
 
 Each SPEC (JSON) runs twice in a new process, first with a new, empty inductor cache
-directory (cold), then with the same one (warm). As a run does, the process begins the
-executor's one-off set-up (the compiler's start-up) as soon as the run is planned. A SPEC
-may set ``executor`` (default ``regional_cudagraph``); ``k`` (``tokens_per_region``) and
-``edges`` (``compile_edges``), both at the executor's defaults when absent; ``overrides``
-(more Hydra overrides, e.g. ``["executor.decompose_matmuls=false"]``); ``options``
-(inductor config keys, dotted); ``workers`` (``TORCHINDUCTOR_WORKER_START``: ``subprocess``
-is inductor's own pool, which axoexp used before 2026-12-03); ``prewarm`` (``["device"]``:
-one eager forward and backward for cuBLAS before ``prepare``, timed apart; the imports and
-the compile workers are the start-up's work, ``compiler_startup``); ``profile`` (cProfile of
-``prepare``, the top functions printed).
+directory (cold), then with the same one (warm; ``--cold-only`` leaves it out). As a run
+does, the process begins the executor's one-off set-up (the compiler's start-up) as soon as
+the run is planned. A SPEC may set ``executor`` (default ``regional_cudagraph``); ``k``
+(``tokens_per_region``) and ``edges`` (``compile_edges``), both at the executor's defaults
+when absent; ``overrides`` (more Hydra overrides, e.g.
+``["executor.decompose_matmuls=false"]``); ``options`` (inductor config keys, dotted);
+``functorch_options`` (AOTAutograd's config keys); ``workers``
+(``TORCHINDUCTOR_WORKER_START``: ``subprocess`` is inductor's own pool, which axoexp used
+before 2026-12-03); ``prewarm`` (``"device"``: one eager forward and backward for cuBLAS
+before ``prepare``; ``"compiler"``: the start-up, then a throwaway compile of a one-block
+region for a small stand-in neuron, with the caches off, :func:`warm_region_compiler`;
+each timed apart); ``startup_warm`` (true: that throwaway compile in a thread begun with
+the start-up, where a run would do it, overlapping the population's build; the rest of it
+is waited for before ``prepare`` and timed); ``artifacts`` (true: the cold process saves
+``torch.compiler.save_cache_artifacts()``, and a third process with another new, empty
+cache loads them with ``load_cache_artifacts`` before it compiles, timed apart);
+``profile`` (cProfile of ``prepare``, the top functions printed).
 
 One JSON line per process: wall times of each stage, ``prepare``'s phases, the compile
 workers' start method, ``kernels_compiled`` (inductor's ``async_compile_cache_miss``
@@ -25,7 +32,8 @@ line, device, date).
 
     python benchmarks/explore/compile_breakdown.py --table breakdown.md breakdown.jsonl
 
-writes the rows of JSONL files as a markdown table: each cold compile split into dynamo's
+writes the rows of JSONL files as a markdown table: each cold (and artifacts) compile, after
+what came before ``prepare``, split into dynamo's
 tracing, AOTAutograd (joint trace, its passes, the partition, the post-grad passes),
 inductor's lowering, its scheduling and code generation, the wait for the Triton kernels,
 the first-run timing of kernels with several launch configurations, the rest of dynamo's
@@ -47,7 +55,48 @@ from pathlib import Path
 STARTED = time.perf_counter()
 
 
-def worker(shape: str, spec: dict) -> None:
+def _warm_tokens(neuron, tokens, state, cache):  # its own code object: no dynamo cache entry on run_tokens
+    from axoexp.executors.regional import run_tokens
+
+    forecasts, state = run_tokens(neuron, tokens, state, cache)
+    return forecasts.square().mean() + state.square().mean()
+
+
+def warm_region_compiler(device) -> None:
+    """A throwaway compile and run of a one-block region, forward and backward, for a small
+    stand-in neuron, with inductor's and AOTAutograd's caches off (a later process must find
+    its cache as cold as before): a process's one-off compile work (torch's source hash for
+    the cache keys, the pattern matchers, the first run of dynamo, AOTAutograd, inductor and
+    the Triton workers) then comes before the region's own compile."""
+    import torch
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config
+    from torch._inductor.codecache import torch_key
+
+    from axoexp.components.population import make_lite_model
+    from axoexp.executors import matmul_decomposition
+    from axoexp.executors.compiled import INDUCTOR_OPTIONS
+
+    torch_key()
+    matmul_decomposition.widen_thresholds()
+    options = {**INDUCTOR_OPTIONS, **matmul_decomposition.OPTIONS}
+    neuron = make_lite_model(
+        branches=4, route_features=4, token_dim=8, state_dim=4, morphologies=1, generator=torch.Generator()
+    ).to(device)
+    tokens = torch.zeros(1, 2, neuron.config.token_dim, device=device, requires_grad=True)
+    state = torch.zeros(2, neuron.config.state_dim, device=device, requires_grad=True)
+    cache = torch.zeros(2, neuron.cache_width, device=device, requires_grad=True)
+    with config.patch(fx_graph_cache=False), functorch_config.patch(enable_autograd_cache=False):
+        compiled = torch.compile(_warm_tokens, dynamic=False, fullgraph=True, options=options)
+        compiled(neuron, tokens, state, cache).backward()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    torch._dynamo.utils.compilation_time_metrics.clear()  # the row's stages are the region's own
+    torch._dynamo.utils.cumulative_time_spent_ns.clear()
+    torch._dynamo.utils.counters.clear()
+
+
+def worker(shape: str, spec: dict, save_to: Path | None, load_from: Path | None) -> None:
     marks: dict[str, object] = {}
 
     def mark(name: str, start: float) -> None:
@@ -66,6 +115,8 @@ def worker(shape: str, spec: dict) -> None:
 
     register_configs(load_plugins())
     mark("import_axoexp", start)
+    for key, value in spec.get("functorch_options", {}).items():
+        setattr(torch._functorch.config, key, value)
     for key, value in spec.get("options", {}).items():
         target = torch._inductor.config
         *path, last = key.split(".")
@@ -88,7 +139,23 @@ def worker(shape: str, spec: dict) -> None:
         overrides += [f"executor.compile_edges={str(spec['edges']).lower()}"] if "edges" in spec else []
     with initialize_config_module(config_module="axoexp.conf", version_base="1.3"):
         plan = plan_experiment(compose("config", overrides=overrides + spec.get("overrides", [])))
+    if load_from is not None:
+        start = time.perf_counter()
+        torch.compiler.load_cache_artifacts(load_from.read_bytes())
+        mark("load_artifacts", start)
     plan.begin_executor_setup()
+    warming = None
+    if spec.get("startup_warm"):  # where a run would do it: after the start-up, during the set-up
+        import threading
+
+        from axoexp.executors import compiler_startup
+
+        def warm_after_start_up() -> None:
+            compiler_startup.wait_into({}, torch.device("cuda"))
+            warm_region_compiler(torch.device("cuda"))
+
+        warming = threading.Thread(target=warm_after_start_up, daemon=True)
+        warming.start()
     setup = plan.build_population()
     torch.cuda.synchronize()
     mark("population", start)
@@ -100,6 +167,17 @@ def worker(shape: str, spec: dict) -> None:
         plan.build_executor(scratch).loss_fn(scratch(setup.batches[0][0]), setup.batches[0][1]).backward()
         torch.cuda.synchronize()
         mark("prewarm_device", start)
+    if warming is not None:
+        start = time.perf_counter()
+        warming.join()
+        mark("startup_warm_wait", start)
+    if "compiler" in spec.get("prewarm", []):
+        from axoexp.executors import compiler_startup
+
+        start = time.perf_counter()
+        compiler_startup.wait_into({}, torch.device("cuda"))
+        warm_region_compiler(torch.device("cuda"))
+        mark("prewarm_compiler", start)
     start = time.perf_counter()
     prepared = plan.build_executor(setup.module)
     mark("executor_init", start)
@@ -115,6 +193,8 @@ def worker(shape: str, spec: dict) -> None:
     mark("prepare", start)
     if profiler is not None:
         profiler.disable()
+    if save_to is not None:
+        save_to.write_bytes(torch.compiler.save_cache_artifacts()[0])
     marks.update(
         worker_start_method=torch._inductor.config.worker_start_method,
         kernels_compiled_in_process=len(
@@ -165,6 +245,7 @@ COMPILE_TIMES_COLUMNS = {  # column: entries of dynamo's compile_times, seconds 
     "Triton wait": ("async_compile.wait",),
 }
 AUTOTUNE = "CachingAutotuner.benchmark_all_configs"  # at the kernels' first run, after the compile
+BEFORE_PREPARE = ("startup_warm_wait", "prewarm_compiler", "load_artifacts")  # a row's marks, seconds
 
 
 def compile_times_entries(text: str) -> dict[str, float]:
@@ -184,21 +265,31 @@ def table(paths: list[Path]) -> str:
     from axoexp import metadata, names
 
     rows = [json.loads(line) for path in paths for line in path.read_text().splitlines() if line.strip()]
-    rows = [row for row in rows if row.get("phase") == "cold" and "error" not in row]
+    rows = [row for row in rows if row.get("phase") in ("cold", "artifacts") and "error" not in row]
     provenance = list({metadata.provenance_line(row["provenance"]): None for row in rows if "provenance" in row})
-    columns = ["start-up", "compile", *COMPILE_TIMES_COLUMNS, "rest of the compile", "autotune timing", "first run"]
+    columns = [
+        "before prepare",
+        "start-up",
+        "compile",
+        *COMPILE_TIMES_COLUMNS,
+        "rest of the compile",
+        "autotune timing",
+        "first run",
+    ]
     lines = [
         "# Cold compile, stage by stage",
         "",
         *(f"{line}  " for line in provenance),
         "",
-        "Seconds. `start-up`: the `compiler_startup` wait; `compile`: the `compile` phase, split by the columns after",
+        "Seconds. `cold`: a new, empty cache; `artifacts`: another, loaded with the cold process's cache artifacts",
+        "first. `before prepare`: the throwaway compile's wait or the artifacts' load, where the spec has one;",
+        "`start-up`: the `compiler_startup` wait; `compile`: the `compile` phase, split by the columns after",
         "it: the compile's stages (forward and backward graphs together; `rest of the compile`: the rest of dynamo's",
         "frame and backward compile), the first-run timing of kernels with several launch configurations, and the",
         "rest of the first forward and backward (the eager code before the block loop, the loss, first launches).",
         "",
-        f"| commit | spec | {' | '.join(columns)} | kernels compiled / autotuned | replay ms |",
-        "|---|---|" + "---:|" * (len(columns) + 2),
+        f"| commit | spec | process | {' | '.join(columns)} | kernels compiled / autotuned | replay ms |",
+        "|---|---|---|" + "---:|" * (len(columns) + 2),
     ]
     for row in rows:
         entries = compile_times_entries(row["compile_times"])
@@ -207,6 +298,7 @@ def table(paths: list[Path]) -> str:
         compile_s = row["phases_ms"]["compile"] / 1e3
         autotune = entries.get(AUTOTUNE, 0.0)
         values = [
+            sum(row.get(key, 0.0) for key in BEFORE_PREPARE),
             row["phases_ms"].get("compiler_startup", 0.0) / 1e3,
             compile_s,
             *stages.values(),
@@ -218,7 +310,8 @@ def table(paths: list[Path]) -> str:
         cells = " | ".join(f"{value:.2f}" for value in values)
         commit = row.get("provenance", {}).get(names.GIT_COMMIT, "")[:7]
         lines.append(
-            f"| {commit} | `{json.dumps(row['spec'])}` | {cells} | {kernels} | {row['replay_median_ms']:.3f} |"
+            f"| {commit} | `{json.dumps(row['spec'])}` | {row['phase']} | {cells} | {kernels} "
+            f"| {row['replay_median_ms']:.3f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -232,13 +325,15 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=150.0, help="seconds per process")
     parser.add_argument("--cold-only", action="store_true", help="skip the warm process of each SPEC")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--save-artifacts", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--load-artifacts", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.table:
         args.table.write_text(table([Path(path) for path in args.specs]))
         return
     specs = [json.loads(spec) for spec in args.specs]
     if args.worker:
-        worker(args.shape, specs[0])
+        worker(args.shape, specs[0], args.save_artifacts, args.load_artifacts)
         return
     from axoexp import metadata
 
@@ -247,23 +342,23 @@ def main() -> None:
         parser.error("--out is required unless --table")
     for spec in specs:
         workers = {"TORCHINDUCTOR_WORKER_START": spec["workers"]} if "workers" in spec else {}
-        with tempfile.TemporaryDirectory(prefix="inductor-") as cache:
-            for phase in ("cold",) if args.cold_only else ("cold", "warm"):
+        with (
+            tempfile.TemporaryDirectory(prefix="inductor-") as cache,
+            tempfile.TemporaryDirectory(prefix="elsewhere-") as elsewhere,
+        ):
+            artifacts = str(Path(elsewhere) / "artifacts.bin")
+            processes = [("cold", cache, ["--save-artifacts", artifacts] if spec.get("artifacts") else [])]
+            if spec.get("artifacts"):  # a new, empty cache that loads the cold process's artifacts first
+                processes.append(("artifacts", f"{elsewhere}/cache", ["--load-artifacts", artifacts]))
+            if not args.cold_only:
+                processes.append(("warm", cache, []))
+            for phase, cache_dir, extra in processes:
                 done = subprocess.run(
-                    [
-                        sys.executable,
-                        __file__,
-                        "--worker",
-                        "--shape",
-                        args.shape,
-                        "--out",
-                        str(args.out),
-                        json.dumps(spec),
-                    ],
+                    [sys.executable, __file__, "--worker", "--shape", args.shape, *extra, json.dumps(spec)],
                     env={
                         **os.environ,
-                        "TORCHINDUCTOR_CACHE_DIR": cache,
-                        "TRITON_CACHE_DIR": f"{cache}/triton",
+                        "TORCHINDUCTOR_CACHE_DIR": cache_dir,
+                        "TRITON_CACHE_DIR": f"{cache_dir}/triton",
                         **workers,
                     },
                     capture_output=True,
