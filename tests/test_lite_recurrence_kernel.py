@@ -20,12 +20,13 @@ pytest.importorskip("triton", reason="the fused AxoSim-Lite kernels need Triton"
 from axoexp.components.losses import MeanOverSteps, causal_mse, huber, mse  # noqa: E402
 from axoexp.components.population import lite  # noqa: E402
 from axoexp.executors.base import batch_loss, pad_steps  # noqa: E402
-from axoexp.executors.fused import FusedLiteForward  # noqa: E402
+from axoexp.executors.fused import FusedLiteForward, kernel_loss  # noqa: E402
 from axoexp.kernels import fused_population_forward, lite_recurrence, unsupported_reason  # noqa: E402
 from axoexp.kernels.lite_population import (  # noqa: E402
     fused_population_loss,
     fused_population_loss_and_gradients,
 )
+from axoexp.kernels.loss import KernelLoss  # noqa: E402
 
 if not ON_GPU and not lite_recurrence.INTERPRETED:
     pytest.skip("triton was imported before TRITON_INTERPRET=1 could be set in this process", allow_module_level=True)
@@ -270,16 +271,7 @@ def test_the_loss_in_the_kernels_equals_the_loss_of_the_eager_output(
     expected.backward()
     eager_grads = [parameter.grad.clone() for parameter in population.adaptation_parameters()]
     population.zero_grad(set_to_none=True)
-    got = fused_population_loss(
-        population,
-        inputs,
-        targets,
-        error=loss_fn.pointwise.kind,
-        delta=loss_fn.pointwise.delta,
-        warmup_steps=loss_fn.warmup_steps,
-        length=steps,
-        block_n=block_n,
-    )
+    got = fused_population_loss(population, inputs, targets, kernel_loss(loss_fn), length=steps, block_n=block_n)
     got.backward()
     _assert_matches(got.detach(), expected.detach())
     for parameter, eager in zip(population.adaptation_parameters(), eager_grads, strict=True):
@@ -287,11 +279,10 @@ def test_the_loss_in_the_kernels_equals_the_loss_of_the_eager_output(
         _assert_matches(parameter.grad, eager)
     # With no autograd: the backward kernel adds the gradients into the banks' .grad (here already
     # holding eager's, so they double) and sums the loss.
-    fused_options = {"error": loss_fn.pointwise.kind, "delta": loss_fn.pointwise.delta, "block_n": block_n}
     for parameter, eager in zip(population.adaptation_parameters(), eager_grads, strict=True):
         parameter.grad = eager.clone()
     got = fused_population_loss_and_gradients(
-        population, inputs, targets, warmup_steps=loss_fn.warmup_steps, length=steps, **fused_options
+        population, inputs, targets, kernel_loss(loss_fn), length=steps, block_n=block_n
     )
     assert got.grad_fn is None and got.shape == ()
     _assert_matches(got, expected.detach())
@@ -299,10 +290,20 @@ def test_the_loss_in_the_kernels_equals_the_loss_of_the_eager_output(
         _assert_matches(parameter.grad, 2 * eager)
 
 
+def _targets(population, inputs: torch.Tensor) -> torch.Tensor:
+    shape = (*inputs.shape[:-1], population.neuron.config.output_dim)
+    return torch.randn(shape, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+
+
 def test_the_loss_in_the_kernels_is_chosen_for_the_built_in_mean_errors_only() -> None:
-    population, _ = _population(neurons=2, time_steps=8, contacts=2, seed=18)
+    population, inputs = _population(neurons=2, time_steps=8, contacts=2, seed=18)
     forward = FusedLiteForward(population)
     assert all(forward.objective(loss_fn) is not None for loss_fn in LOSSES.values())
+    targets = _targets(population, inputs)
+    for loss_fn in LOSSES.values():  # the executor's objective is the loss it was made for
+        _assert_matches(
+            forward.objective(loss_fn)(inputs, targets, None), batch_loss(population, loss_fn, inputs, targets)
+        )
     assert forward.objective(torch.nn.functional.mse_loss) is None, "a plugin's loss runs in torch"
     assert forward.objective(MeanOverSteps(torch.nn.functional.l1_loss, torch.abs, 0)) is None, "no pointwise error"
 
@@ -311,13 +312,21 @@ def test_the_kernels_add_the_gradients_only_where_the_loss_the_front_and_the_ste
     from axoexp.executors.fused import gradients_for
     from axoexp.executors.fused_step import FusedStep
 
-    population, _ = _population(neurons=2, time_steps=8, contacts=2, seed=18)
+    population, inputs = _population(neurons=2, time_steps=8, contacts=2, seed=18)
     banks = list(population.adaptation_parameters())
     optimizer = torch.optim.Adam(banks, lr=1e-3)
     step = FusedStep(optimizer, None)
     in_kernels, torch_front = FusedLiteForward(population), FusedLiteForward(population, front=False)
-    gradients, tag = gradients_for(True, in_kernels, mse(), optimizer, step)
+    gradients, tag = gradients_for(True, in_kernels, huber(delta=0.05), optimizer, step)
     assert gradients is not None and tag == "kernel"
+    targets = _targets(population, inputs)
+    expected = batch_loss(population, huber(delta=0.05), inputs, targets)
+    expected_grads = torch.autograd.grad(expected, banks)
+    for bank in banks:
+        bank.grad = torch.zeros_like(bank)
+    _assert_matches(gradients(inputs, targets, None), expected.detach())  # the loss it was made for
+    for bank, expected_grad in zip(banks, expected_grads, strict=True):
+        _assert_matches(bank.grad, expected_grad)
     assert gradients_for(False, in_kernels, mse(), optimizer, step) == (None, "autograd")
     assert gradients_for(True, in_kernels, mse(), optimizer, None) == (None, "autograd: the step runs in torch")
     assert gradients_for(True, in_kernels, mse(), optimizer, step, loss_in_kernel=False) == (
@@ -386,7 +395,7 @@ def test_the_torch_front_matches_the_front_in_the_kernels(
     for front in (True, False):
         population.zero_grad(set_to_none=True)
         loss = fused_population_loss(
-            population, inputs, targets, error="squared", warmup_steps=4, length=steps, block_n=block_n, front=front
+            population, inputs, targets, KernelLoss("squared", 4), length=steps, block_n=block_n, front=front
         )
         loss.backward()
         grads = [parameter.grad.clone() for parameter in population.adaptation_parameters()]

@@ -24,6 +24,7 @@ from axoexp.kernels.lite_population import (
     fused_refusal,
     unsupported_reason,
 )
+from axoexp.kernels.loss import KernelLoss
 from axoexp.lengths import DEFAULT_BUCKETS
 from axoexp.registry import NON_NEGATIVE, component
 
@@ -118,6 +119,14 @@ def block_n_problems(params: Mapping[str, Any]) -> list[str]:
     return []
 
 
+def kernel_loss(loss_fn: LossFn) -> KernelLoss | None:
+    """``loss_fn`` as the kernels compute it, where it is a mean of a pointwise error they compute
+    (the built-in mse, causal_mse and huber); None for any other loss."""
+    if not isinstance(loss_fn, MeanOverSteps) or loss_fn.pointwise is None:
+        return None
+    return KernelLoss(loss_fn.pointwise.kind, loss_fn.warmup_steps, loss_fn.pointwise.delta)
+
+
 class FusedLiteForward(torch.nn.Module):
     """``population(inputs)`` with the P4 recurrence in the fused kernels (same parameters)."""
 
@@ -145,8 +154,8 @@ class FusedLiteForward(torch.nn.Module):
         :data:`axoexp.names.FUSED_GRADIENTS` tag: ``kernel``, or ``autograd: why`` (then None) where the
         loss is not one the kernels compute, the front is not in the kernels, or ``optimizer`` does not
         adapt exactly the three banks. The banks' ``.grad`` must exist (the fused step makes them)."""
-        options = self._kernel_loss_options(loss_fn)
-        if options is None:
+        in_kernel = kernel_loss(loss_fn)
+        if in_kernel is None:
             return None, "autograd: the loss runs in torch"
         if not self.front:
             return None, "autograd: the front runs in torch"
@@ -163,36 +172,27 @@ class FusedLiteForward(torch.nn.Module):
                 loss = batch_loss(self, loss_fn, inputs, targets, length)
                 loss.backward()
                 return loss.detach()
-            return fused_population_loss_and_gradients(population, inputs, targets, length=length, **options)
+            return fused_population_loss_and_gradients(
+                population, inputs, targets, in_kernel, length=length, block_n=self.block_n
+            )
 
         return loss_and_gradients, "kernel"
-
-    def _kernel_loss_options(self, loss_fn: LossFn) -> dict[str, Any] | None:
-        """The kernels' loss arguments for ``loss_fn`` and the rows per program, where ``loss_fn`` is a mean
-        of a pointwise error the kernels compute (the built-in mse, causal_mse and huber); None for any other."""
-        if not isinstance(loss_fn, MeanOverSteps) or loss_fn.pointwise is None:
-            return None
-        error = loss_fn.pointwise
-        return {
-            "error": error.kind,
-            "delta": error.delta,
-            "warmup_steps": loss_fn.warmup_steps,
-            "block_n": self.block_n,
-        }
 
     def objective(self, loss_fn: LossFn) -> Objective | None:
         """The update's forward and loss with the loss's error and gradient in the recurrence kernels
         (:func:`fused_population_loss`), where ``loss_fn`` is a mean of a pointwise error the kernels
         compute (the built-in mse, causal_mse and huber); None for any other loss."""
-        options = self._kernel_loss_options(loss_fn)
-        if options is None:
+        in_kernel = kernel_loss(loss_fn)
+        if in_kernel is None:
             return None
         patch = self.population.neuron.patch_size
 
         def objective(inputs: torch.Tensor, targets: torch.Tensor, length: torch.Tensor | None) -> torch.Tensor:
             if inputs.shape[-2] < patch:  # all warm-up: no recurrence to put the loss in
                 return batch_loss(self, loss_fn, inputs, targets, length)
-            return fused_population_loss(self.population, inputs, targets, length=length, front=self.front, **options)
+            return fused_population_loss(
+                self.population, inputs, targets, in_kernel, length=length, block_n=self.block_n, front=self.front
+            )
 
         return objective
 

@@ -19,13 +19,14 @@ import importlib.util
 import itertools
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 from axosim import AxoSimLite, AxoSimPopulation
 from torch import nn
 
 from axoexp.interfaces import STREAM_AXIS_RANK
+from axoexp.kernels.loss import KernelLoss
 
 if TYPE_CHECKING:
     from axoexp.kernels.lite_recurrence import Front
@@ -248,33 +249,23 @@ def fused_population_loss(
     population: AxoSimPopulation,
     inputs: torch.Tensor,
     targets: torch.Tensor,
+    loss: KernelLoss,
     *,
-    error: str,
-    delta: float = 0.0,
-    warmup_steps: int,
     length: torch.Tensor | None = None,
     block_n: int | None = None,
     front: bool = True,
 ) -> torch.Tensor:
-    """The mean ``error`` (``squared``, or ``huber`` with threshold ``delta``) between
-    ``population(inputs)`` (``forward_batch`` for batched streams, whose loss is then the mean over
-    streams) and ``targets`` over the steps after ``warmup_steps`` (and before ``length``, for padded
-    batches), as :class:`axoexp.components.losses.MeanOverSteps` defines it, with the recurrence, the
-    error and its gradient in the fused kernels. The output itself is never assembled, so
-    ``base_soma_prediction`` is not kept. Needs at least one patch of steps. With ``front`` the tokens
-    and the cache are computed in the kernels too (:func:`front_in_kernel`)."""
+    """``loss`` between ``population(inputs)`` (``forward_batch`` for batched streams, whose loss is
+    then the mean over streams) and ``targets``, over the steps before ``length`` where given (padded
+    batches), with the recurrence, the error and its gradient in the fused kernels. The output
+    itself is never assembled, so ``base_soma_prediction`` is not kept. Needs at least one patch of
+    steps. With ``front`` the tokens and the cache are computed in the kernels too
+    (:func:`front_in_kernel`)."""
     reason = unsupported_reason(population, inputs.dtype)
     if reason is not None:
         raise ValueError(reason)
     from axoexp.kernels.lite_recurrence import lite_front_recurrence_loss, lite_recurrence_loss
 
-    loss: dict[str, Any] = {
-        "error": error,
-        "delta": delta,
-        "warmup_steps": warmup_steps,
-        "length": length,
-        "block_n": block_n,
-    }
     if front_in_kernel(population, inputs, front):
         flat = _rows(inputs)
         return lite_front_recurrence_loss(
@@ -283,23 +274,31 @@ def fused_population_loss(
             flat,
             adaptation_banks(population),
             targets.reshape(flat.shape[0], *targets.shape[-2:]),
-            **loss,
+            loss,
+            length=length,
+            block_n=block_n,
         )
     tokens, cache = lite_tokens(population, inputs)
     if tokens.shape[0] == 0:
         raise ValueError(f"the fused loss needs at least {population.neuron.patch_size} steps, got {inputs.shape[-2]}")
     rows = tokens.shape[1]
-    return lite_recurrence_loss(population.neuron, tokens, cache, targets.reshape(rows, *targets.shape[-2:]), **loss)
+    return lite_recurrence_loss(
+        population.neuron,
+        tokens,
+        cache,
+        targets.reshape(rows, *targets.shape[-2:]),
+        loss,
+        length=length,
+        block_n=block_n,
+    )
 
 
 def fused_population_loss_and_gradients(
     population: AxoSimPopulation,
     inputs: torch.Tensor,
     targets: torch.Tensor,
+    loss: KernelLoss,
     *,
-    error: str,
-    delta: float = 0.0,
-    warmup_steps: int,
     length: torch.Tensor | None = None,
     block_n: int | None = None,
 ) -> torch.Tensor:
@@ -329,9 +328,7 @@ def fused_population_loss_and_gradients(
         banks,
         cast(tuple[torch.Tensor, torch.Tensor, torch.Tensor], grads),
         targets.reshape(flat.shape[0], *targets.shape[-2:]),
-        error=error,
-        delta=delta,
-        warmup_steps=warmup_steps,
+        loss,
         length=length,
         block_n=block_n,
     )

@@ -45,6 +45,8 @@ import triton
 import triton.language as tl
 from axosim import AxoSimLite
 
+from axoexp.kernels.loss import KernelLoss
+
 INTERPRETED: bool = triton.knobs.runtime.interpret
 """Whether the kernels were built for Triton's CPU interpreter (``TRITON_INTERPRET=1`` at import)."""
 
@@ -1178,19 +1180,19 @@ ERROR_CODES = {"squared": SQUARED.value, "huber": HUBER.value}
 
 
 def _loss_arguments(
-    neuron: AxoSimLite, rows: int, targets: torch.Tensor, error: str, delta: float, warmup_steps: int, masked: bool
+    neuron: AxoSimLite, rows: int, targets: torch.Tensor, loss: KernelLoss, masked: bool
 ) -> dict[str, Any]:
-    """The forward kernel's loss arguments, after checking ``targets`` and ``error``."""
+    """The forward kernel's loss arguments, after checking ``targets`` and ``loss.error``."""
     _, time_steps, outputs = targets.shape
     if (targets.shape[0], outputs) != (rows, neuron.config.output_dim) or targets.dtype != torch.float32:
         raise ValueError(f"targets must be float32 of shape ({rows}, time, {neuron.config.output_dim})")
-    if error not in ERROR_CODES:
-        raise ValueError(f"error must be one of {sorted(ERROR_CODES)}, got {error!r}")
+    if loss.error not in ERROR_CODES:
+        raise ValueError(f"error must be one of {sorted(ERROR_CODES)}, got {loss.error!r}")
     return {
         "time_steps": time_steps,
-        "warmup_steps": warmup_steps,
-        "delta": float(delta),
-        "LOSS": ERROR_CODES[error],
+        "warmup_steps": loss.warmup_steps,
+        "delta": float(loss.delta),
+        "LOSS": ERROR_CODES[loss.error],
         "MASKED": masked,
         "OUTPUT_DIM": outputs,
     }
@@ -1201,27 +1203,34 @@ def lite_recurrence_loss(
     tokens: torch.Tensor,
     cache: torch.Tensor,
     targets: torch.Tensor,
+    loss: KernelLoss,
     *,
-    error: str,
-    delta: float = 0.0,
-    warmup_steps: int,
     length: torch.Tensor | None = None,
     block_n: int | None = None,
 ) -> torch.Tensor:
-    """The mean ``error`` (``squared`` or ``huber`` with threshold ``delta``) between the population's
-    output and ``targets``, with the recurrence, the error and its gradient in the kernels.
+    """``loss`` (:class:`axoexp.kernels.loss.KernelLoss`) between the population's output
+    and ``targets``, with the recurrence, the error and its gradient in the kernels.
 
     ``tokens`` and ``cache`` as for :func:`lite_recurrence`; ``targets``: (rows, time_steps,
     outputs). The output is axosim's: ``patch`` warm-up zeros, then the forecasts. The mean runs
-    over the rows, the outputs and steps ``warmup_steps`` .. ``end - 1``, where ``end`` is
+    over the rows, the outputs and steps ``loss.warmup_steps`` .. ``end - 1``, where ``end`` is
     ``time_steps``, or with ``length`` (a 0-dim integer tensor on the device, read only there) the
     smaller of the two: :meth:`axoexp.components.losses.MeanOverSteps.masked` for padded batches.
     """
     weights = _checked_tokens(neuron, tokens, cache)
-    loss = _loss_arguments(neuron, tokens.shape[1], targets, error, delta, warmup_steps, length is not None)
+    arguments = _loss_arguments(neuron, tokens.shape[1], targets, loss, length is not None)
     block_n = _block_n(weights, tokens.shape[1], block_n)
     return LiteRecurrenceLoss.apply(
-        tokens.contiguous(), cache.contiguous(), None, None, targets.contiguous(), length, loss, None, block_n, *weights
+        tokens.contiguous(),
+        cache.contiguous(),
+        None,
+        None,
+        targets.contiguous(),
+        length,
+        arguments,
+        None,
+        block_n,
+        *weights,
     )
 
 
@@ -1231,17 +1240,15 @@ def lite_front_recurrence_loss(
     inputs: torch.Tensor,
     banks: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     targets: torch.Tensor,
+    loss: KernelLoss,
     *,
-    error: str,
-    delta: float = 0.0,
-    warmup_steps: int,
     length: torch.Tensor | None = None,
     block_n: int | None = None,
 ) -> torch.Tensor:
     """:func:`lite_recurrence_loss` with the tokens and the cache computed in the kernels
     (``inputs`` and ``banks`` as for :func:`lite_front_recurrence`)."""
     weights = _checked_front(neuron, front, inputs, banks)
-    loss = _loss_arguments(neuron, inputs.shape[0], targets, error, delta, warmup_steps, length is not None)
+    arguments = _loss_arguments(neuron, inputs.shape[0], targets, loss, length is not None)
     behavior, morphology, log_efficacy = banks
     block_n = _block_n(weights, inputs.shape[0], block_n, front.window)
     return LiteRecurrenceLoss.apply(
@@ -1251,7 +1258,7 @@ def lite_front_recurrence_loss(
         morphology.contiguous(),
         targets.contiguous(),
         length,
-        loss,
+        arguments,
         front,
         block_n,
         *weights,
@@ -1265,10 +1272,8 @@ def lite_front_loss_and_gradients(
     banks: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     targets: torch.Tensor,
+    loss: KernelLoss,
     *,
-    error: str,
-    delta: float = 0.0,
-    warmup_steps: int,
     length: torch.Tensor | None = None,
     block_n: int | None = None,
 ) -> torch.Tensor:
@@ -1284,7 +1289,7 @@ def lite_front_loss_and_gradients(
         for grad, bank in zip(grads, banks, strict=True)
     ):
         raise ValueError("the banks' gradients must be contiguous float32 tensors of the banks' shapes")
-    loss = _loss_arguments(neuron, inputs.shape[0], targets, error, delta, warmup_steps, length is not None)
+    arguments = _loss_arguments(neuron, inputs.shape[0], targets, loss, length is not None)
     behavior, morphology, log_efficacy = (bank.contiguous() for bank in banks)
     inputs, targets = inputs.contiguous(), targets.contiguous()
     block_n = _block_n(weights, inputs.shape[0], block_n, front.window)
@@ -1294,7 +1299,7 @@ def lite_front_loss_and_gradients(
         weights,
         block_n,
         store_states=True,
-        loss={**loss, "targets": targets, "length": targets if length is None else length},
+        loss={**arguments, "targets": targets, "length": targets if length is None else length},
         front=front,
         log_efficacy=log_efficacy,
         morphology=morphology,
