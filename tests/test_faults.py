@@ -502,6 +502,7 @@ def test_the_result_key_covers_config_code_the_used_plugins_and_device(tmp_path:
         plugin.write_text("LOSS_SCALE = 1000\n")
         assert len({key, with_plugin, metadata.result_key(cpu, config, used)}) == 3
         assert metadata.result_key(cpu, config, builtin) == key
+        assert set(metadata.code_state(used)) == set(metadata.CODE_STATE_TAGS), "the key takes all of the code state"
         run_tags = metadata.collect(cpu, used)  # a run reads its code state once, for its tags and its key
         assert metadata.result_key(cpu, config, used, collected=run_tags) == metadata.result_key(cpu, config, used)
     finally:

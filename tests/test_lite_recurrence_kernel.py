@@ -395,7 +395,13 @@ def test_the_torch_front_matches_the_front_in_the_kernels(
     for front in (True, False):
         population.zero_grad(set_to_none=True)
         loss = fused_population_loss(
-            population, inputs, targets, KernelLoss("squared", 4), length=steps, block_n=block_n, front=front
+            population,
+            inputs,
+            targets,
+            KernelLoss(error="squared", warmup_steps=4),
+            length=steps,
+            block_n=block_n,
+            front=front,
         )
         loss.backward()
         grads = [parameter.grad.clone() for parameter in population.adaptation_parameters()]

@@ -124,7 +124,7 @@ def kernel_loss(loss_fn: LossFn) -> KernelLoss | None:
     (the built-in mse, causal_mse and huber); None for any other loss."""
     if not isinstance(loss_fn, MeanOverSteps) or loss_fn.pointwise is None:
         return None
-    return KernelLoss(loss_fn.pointwise.kind, loss_fn.warmup_steps, loss_fn.pointwise.delta)
+    return KernelLoss(error=loss_fn.pointwise.kind, warmup_steps=loss_fn.warmup_steps, delta=loss_fn.pointwise.delta)
 
 
 class FusedLiteForward(torch.nn.Module):
