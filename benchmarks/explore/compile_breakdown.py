@@ -17,7 +17,9 @@ before ``prepare``; ``"compiler"``: the start-up, then a throwaway compile of a 
 region for a small stand-in neuron, with the caches off, :func:`warm_region_compiler`;
 each timed apart); ``startup_warm`` (true: that throwaway compile in a thread begun with
 the start-up, where a run would do it, overlapping the population's build; the rest of it
-is waited for before ``prepare`` and timed); ``artifacts`` (true: the cold process saves
+is waited for before ``prepare`` and timed. The stand-in's initialisation and dynamo's
+saving and restoring of the global RNG state then run beside the build, so the population's
+weights may differ from a run's: a run adopting it must keep the two apart); ``artifacts`` (true: the cold process saves
 ``torch.compiler.save_cache_artifacts()``, and a third process with another new, empty
 cache loads them with ``load_cache_artifacts`` before it compiles, timed apart);
 ``profile`` (cProfile of ``prepare``, the top functions printed).
@@ -115,6 +117,8 @@ def worker(shape: str, spec: dict, save_to: Path | None, load_from: Path | None)
 
     register_configs(load_plugins())
     mark("import_axoexp", start)
+    import torch._functorch.config  # not imported by torch's own import
+
     for key, value in spec.get("functorch_options", {}).items():
         setattr(torch._functorch.config, key, value)
     for key, value in spec.get("options", {}).items():
@@ -139,20 +143,24 @@ def worker(shape: str, spec: dict, save_to: Path | None, load_from: Path | None)
         overrides += [f"executor.compile_edges={str(spec['edges']).lower()}"] if "edges" in spec else []
     with initialize_config_module(config_module="axoexp.conf", version_base="1.3"):
         plan = plan_experiment(compose("config", overrides=overrides + spec.get("overrides", [])))
-    if load_from is not None:
-        start = time.perf_counter()
-        torch.compiler.load_cache_artifacts(load_from.read_bytes())
-        mark("load_artifacts", start)
+    from axoexp.executors import compiler_startup
+
+    def wait_for_start_up() -> None:  # before work that needs inductor's imports; timed as the start-up
+        waited: dict[str, float] = {}
+        compiler_startup.wait_into(waited, torch.device("cuda"))
+        marks["startup_wait_s"] = round(waited[compiler_startup.PHASE] / 1e3, 3)
+
     plan.begin_executor_setup()
-    warming = None
+    warming, failures = None, []
     if spec.get("startup_warm"):  # where a run would do it: after the start-up, during the set-up
         import threading
 
-        from axoexp.executors import compiler_startup
-
         def warm_after_start_up() -> None:
-            compiler_startup.wait_into({}, torch.device("cuda"))
-            warm_region_compiler(torch.device("cuda"))
+            try:
+                compiler_startup.wait_into({}, torch.device("cuda"))
+                warm_region_compiler(torch.device("cuda"))
+            except BaseException as error:  # raised again in the main thread, failing the row
+                failures.append(error)
 
         warming = threading.Thread(target=warm_after_start_up, daemon=True)
         warming.start()
@@ -171,13 +179,19 @@ def worker(shape: str, spec: dict, save_to: Path | None, load_from: Path | None)
         start = time.perf_counter()
         warming.join()
         mark("startup_warm_wait", start)
+        if failures:
+            raise failures[0]
     if "compiler" in spec.get("prewarm", []):
-        from axoexp.executors import compiler_startup
-
+        wait_for_start_up()
         start = time.perf_counter()
-        compiler_startup.wait_into({}, torch.device("cuda"))
         warm_region_compiler(torch.device("cuda"))
         mark("prewarm_compiler", start)
+    if load_from is not None:
+        wait_for_start_up()
+        start = time.perf_counter()
+        if torch.compiler.load_cache_artifacts(load_from.read_bytes()) is None:
+            raise RuntimeError(f"{load_from}: load_cache_artifacts loaded nothing")
+        mark("load_artifacts", start)
     start = time.perf_counter()
     prepared = plan.build_executor(setup.module)
     mark("executor_init", start)
@@ -194,7 +208,10 @@ def worker(shape: str, spec: dict, save_to: Path | None, load_from: Path | None)
     if profiler is not None:
         profiler.disable()
     if save_to is not None:
-        save_to.write_bytes(torch.compiler.save_cache_artifacts()[0])
+        saved = torch.compiler.save_cache_artifacts()  # None where nothing was recorded
+        if saved is not None:
+            save_to.write_bytes(saved[0])
+        marks["artifacts_saved"] = None if saved is None else str(saved[1])
     marks.update(
         worker_start_method=torch._inductor.config.worker_start_method,
         kernels_compiled_in_process=len(
@@ -268,6 +285,7 @@ def table(paths: list[Path]) -> str:
     rows = [row for row in rows if row.get("phase") in ("cold", "artifacts") and "error" not in row]
     provenance = list({metadata.provenance_line(row["provenance"]): None for row in rows if "provenance" in row})
     columns = [
+        "set-up",
         "before prepare",
         "start-up",
         "compile",
@@ -282,8 +300,10 @@ def table(paths: list[Path]) -> str:
         *(f"{line}  " for line in provenance),
         "",
         "Seconds. `cold`: a new, empty cache; `artifacts`: another, loaded with the cold process's cache artifacts",
-        "first. `before prepare`: the throwaway compile's wait or the artifacts' load, where the spec has one;",
-        "`start-up`: the `compiler_startup` wait; `compile`: the `compile` phase, split by the columns after",
+        "first. `set-up`: planning and the population's build (a run's set-up is longer); `before prepare`: the",
+        "throwaway compile, or what is left of it in the start-up's thread, or the artifacts' load, where the spec",
+        "has one; `start-up`: the wait for the compiler's start-up (before any of those, or in `prepare`);",
+        "`compile`: the `compile` phase, split by the columns after",
         "it: the compile's stages (forward and backward graphs together; `rest of the compile`: the rest of dynamo's",
         "frame and backward compile), the first-run timing of kernels with several launch configurations, and the",
         "rest of the first forward and backward (the eager code before the block loop, the loss, first launches).",
@@ -298,8 +318,9 @@ def table(paths: list[Path]) -> str:
         compile_s = row["phases_ms"]["compile"] / 1e3
         autotune = entries.get(AUTOTUNE, 0.0)
         values = [
+            row["population"],
             sum(row.get(key, 0.0) for key in BEFORE_PREPARE),
-            row["phases_ms"].get("compiler_startup", 0.0) / 1e3,
+            row.get("startup_wait_s", 0.0) + row["phases_ms"].get("compiler_startup", 0.0) / 1e3,
             compile_s,
             *stages.values(),
             total - sum(stages.values()),
@@ -314,6 +335,31 @@ def table(paths: list[Path]) -> str:
             f"| {row['replay_median_ms']:.3f} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _run_worker(
+    shape: str, spec: dict, extra: list[str], cache_dir: str, workers: dict[str, str], timeout: float
+) -> tuple[dict, str]:
+    """One worker process on ``cache_dir``: its row, or a row with the error (its stderr's end, or the
+    timeout); and its stderr (where ``profile`` prints)."""
+    try:
+        done = subprocess.run(
+            [sys.executable, __file__, "--worker", "--shape", shape, *extra, json.dumps(spec)],
+            env={
+                **os.environ,
+                "TORCHINDUCTOR_CACHE_DIR": cache_dir,
+                "TRITON_CACHE_DIR": f"{cache_dir}/triton",
+                **workers,
+            },
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return {"shape": shape, "spec": spec, "error": f"timed out after {timeout:.0f} s"}, ""
+    rows = [line[4:] for line in done.stdout.splitlines() if line.startswith("ROW ")]
+    row = json.loads(rows[0]) if rows else {"shape": shape, "spec": spec, "error": done.stderr[-3000:]}
+    return row, done.stderr
 
 
 def main() -> None:
@@ -353,20 +399,13 @@ def main() -> None:
             if not args.cold_only:
                 processes.append(("warm", cache, []))
             for phase, cache_dir, extra in processes:
-                done = subprocess.run(
-                    [sys.executable, __file__, "--worker", "--shape", args.shape, *extra, json.dumps(spec)],
-                    env={
-                        **os.environ,
-                        "TORCHINDUCTOR_CACHE_DIR": cache_dir,
-                        "TRITON_CACHE_DIR": f"{cache_dir}/triton",
-                        **workers,
-                    },
-                    capture_output=True,
-                    text=True,
-                    timeout=args.timeout,
-                )
-                rows = [line[4:] for line in done.stdout.splitlines() if line.startswith("ROW ")]
-                row = json.loads(rows[0]) if rows else {"shape": args.shape, "spec": spec, "error": done.stderr[-3000:]}
+                if phase == "artifacts" and not Path(artifacts).exists():
+                    row, stderr = (
+                        {"shape": args.shape, "spec": spec, "error": "the cold process saved no artifacts"},
+                        "",
+                    )
+                else:
+                    row, stderr = _run_worker(args.shape, spec, extra, cache_dir, workers, args.timeout)
                 row["phase"], row["provenance"] = phase, record
                 with args.out.open("a") as out:
                     out.write(json.dumps(row) + "\n")
@@ -375,7 +414,7 @@ def main() -> None:
                     flush=True,
                 )
                 if spec.get("profile"):
-                    print(done.stderr[-16000:], flush=True)
+                    print(stderr[-16000:], flush=True)
 
 
 if __name__ == "__main__":
