@@ -645,28 +645,32 @@ def _lite_backward_kernel(
         grad_output = next_grad_output
 
     grad_decay = grad_decay * decay * (1.0 - decay)
-    if BANK_GRADS:
+    if BANK_GRADS:  # the neuron's behaviour row, shared by its streams
+        row_grad = behavior_grad + bank_row[:, None] * CACHE
+    else:
+        row_grad = grad_cache + rows[:, None] * CACHE
+    _put_cache_gradient(
+        row_grad,
+        grad_token_offset,
+        grad_token_gain,
+        grad_decay,
+        grad_state_gain,
+        grad_state_offset,
+        grad_output_gain,
+        grad_output_offset,
+        k,
+        s,
+        o,
+        k_ok,
+        s_ok,
+        o_ok,
+        TOKEN,
+        STATE,
+        OUTPUT,
+        BANK_GRADS,
+    )
+    if BANK_GRADS:  # and its morphology's row, shared by the morphology's neurons
         morphology_row = tl.load(morphology_indices + bank_row[:, None], mask=row_ok, other=0)
-        _put_cache_gradient(
-            behavior_grad + bank_row[:, None] * CACHE,
-            grad_token_offset,
-            grad_token_gain,
-            grad_decay,
-            grad_state_gain,
-            grad_state_offset,
-            grad_output_gain,
-            grad_output_offset,
-            k,
-            s,
-            o,
-            k_ok,
-            s_ok,
-            o_ok,
-            TOKEN,
-            STATE,
-            OUTPUT,
-            True,
-        )
         _put_cache_gradient(
             morphology_grad + morphology_row * CACHE,
             grad_token_offset,
@@ -686,27 +690,6 @@ def _lite_backward_kernel(
             STATE,
             OUTPUT,
             True,
-        )
-    else:
-        _put_cache_gradient(
-            grad_cache + rows[:, None] * CACHE,
-            grad_token_offset,
-            grad_token_gain,
-            grad_decay,
-            grad_state_gain,
-            grad_state_offset,
-            grad_output_gain,
-            grad_output_offset,
-            k,
-            s,
-            o,
-            k_ok,
-            s_ok,
-            o_ok,
-            TOKEN,
-            STATE,
-            OUTPUT,
-            False,
         )
     if FRONT and (STORE_INPUT_GRAD or BANK_GRADS):
         # d/d log-efficacy = efficacy x d/d efficacy, summed over the patch's steps: the row's share
