@@ -45,6 +45,9 @@ LossInKernelOption = Annotated[
     "torch either way; tag fused.loss says which ran)",
 ]
 
+LOSS_IN_TORCH = "autograd: the loss runs in torch"
+"""Tag :data:`axoexp.names.FUSED_GRADIENTS` where the loss is not computed in the kernels (either reason)."""
+
 GradientsInKernelOption = Annotated[
     bool,
     "the backward kernel adds the banks' gradients into the fused step's buffer and sums the loss itself, with no "
@@ -103,7 +106,7 @@ def gradients_for(
     if not setting:
         return None, "autograd"
     if not loss_in_kernel:
-        return None, "autograd: the loss runs in torch"
+        return None, LOSS_IN_TORCH
     if fused_step is None:  # the fused step is what gives every bank a .grad to add into
         return None, "autograd: the step runs in torch"
     if torch.are_deterministic_algorithms_enabled():
@@ -156,7 +159,7 @@ class FusedLiteForward(torch.nn.Module):
         adapt exactly the three banks. The banks' ``.grad`` must exist (the fused step makes them)."""
         in_kernel = kernel_loss(loss_fn)
         if in_kernel is None:
-            return None, "autograd: the loss runs in torch"
+            return None, LOSS_IN_TORCH
         if not self.front:
             return None, "autograd: the front runs in torch"
         population = self.population
