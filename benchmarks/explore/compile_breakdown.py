@@ -13,13 +13,16 @@ when absent; ``overrides`` (more Hydra overrides, e.g.
 ``functorch_options`` (AOTAutograd's config keys); ``workers``
 (``TORCHINDUCTOR_WORKER_START``: ``subprocess`` is inductor's own pool, which axoexp used
 before 2026-12-03); ``prewarm`` (``"device"``: one eager forward and backward for cuBLAS
-before ``prepare``; ``"compiler"``: the start-up, then a throwaway compile of a one-block
-region for a small stand-in neuron, with the caches off, :func:`warm_region_compiler`;
-each timed apart); ``startup_warm`` (true: that throwaway compile in a thread begun with
-the start-up, where a run would do it, overlapping the population's build; the rest of it
-is waited for before ``prepare`` and timed. The stand-in's initialisation and dynamo's
-saving and restoring of the global RNG state then run beside the build, so the population's
-weights may differ from a run's: a run adopting it must keep the two apart); ``artifacts`` (true: the cold process saves
+before ``prepare``; ``"passes"``: the start-up, then only the one-off set-up of the compile
+that depends on no shape and draws no random numbers, :func:`warm_compiler_passes`;
+``"compiler"``: the start-up, then a throwaway compile of a one-block region for a small
+stand-in neuron, with the caches off, :func:`warm_region_compiler`; each timed apart);
+``startup_warm`` (true: that throwaway compile in a thread begun with the start-up, where a
+run would do it, overlapping the population's build; ``"passes"``: the same with
+:func:`warm_compiler_passes` instead; the rest of it is waited for before ``prepare`` and
+timed. With true, the stand-in's initialisation and dynamo's saving and restoring of the
+global RNG state run beside the build, so the population's weights may differ from a run's:
+a run adopting it must keep the two apart); ``artifacts`` (true: the cold process saves
 ``torch.compiler.save_cache_artifacts()``, and a third process with another new, empty
 cache loads them with ``load_cache_artifacts`` before it compiles, timed apart);
 ``profile`` (cProfile of ``prepare``, the top functions printed).
@@ -62,6 +65,20 @@ def _warm_tokens(neuron, tokens, state, cache):  # its own code object: no dynam
 
     forecasts, state = run_tokens(neuron, tokens, state, cache)
     return forecasts.square().mean() + state.square().mean()
+
+
+def warm_compiler_passes(device) -> None:
+    """A process's one-off compile set-up that depends on no shape and draws no random numbers:
+    torch's and Triton's source hashes (the cache keys' parts) and the pattern matchers of the
+    joint-graph and post-grad passes, which inductor traces at its first compile in a process."""
+    import torch
+    from torch._inductor.codecache import CacheBase, torch_key
+    from torch._inductor.fx_passes import joint_graph, post_grad
+
+    torch_key()
+    CacheBase.get_system()
+    joint_graph.lazy_init(torch.empty(0, device=device).device)  # cached per device, as inductor passes it
+    post_grad.lazy_init()
 
 
 def warm_region_compiler(device) -> None:
@@ -155,10 +172,12 @@ def worker(shape: str, spec: dict, save_to: Path | None, load_from: Path | None)
     if spec.get("startup_warm"):  # where a run would do it: after the start-up, during the set-up
         import threading
 
+        warm = warm_compiler_passes if spec["startup_warm"] == "passes" else warm_region_compiler
+
         def warm_after_start_up() -> None:
             try:
                 compiler_startup.wait_into({}, torch.device("cuda"))
-                warm_region_compiler(torch.device("cuda"))
+                warm(torch.device("cuda"))
             except BaseException as error:  # raised again in the main thread, failing the row
                 failures.append(error)
 
@@ -181,6 +200,11 @@ def worker(shape: str, spec: dict, save_to: Path | None, load_from: Path | None)
         mark("startup_warm_wait", start)
         if failures:
             raise failures[0]
+    if "passes" in spec.get("prewarm", []):
+        wait_for_start_up()
+        start = time.perf_counter()
+        warm_compiler_passes(torch.device("cuda"))
+        mark("prewarm_passes", start)
     if "compiler" in spec.get("prewarm", []):
         wait_for_start_up()
         start = time.perf_counter()
@@ -262,7 +286,7 @@ COMPILE_TIMES_COLUMNS = {  # column: entries of dynamo's compile_times, seconds 
     "Triton wait": ("async_compile.wait",),
 }
 AUTOTUNE = "CachingAutotuner.benchmark_all_configs"  # at the kernels' first run, after the compile
-BEFORE_PREPARE = ("startup_warm_wait", "prewarm_compiler", "load_artifacts")  # a row's marks, seconds
+BEFORE_PREPARE = ("startup_warm_wait", "prewarm_passes", "prewarm_compiler", "load_artifacts")  # a row's marks, seconds
 
 
 def compile_times_entries(text: str) -> dict[str, float]:
@@ -301,8 +325,9 @@ def table(paths: list[Path]) -> str:
         "",
         "Seconds. `cold`: a new, empty cache; `artifacts`: another, loaded with the cold process's cache artifacts",
         "first. `set-up`: planning and the population's build (a run's set-up is longer); `before prepare`: the",
-        "throwaway compile, or what is left of it in the start-up's thread, or the artifacts' load, where the spec",
-        "has one; `start-up`: the wait for the compiler's start-up (before any of those, or in `prepare`);",
+        "throwaway compile or the passes' one-off set-up, or what is left of either in the start-up's thread, or",
+        "the artifacts' load, where the spec has one; `start-up`: the wait for the compiler's start-up (before any",
+        "of those, or in `prepare`);",
         "`compile`: the `compile` phase, split by the columns after",
         "it: the compile's stages (forward and backward graphs together; `rest of the compile`: the rest of dynamo's",
         "frame and backward compile), the first-run timing of kernels with several launch configurations, and the",
