@@ -27,7 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from axoexp import collector, targets, wallclock
 from axoexp.compose_once import composed_once
-from axoexp.config import describe, one_line, register_configs
+from axoexp.config import describe, one_line, register_configs, unchosen_group
 from axoexp.errors import AxoexpError, ConfigError, RefusedTargetError, shown
 from axoexp.plugins import load_plugins
 from axoexp.signals import OUTSIDE_A_RUN, OUTSIDE_A_RUN_EXIT, Interrupted
@@ -135,6 +135,9 @@ def _main() -> None:
             raise
         _exit_with(str(error), error.exit_code)
     register_configs(registry)
+    unchosen = unchosen_group(sys.argv[1:], registry)
+    if unchosen:
+        _exit_with(unchosen, 2)
     wallclock.mark("imports")
     if DESCRIBE_FLAG in sys.argv[1:]:
         print(describe(registry))

@@ -17,14 +17,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from axoexp.registry import AT_LEAST_ONE, GROUPS, NON_NEGATIVE, POSITIVE, Bounds, Component, Registry
+from axoexp.registry import (
+    AT_LEAST_ONE,
+    GROUPS,
+    NON_NEGATIVE,
+    POSITIVE,
+    Bounds,
+    Component,
+    Registry,
+    literal_choices,
+)
 
 SCHEMA_NAME = "axoexp_schema"
+MATMUL_PRECISIONS = ("highest", "high", "medium")  # torch.set_float32_matmul_precision's
+SEED_BOUNDS = Bounds(-(2**63), 2**63 - 1)  # what torch's generators take, less the lite population's offsets
 HELP_NAME = "axoexp_help"
 
 
@@ -87,7 +98,9 @@ class VerifyConfig:
 class DeterminismConfig:
     deterministic_algorithms: bool = setting(False, "torch.use_deterministic_algorithms")
     cudnn_benchmark: bool = setting(False, "torch.backends.cudnn.benchmark")
-    float32_matmul_precision: str = setting("highest", "highest | high | medium (TF32 changes parity)")
+    float32_matmul_precision: str = setting(
+        "highest", "torch.set_float32_matmul_precision (TF32 changes parity)", shown_type=Literal[MATMUL_PRECISIONS]
+    )
 
 
 @dataclass
@@ -132,7 +145,9 @@ class ExperimentConfig:
     executor: Any = setting(None, "how one update runs (eager, captured, compiled)")
     device: str = setting("cpu", "cpu | cuda | cuda:N")
     dtype: str = setting("float32", "float32 | float64 | bfloat16 (float16 is refused: its optimizer state underflows)")
-    seed: int = setting(0, "seeds the model, the routing, the inputs and the teacher's targets")
+    seed: int = setting(
+        0, "seeds the model, the routing, the inputs and the teacher's targets (a signed 64-bit integer)", SEED_BOUNDS
+    )
     run: RunConfig = setting(RunConfig, "what is timed")
     verify: VerifyConfig = setting(VerifyConfig, "parity with eager")
     determinism: DeterminismConfig = setting(DeterminismConfig, "global torch settings, applied first")
@@ -154,6 +169,30 @@ def no_such_key(key: str, section: str, keys: Sequence[str], where: str = "") ->
         return f"{key}: no such key{guess}; top-level keys: {', '.join(keys)}"
     settings = f"its keys: {', '.join(keys)}" if keys else "it takes no settings"
     return f"{section}.{key}: no such key in {where or section}{guess}; {settings}"
+
+
+def unchosen_group(arguments: Sequence[str], registry: Registry) -> str | None:
+    """One line for a component group that an override leaves without an option (``loss=null``,
+    ``-m loss=mse,null``, ``~loss``), which Hydra fails on with a traceback, or composes into no
+    node; ``None`` where no override does."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    for argument in arguments:
+        group = argument.lstrip("+~").partition("=")[0]
+        if group not in GROUPS or argument.startswith("-"):
+            continue
+        try:
+            (override,) = OverridesParser.create().parse_overrides([argument])
+        except OverrideParseException:
+            continue  # Hydra reports it
+        value = override.value()
+        if override.is_delete() or value is None or None in getattr(value, "list", ()):
+            return (
+                f"{argument}: every run needs a {group} option; valid {group} options: "
+                f"{', '.join(sorted(registry.names(group)))}"
+            )
+    return None
 
 
 def one_line(error: BaseException) -> str:
@@ -209,6 +248,19 @@ def bounded_keys(cls: type = ExperimentConfig, prefix: str = "") -> dict[str, Bo
             found.update(bounded_keys(hints[item.name], f"{prefix}{item.name}."))
         elif item.metadata.get("bounds") is not None:
             found[f"{prefix}{item.name}"] = item.metadata["bounds"]
+    return found
+
+
+def choice_keys(cls: type = ExperimentConfig, prefix: str = "") -> dict[str, tuple[Any, ...]]:
+    """Dotted top-level keys whose ``--help`` type is a ``Literal``, with its choices."""
+    found: dict[str, tuple[Any, ...]] = {}
+    hints = typing.get_type_hints(cls)
+    for item in dataclasses.fields(cls):
+        choices = literal_choices(item.metadata.get("type"))
+        if dataclasses.is_dataclass(hints[item.name]):
+            found.update(choice_keys(hints[item.name], f"{prefix}{item.name}."))
+        elif choices is not None:
+            found[f"{prefix}{item.name}"] = choices
     return found
 
 

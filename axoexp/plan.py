@@ -31,8 +31,15 @@ from omegaconf import DictConfig, OmegaConf
 from axoexp import names
 from axoexp.banks import InitialBanks, read_initial_banks
 from axoexp.components.population import checkpoint_problem
-from axoexp.config import added_keys, bounded_keys
-from axoexp.errors import BanksError, ConfigError, IncompatibleComponentsError, RegistryError, first_line
+from axoexp.config import added_keys, bounded_keys, choice_keys
+from axoexp.errors import (
+    AxoexpError,
+    BanksError,
+    ConfigError,
+    IncompatibleComponentsError,
+    RegistryError,
+    first_line,
+)
 from axoexp.executors import optimizer_calls
 from axoexp.executors.base import batch_loss
 from axoexp.interfaces import Executor, LossFn, PopulationSetup, adaptation_parameters
@@ -97,9 +104,9 @@ class Plan:
         setup = population.build(
             self.params["population"], device=self.device, dtype=self.dtype, seed=int(self.config.seed)
         )
-        empty = empty_batches_problem(population, setup)
-        if empty:  # planning could not build it: found here, not as a NaN loss
-            raise IncompatibleComponentsError(empty)
+        problem = setup_problem(population, setup) or empty_batches_problem(population, setup)
+        if problem:  # planning could not build it: found here, not as a NaN loss or a traceback
+            raise IncompatibleComponentsError(problem)
         if self.initial_banks is not None:
             self.initial_banks.load_into(population.name, setup.module, self.dtype)
         return setup
@@ -182,6 +189,9 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
         problem = bounds.problem(OmegaConf.select(config, key))
         if problem:
             problems.append(f"{key}={OmegaConf.select(config, key)!r}: {problem}")
+    for key, allowed in choice_keys().items():
+        if OmegaConf.select(config, key) not in allowed:
+            problems.append(f"{key}={OmegaConf.select(config, key)!r}: choose one of {', '.join(allowed)}")
     if config.run.min_time_s > config.run.max_time_s:
         problems.append(
             f"run.min_time_s={config.run.min_time_s!r} exceeds run.max_time_s={config.run.max_time_s!r}, "
@@ -203,18 +213,22 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
     if "population" in components and device is not None and dtype is not None and not problems:
         problems += memory_problems(components["population"], params["population"], device, dtype)
         if not problems:  # it fits: build it, to see what it is
-            probe = probe_population(
+            probe, refused = probe_population(
                 components["population"],
                 params["population"],
                 probe_device(device, components["population"], params["population"], dtype),
                 dtype,
                 int(config.seed),
+                device,
             )
-    if probe is not None:
-        problems += filter(None, [empty_batches_problem(components["population"], probe)])
+            problems += filter(None, [refused])
     store = store_problem(resolve_tracking_uri(config.tracking.uri), tracking_uri_key(config.tracking.uri))
     if store:
         problems.append(store)
+    if not str(config.tracking.experiment).strip():
+        problems.append(
+            f"tracking.experiment={config.tracking.experiment!r}: name an MLflow experiment (default axoexp)"
+        )
     if "population" in components:  # found here rather than once the MLflow run exists
         checkpoint = params["population"].get("checkpoint")
         problems += filter(None, [checkpoint_problem(checkpoint, params["population"].get("checkpoint_sha256"))])
@@ -243,6 +257,9 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
     if probe is not None and "loss" in components and not problems:
         assert device is not None
         problems += loss_problems(components["loss"], params["loss"], probe, device)
+    if probe is not None and not problems:
+        assert device is not None
+        problems += update_problems(components, params, probe, device)
     lengths = [int(inputs.shape[-2]) for inputs, _ in probe.batches] if probe is not None else []
     if executor is not None and "loss" in components and len(set(lengths)) > 1:
         refusal = executor_class(executor).length_refusal(
@@ -303,7 +320,8 @@ def loss_problems(loss: Component, params: dict[str, Any], probe: PopulationSetu
     under an executor of its own that never calls the loss so. Elsewhere the exception is logged and
     left to the run: on the meta device an operation may lack a meta implementation, and for a run on
     a GPU judged on a CPU-built probe the failure may be the CPU's alone (an operation or dtype only
-    CUDA implements, a plugin loss that launches a CUDA kernel)."""
+    CUDA implements, a plugin loss that launches a CUDA kernel). A loss that is not finite on a
+    CPU-built probe (its initial banks, for a run on any device) refuses the config too."""
     shortest = min(probe.batches, key=lambda batch: batch[0].shape[-2])
     where = shortest[0].device
     try:
@@ -321,6 +339,12 @@ def loss_problems(loss: Component, params: dict[str, Any], probe: PopulationSetu
         return [
             f"loss={loss.name} returns a tensor of shape {tuple(value.shape)}, not a scalar: an update's "
             "backward needs one number; reduce it (e.g. .mean())"
+        ]
+    if where.type == "cpu" and not torch.isfinite(value):
+        return [
+            f"loss={loss.name} is {value.item()} on this population's shortest batch before any update "
+            f"({shortest[0].shape[-2]} time steps), so the run's first update would be too "
+            "(e.g. a mean over no time steps left after the loss's warm-up)"
         ]
     return []
 
@@ -370,19 +394,86 @@ def probe_device(
 
 
 def probe_population(
-    population: Component, params: dict[str, Any], device: torch.device, dtype: torch.dtype, seed: int
-) -> PopulationSetup | None:
+    population: Component,
+    params: dict[str, Any],
+    device: torch.device,
+    dtype: torch.dtype,
+    seed: int,
+    run_device: torch.device,
+) -> tuple[PopulationSetup | None, str | None]:
     """The population as its factory builds it on ``device`` (:func:`probe_device`): the module's
     types, dtypes and trainable parameters and the batches' shapes (on the meta device with no
     memory or arithmetic spent on tensors; the factory still runs its own host code, e.g. a random
-    generator's draws). None where the factory cannot build there: the executor's preconditions
-    are then checked on the real module, inside the run, and the shape is read from the real
-    batches."""
+    generator's draws); or None and why the config is refused.
+
+    Refused: what the factory built cannot be adapted (:func:`setup_problem`,
+    :func:`empty_batches_problem`); its build raised one of axoexp's config errors (e.g. a
+    checkpoint that cannot be read), wherever it was built; or it raised anything where it was
+    built on the CPU for a run on the CPU (``run_device``), which builds it the same way, so the
+    run would fail the same, only once its MLflow run exists. Elsewhere (None, None): the factory
+    cannot build there (e.g. an operation with no meta implementation), so the executor's
+    preconditions are checked on the real module, inside the run, and the shape is read from the
+    real batches."""
     try:
-        return population.build(params, device=device, dtype=dtype, seed=seed)
-    except Exception as error:  # e.g. a data-dependent check; the real build reports its own errors
+        setup = population.build(params, device=device, dtype=dtype, seed=seed)
+    except Exception as error:
+        if isinstance(error, AxoexpError):  # its message is the user's line already
+            return None, str(error).splitlines()[0]
+        if device.type == "cpu" and run_device.type == "cpu":
+            return None, f"population={population.name} cannot be built: {first_line(error)}"
         log.info("population %s cannot be built on %s (%s); it is judged when built", population.name, device, error)
-        return None
+        return None, None
+    problem = setup_problem(population, setup) or empty_batches_problem(population, setup)
+    return (None, problem) if problem else (setup, None)
+
+
+def setup_problem(population: Component, setup: object) -> str | None:
+    """Why what ``population``'s factory returned cannot be adapted: not a :class:`PopulationSetup`,
+    a module without ``trainable_adaptation_parameters()`` (what an update adapts), or nothing there."""
+    if not isinstance(setup, PopulationSetup):
+        return (
+            f"population={population.name} returns a {type(setup).__name__}, not an "
+            "axoexp.interfaces.PopulationSetup(module=..., batches=...) (docs/plugins.md)"
+        )
+    module = type(setup.module).__name__
+    if not callable(getattr(setup.module, "trainable_adaptation_parameters", None)):
+        return (
+            f"population={population.name} builds a {module} without trainable_adaptation_parameters(), "
+            "which names the parameters an update adapts (docs/plugins.md)"
+        )
+    if not adaptation_parameters(setup.module):
+        return f"population={population.name} builds a {module} whose trainable_adaptation_parameters() is empty"
+    return None
+
+
+def update_problems(
+    components: dict[str, Component], params: dict[str, dict[str, Any]], probe: PopulationSetup, device: torch.device
+) -> list[str]:
+    """What the optimizer or the gradient transform refuses of its settings, found by building each
+    over the probe's adaptation parameters (not capturable: they are not on CUDA here), as the run
+    builds them over its own (e.g. torch.optim.Adam refuses a beta of 1, SGD Nesterov momentum
+    without momentum). A ``ValueError`` (how torch.optim refuses a setting) refuses the config
+    wherever the probe was built; any other exception only where it was built on the CPU for a run
+    on the CPU, as in :func:`loss_problems`."""
+    parameters = adaptation_parameters(probe.module)
+    where = parameters[0].device
+    problems = []
+    for group, context in (("optimizer", {"capturable": False}), ("gradient_transform", {})):
+        try:
+            with optimizer_calls.constructing():
+                components[group].build(params[group], parameters=parameters, **context)
+        except Exception as error:
+            if isinstance(error, ValueError) or (where.type == "cpu" and device.type == "cpu"):
+                problems.append(f"{group}={components[group].name} refuses its settings: {first_line(error)}")
+            else:
+                log.info(
+                    "%s %s cannot be built on the %s-built population (%s)",
+                    group,
+                    components[group].name,
+                    where.type,
+                    error,
+                )
+    return problems
 
 
 def on_meta(probe: PopulationSetup) -> PopulationSetup:

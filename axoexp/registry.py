@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import builtins
 import inspect
+import math
 import sys
 import types
 import typing
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from axoexp.errors import RegistryError, first_line
 from axoexp.interfaces import Executor
@@ -40,22 +41,39 @@ class Bounds:
     low: float | None = None
     high: float | None = None
     low_inclusive: bool = True
+    high_inclusive: bool = True
 
     def problem(self, value: Any) -> str | None:
         """What is wrong with ``value`` (``None`` when it lies in range or is not a number)."""
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return None
-        if value != value:
-            return "must be a number, not nan"
+        if not math.isfinite(value):
+            return f"must be a finite number, not {value}"
         too_low = self.low is not None and (value < self.low or (value == self.low and not self.low_inclusive))
-        too_high = self.high is not None and value > self.high
+        too_high = self.high is not None and (value > self.high or (value == self.high and not self.high_inclusive))
         if not (too_low or too_high):
             return None
         if self.low is not None and self.high is not None:
-            return f"must lie in {'[' if self.low_inclusive else '('}{self.low:g}, {self.high:g}]"
+            opening, closing = "[" if self.low_inclusive else "(", "]" if self.high_inclusive else ")"
+            return f"must lie in {opening}{_number(self.low)}, {_number(self.high)}{closing}"
         if self.low is not None:
-            return f"must be {'at least' if self.low_inclusive else 'greater than'} {self.low:g}"
-        return f"must be at most {self.high:g}"
+            return f"must be {'at least' if self.low_inclusive else 'greater than'} {_number(self.low)}"
+        return f"must be {'at most' if self.high_inclusive else 'less than'} {_number(cast(float, self.high))}"
+
+
+def literal_choices(annotation: Any) -> tuple[Any, ...] | None:
+    """The values a ``Literal[...]`` annotation (or an optional one) allows; ``None`` for any other."""
+    members = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else ()
+    literals = [member for member in members or (annotation,) if member is not type(None)]
+    if not all(typing.get_origin(member) is Literal for member in literals):
+        return None
+    optional = (None,) if type(None) in members else ()
+    return tuple(choice for member in literals for choice in typing.get_args(member)) + optional
+
+
+def _number(bound: float) -> str:
+    """A bound as a message shows it: an integer whole (a seed's 2**63 - 1), else ``%g``."""
+    return str(bound) if isinstance(bound, int) else f"{bound:g}"
 
 
 AT_LEAST_ONE = Bounds(low=1)
@@ -337,9 +355,14 @@ class Component:
         """Out-of-range parameter values, each naming key, value and what is expected."""
         problems = []
         for parameter in self.documented_parameters():
-            problem = parameter.bounds and parameter.bounds.problem(params.get(parameter.name))
+            if parameter.name not in params:
+                continue
+            value, choices = params[parameter.name], literal_choices(parameter.annotation)
+            problem = parameter.bounds and parameter.bounds.problem(value)
+            if choices is not None and value not in choices:
+                problem = f"must be one of {', '.join(map(str, choices))}"
             if problem:
-                problems.append(f"{self.group}.{parameter.name}={params[parameter.name]!r}: {problem}")
+                problems.append(f"{self.group}.{parameter.name}={value!r}: {problem}")
         return problems
 
     def check_params(self, params: Mapping[str, Any]) -> None:

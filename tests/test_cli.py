@@ -50,6 +50,7 @@ USER_ERRORS = [
         "executor=graphs: no such option; valid executor options: compiled_cudagraph, "
         "cudagraph, eager, fused_cudagraph, reduce_overhead, regional_cudagraph",
     ),
+    ("loss=null", "loss=null: every run needs a loss option; valid loss options: causal_mse, huber, mse"),
 ]
 COMMANDS = {  # a name: the command's arguments
     "default": ("executor=eager", "loss=causal_mse"),

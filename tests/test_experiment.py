@@ -179,6 +179,22 @@ def test_thread_calibration_consumes_no_update(make_config, client) -> None:
         (["population.neurons=0"], "population.neurons=0: must be at least 1"),
         (["optimizer.lr=0"], "optimizer.lr=0.0: must be greater than 0"),
         (["population.input_rate=1.5"], "population.input_rate=1.5: must lie in [0, 1]"),
+        (["optimizer.beta2=1"], "optimizer.beta2=1.0: must lie in [0, 1)"),
+        (["optimizer.lr=inf"], "optimizer.lr=inf: must be a finite number, not inf"),
+        (
+            ["optimizer=sgd", "optimizer.nesterov=true"],
+            "optimizer.nesterov=true needs momentum, but optimizer.momentum=0.0; set it above 0",
+        ),
+        (["seed=18446744073709551615"], "seed=18446744073709551615: must lie in [-9223372036854775808, 9223"),
+        (
+            ["determinism.float32_matmul_precision=low"],
+            "determinism.float32_matmul_precision='low': choose one of highest, high, medium",
+        ),
+        (
+            ["loss=mse", "population.lengths=[3,12]"],
+            "population.lengths=[3, 12]: a batch may have 3 steps, but AxoSim-Lite's first 4 outputs are warm-up",
+        ),
+        (["tracking.experiment="], "tracking.experiment='': name an MLflow experiment (default axoexp)"),
         (
             ["executor=fused_cudagraph", "dtype=float64"],
             "executor=fused_cudagraph cannot run this experiment: the fused kernel runs float32, not dtype=float64; "

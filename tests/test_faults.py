@@ -447,7 +447,7 @@ def test_journal_on_a_full_disk_keeps_the_run_in_mlflow(tmp_path: Path) -> None:
 # --- wrong results --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("lr", ["1e12", "inf"])
+@pytest.mark.parametrize("lr", ["1e12", "1e30"])
 def test_a_non_finite_loss_ends_the_run_failed_naming_the_update(make_config, client, tmp_path: Path, lr: str) -> None:
     with pytest.raises(NonFiniteResultError, match=r"update \d+ \((warmup|measured)\) produced a non-finite"):
         run_experiment(make_config(f"optimizer.lr={lr}", "verify.enabled=true"), output_dir=tmp_path)

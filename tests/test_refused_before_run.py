@@ -5,19 +5,21 @@ and a population whose batches are empty are found while planning, before any ML
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from pathlib import Path
 
 import mlflow
 import pytest
 import torch
+from axosim.checkpoint import save_checkpoint
 from helpers import run_clis
 from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE, MLFLOW_TRACKING_URI
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from axoexp.components.population import lite, sha256_of
-from axoexp.config import register_configs
+from axoexp.components.population import lite, make_lite_model, sha256_of
+from axoexp.config import register_configs, unchosen_group
 from axoexp.errors import ConfigError, IncompatibleComponentsError
 from axoexp.experiment import run_experiment
 from axoexp.interfaces import LossFn, PopulationSetup
@@ -62,11 +64,24 @@ def test_a_checkpoint_that_cannot_be_used_makes_no_run(
     assert _no_runs(client), "the refusal left a run behind"
 
 
-def test_a_pinned_readable_checkpoint_passes_planning(make_config: Callable, checkpoint: Path) -> None:
+def test_a_pinned_checkpoint_passes_planning_and_a_pinned_file_that_is_none_is_refused(
+    make_config: Callable, checkpoint: Path, tmp_path: Path
+) -> None:
+    saved = tmp_path / "saved.pt"
+    save_checkpoint(
+        make_lite_model(
+            branches=8, route_features=5, token_dim=6, state_dim=3, morphologies=2, generator=torch.Generator()
+        ),
+        saved,
+    )
     plan = plan_experiment(
-        make_config(f"population.checkpoint={checkpoint}", f"population.checkpoint_sha256={sha256_of(checkpoint)}")
+        make_config(f"population.checkpoint={saved}", f"population.checkpoint_sha256={sha256_of(saved)}")
     )
     assert plan.device == torch.device("cpu")
+    with pytest.raises(ConfigError, match=r"lite.pt' is pinned, but loading it as an axosim checkpoint failed"):
+        plan_experiment(
+            make_config(f"population.checkpoint={checkpoint}", f"population.checkpoint_sha256={sha256_of(checkpoint)}")
+        )
 
 
 FILE_STORES = ["afile/mlruns", "./mlruns", "file:rel/mlruns", "{tmp}/abs/mlruns", "file://{tmp}/uri/mlruns"]
@@ -147,13 +162,117 @@ def _unreduced() -> LossFn:
     return lambda prediction, target: (prediction - target).pow(2)
 
 
+class _Fixed(torch.nn.Module):
+    """A module that adapts nothing of its own accord: no ``trainable_adaptation_parameters()``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gain = torch.nn.Parameter(torch.ones(2))
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return inputs[..., :2] * self.gain
+
+
+class _Frozen(_Fixed):
+    def trainable_adaptation_parameters(self) -> list[torch.nn.Parameter]:
+        return []
+
+
+def _batches(device: torch.device, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    inputs = torch.ones(3, 12, 4, device=device, dtype=dtype)
+    return [(inputs, torch.zeros(3, 12, 2, device=device, dtype=dtype))]
+
+
+def _a_tuple(*, device: torch.device, dtype: torch.dtype, seed: int) -> object:
+    return _Fixed().to(device, dtype), _batches(device, dtype)
+
+
+def _no_banks(*, device: torch.device, dtype: torch.dtype, seed: int) -> PopulationSetup:
+    return PopulationSetup(module=_Fixed().to(device, dtype), batches=_batches(device, dtype))
+
+
+def _frozen(*, device: torch.device, dtype: torch.dtype, seed: int) -> PopulationSetup:
+    return PopulationSetup(module=_Frozen().to(device, dtype), batches=_batches(device, dtype))
+
+
+def _raises(*, device: torch.device, dtype: torch.dtype, seed: int) -> PopulationSetup:
+    raise RuntimeError("no such recording")
+
+
+_raises.memory_estimate = lambda params, dtype: 0  # type: ignore[attr-defined]  # small: planning builds it on the CPU
+
+
+def _after_warmup() -> LossFn:
+    return lambda prediction, target: (prediction[:, 12:] - target[:, 12:]).pow(2).mean()
+
+
+def _strict_sgd(*, parameters: list[torch.nn.Parameter], capturable: bool, lr: float = 0.1) -> torch.optim.Optimizer:
+    if lr > 1:
+        raise ValueError(f"Invalid learning rate: {lr}")
+    return torch.optim.SGD(parameters, lr=lr)
+
+
 @pytest.fixture
 def wrapped(registry: Registry) -> Registry:
     registry.register("population", "bare_lite", _bare_lite, source=__file__)
+    registry.register("population", "a_tuple", _a_tuple, source=__file__)
+    registry.register("population", "no_banks", _no_banks, source=__file__)
+    registry.register("population", "frozen", _frozen, source=__file__)
+    registry.register("population", "raises", _raises, source=__file__)
     registry.register("loss", "wrong_axis", _wrong_axis, source=__file__)
     registry.register("loss", "unreduced", _unreduced, source=__file__)
+    registry.register("loss", "after_warmup", _after_warmup, source=__file__)
+    registry.register("optimizer", "strict_sgd", _strict_sgd, source=__file__)
     register_configs(registry)
     return registry
+
+
+@pytest.mark.parametrize(
+    "population, message",
+    [
+        (
+            "a_tuple",
+            "population=a_tuple returns a tuple, not an axoexp.interfaces.PopulationSetup(module=..., batches=...)",
+        ),
+        ("no_banks", "population=no_banks builds a _Fixed without trainable_adaptation_parameters(), which names"),
+        ("frozen", "population=frozen builds a _Frozen whose trainable_adaptation_parameters() is empty"),
+        ("raises", "population=raises cannot be built: RuntimeError: no such recording"),
+    ],
+)
+def test_a_population_that_is_no_population_to_adapt_is_refused_while_planning(
+    make_config: Callable, wrapped: Registry, client: MlflowClient, population: str, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(f"invalid experiment config: {message}")):
+        run_experiment(make_config(f"population={population}", "loss=mse"), registry=wrapped)
+    assert _no_runs(client), "the refusal left a run behind"
+
+
+def test_a_loss_that_is_not_finite_before_any_update_is_refused_while_planning(
+    make_config: Callable, wrapped: Registry
+) -> None:
+    with pytest.raises(ConfigError, match=r"loss=after_warmup is nan on this population's shortest batch before"):
+        plan_experiment(make_config("loss=after_warmup"), wrapped)
+
+
+def test_an_optimizer_that_refuses_its_settings_is_refused_while_planning(
+    make_config: Callable, wrapped: Registry
+) -> None:
+    with pytest.raises(
+        ConfigError, match=r"optimizer=strict_sgd refuses its settings: ValueError: Invalid learning rate"
+    ):
+        plan_experiment(make_config("optimizer=strict_sgd", "optimizer.lr=2"), wrapped)
+    assert plan_experiment(make_config("optimizer=strict_sgd"), wrapped).shape == "3x12x4"
+
+
+def test_a_checkpoint_that_is_not_one_is_refused_while_planning(
+    make_config: Callable, client: MlflowClient, checkpoint: Path
+) -> None:
+    with pytest.raises(
+        ConfigError,
+        match=r"population.checkpoint='.*lite.pt' is not a weights-only checkpoint: loading it would run code",
+    ):
+        run_experiment(make_config(f"population.checkpoint={checkpoint}"))
+    assert _no_runs(client), "the refusal left a run behind"
 
 
 def test_a_loss_that_fails_on_the_cpu_built_population_is_refused_while_planning(
@@ -231,3 +350,14 @@ def test_keys_a_plus_override_added_are_refused_naming_the_valid_keys(make_confi
     assert "foo: no such key; top-level keys: population, loss, optimizer," in message
     assert "tracking.urii: no such key in tracking (did you mean uri?); its keys: uri, experiment," in message
     plan_experiment(make_config("+experiment=sweep_cpu"))  # a group's option adds no key
+
+
+@pytest.mark.parametrize("override", ["loss=null", "+loss=null", "~loss", "loss=mse,null"])
+def test_a_group_left_without_an_option_is_one_line_naming_the_options(
+    override: str, loaded_registry: Registry
+) -> None:
+    options = ", ".join(sorted(loaded_registry.names("loss")))
+    assert unchosen_group(["-m", "seed=1", override], loaded_registry) == (
+        f"{override}: every run needs a loss option; valid loss options: {options}"
+    )
+    assert unchosen_group(["loss=mse", "-m", "loss=mse,huber", "seed=null"], loaded_registry) is None

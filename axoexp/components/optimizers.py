@@ -7,16 +7,16 @@ whose step keeps its state on the device and never syncs with the host.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Annotated
+from collections.abc import Iterable, Mapping
+from typing import Annotated, Any
 
 import torch
 
 from axoexp.registry import NON_NEGATIVE, POSITIVE, Bounds, component
 
 LR = Annotated[float, "learning rate", POSITIVE]
-BETA1 = Annotated[float, "first-moment decay", Bounds(0, 1)]
-BETA2 = Annotated[float, "second-moment decay", Bounds(0, 1)]
+BETA1 = Annotated[float, "first-moment decay", Bounds(0, 1, high_inclusive=False)]
+BETA2 = Annotated[float, "second-moment decay", Bounds(0, 1, high_inclusive=False)]
 EPS = Annotated[float, "added to the denominator", POSITIVE]
 
 
@@ -81,3 +81,15 @@ def sgd(
     """
     del capturable
     return torch.optim.SGD(parameters, lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay)
+
+
+def sgd_problems(params: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
+    """What planning refuses in ``sgd``'s settings (defaults included): Nesterov without momentum."""
+    if params["nesterov"] and not params["momentum"]:
+        return [
+            f"optimizer.nesterov=true needs momentum, but optimizer.momentum={params['momentum']!r}; set it above 0"
+        ]
+    return []
+
+
+sgd.config_problems = sgd_problems  # type: ignore[attr-defined]

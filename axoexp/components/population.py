@@ -150,14 +150,23 @@ def config_problems(params: Mapping[str, Any], config: Mapping[str, Any]) -> lis
             "population.train_behavior, train_morphology, train_synaptic to true"
         )
     try:
-        parse_lengths(params.get("lengths"))
+        lengths = parse_lengths(params.get("lengths"))
     except ValueError as error:
         problems.append(str(error))
+        return problems
     time_steps, loss = params.get("time_steps"), config.get("loss") or {}
-    if isinstance(time_steps, int) and time_steps < WARMUP_STEPS and not loss.get("warmup_steps"):
+    if loss.get("warmup_steps"):
+        return problems
+    warmup = f"AxoSim-Lite's first {WARMUP_STEPS} outputs are warm-up, with no gradient to adapt on"
+    if lengths is not None and lengths.low < WARMUP_STEPS:
         problems.append(
-            f"population.time_steps={time_steps}: AxoSim-Lite's first {WARMUP_STEPS} outputs are warm-up, "
-            f"with no gradient to adapt on; use at least {WARMUP_STEPS} (more than that for a causal loss)"
+            f"population.lengths={params['lengths']!r}: a batch may have {lengths.low} steps, but {warmup}; "
+            f"use lengths of at least {WARMUP_STEPS} (more than that for a causal loss)"
+        )
+    elif lengths is None and isinstance(time_steps, int) and time_steps < WARMUP_STEPS:
+        problems.append(
+            f"population.time_steps={time_steps}: {warmup}; "
+            f"use at least {WARMUP_STEPS} (more than that for a causal loss)"
         )
     return problems
 
