@@ -1,7 +1,8 @@
 """Sweeps: one MLflow parent run per Hydra multirun, each job a child of it, and resume.
 
-Before the parent exists, every job of the basic sweeper is planned: a sweep whose every job
-is refused, or whose launcher cannot run here, ends with one line and exit 2, creating no run.
+Before the parent exists, every job of the basic sweeper is composed and planned: a sweep with
+a job whose config cannot be composed (Hydra would start none of its jobs), whose every job is
+refused, or whose launcher cannot run here, ends with one line and exit 2, creating no run.
 
 The parent run id reaches every job as part of the job's own config: the callback appends
 the override ``sweep.parent_run_id=<id>`` to the sweep's overrides before the sweeper reads
@@ -259,9 +260,9 @@ def check_launcher(config: DictConfig) -> None:
 def plan_jobs(config: DictConfig) -> tuple[list[str], list[str]]:
     """Plan every job of a basic sweep before any run exists: ``job N (overrides): why`` for each
     refused one, and each job's resolved config as its :func:`~axoexp.tracking.config_digest`
-    (the sweep's definition). If every job is refused, :class:`SweepRefusedError` lists them all
-    in one line and no parent run is created. Other sweepers choose their jobs as they go:
-    nothing is planned."""
+    (the sweep's definition). If a job's config cannot be composed (Hydra's sweeper would then
+    start no job) or every job is refused, :class:`SweepRefusedError` names those jobs in one line
+    and no parent run is created. Other sweepers choose their jobs as they go: nothing is planned."""
     if not str(config.hydra.sweeper.get("_target_", "")).endswith("BasicSweeper"):
         return [], []
     loader = GlobalHydra.instance().config_loader()
@@ -272,32 +273,43 @@ def plan_jobs(config: DictConfig) -> tuple[list[str], list[str]]:
     # job, they must not start torch's intra-op (OpenMP) thread pool: a child forked after it has
     # started deadlocks in its first parallel op. Each job sets its own threads (run.threads).
     torch.set_num_threads(1)
-    refused, digests = [], []
+    uncomposable, refused, digests = [], [], []
     for number, job in enumerate(jobs):
         try:
             job_config = loader.load_sweep_config(config, job)
-            digests.append(_job_digest(job_config, job))
+        except (HydraException, OmegaConfBaseException) as error:
+            uncomposable.append(f"job {number} ({_shown_overrides(job)}): {one_line(error)}")
+            continue
+        if uncomposable:  # the sweep is refused: the rest are only composed, to name every such job
+            continue
+        digests.append(_job_digest(job_config, job))
+        try:
             plan_experiment(job_config)
         except (ConfigError, HydraException, OmegaConfBaseException) as error:
-            shown = " ".join(item for item in job if not item.startswith(names.NOT_MEASUREMENT_PARAM_PREFIXES))
-            refused.append(f"job {number} ({shown or 'defaults'}): {one_line(error)}")
-            if len(digests) == number:  # its config could not be composed: its overrides stand for it
-                digests.append(_job_digest(None, job))
+            refused.append(f"job {number} ({_shown_overrides(job)}): {one_line(error)}")
+    if uncomposable:  # Hydra's BasicSweeper composes a batch's jobs first and fails the batch at the first it cannot
+        raise SweepRefusedError(
+            "no job of the sweep can run, so it created no run: Hydra starts a sweep's jobs only once it has "
+            f"composed every job's config, and it cannot compose {'; '.join(uncomposable)}"
+        )
     if jobs and len(refused) == len(jobs):
         raise SweepRefusedError(f"no job of the sweep can run, so it created no run: {'; '.join(refused)}")
     return refused, digests
 
 
-def _job_digest(job_config: DictConfig | None, overrides: list[str]) -> str:
+def _shown_overrides(job: list[str]) -> str:
+    """A job's overrides as its messages show them: those that change what it measures."""
+    return " ".join(item for item in job if not item.startswith(names.NOT_MEASUREMENT_PARAM_PREFIXES)) or "defaults"
+
+
+def _job_digest(job_config: DictConfig, overrides: list[str]) -> str:
     """The job's resolved config, less Hydra's own node, as its :func:`~axoexp.tracking.config_digest`;
     its overrides where it cannot be resolved here."""
-    if job_config is not None:
-        task = OmegaConf.masked_copy(job_config, [str(key) for key in job_config if key != "hydra"])
-        try:
-            return config_digest(cast(dict[str, Any], OmegaConf.to_container(task, resolve=True)))
-        except OmegaConfBaseException:
-            pass
-    return "overrides " + " ".join(sorted(overrides))
+    task = OmegaConf.masked_copy(job_config, [str(key) for key in job_config if key != "hydra"])
+    try:
+        return config_digest(cast(dict[str, Any], OmegaConf.to_container(task, resolve=True)))
+    except OmegaConfBaseException:
+        return "overrides " + " ".join(sorted(overrides))
 
 
 def claim_sweep_dir(config: DictConfig) -> Path:

@@ -308,6 +308,7 @@ def test_a_sweep_logs_to_an_http_tracking_server_and_a_dead_one_fails_fast_keepi
     assert summary[0][names.update_metric("count")] == 3.0 and records[-1]["status"] == "FINISHED"
 
 
+COMPOSED_FIRST = "Hydra starts a sweep's jobs only once it has composed every job's config, and it cannot compose"
 REFUSED_SWEEPS = {  # sweeps refused before any run: their overrides and the one line each prints
     "every_job_refused": (
         ("population.neurons=0,-1",),
@@ -317,11 +318,23 @@ REFUSED_SWEEPS = {  # sweeps refused before any run: their overrides and the one
     ),
     "every_job_misspelled": (  # a job's composition error reads as a single run's does
         ("optimizer.lrr=0.1,0.2",),
-        "axoexp: no job of the sweep can run, so it created no run: "
+        f"axoexp: no job of the sweep can run, so it created no run: {COMPOSED_FIRST} "
         "job 0 (optimizer.lrr=0.1): optimizer.lrr: no such key in optimizer=adam (did you mean lr?); its keys: "
         "capturable, lr, beta1, beta2, eps, weight_decay; "
         "job 1 (optimizer.lrr=0.2): optimizer.lrr: no such key in optimizer=adam (did you mean lr?); its keys: "
         "capturable, lr, beta1, beta2, eps, weight_decay",
+    ),
+    "one_bad_value": (  # Hydra's sweeper would fail the batch at job 1 and run not even job 0
+        ("optimizer.lr=0.1,abc", "run.measured_updates=3"),
+        f"axoexp: no job of the sweep can run, so it created no run: {COMPOSED_FIRST} "
+        "job 1 (optimizer.lr=abc run.measured_updates=3): optimizer.lr=abc: Value 'abc' of type 'str' could not be "
+        "converted to Float",
+    ),
+    "one_unknown_option": (  # job 2 (loss=mse population.neurons=0), which planning would refuse, is not named
+        ("loss=foo,mse", "population.neurons=0,2"),
+        f"axoexp: no job of the sweep can run, so it created no run: {COMPOSED_FIRST} "
+        "job 0 (loss=foo population.neurons=0): loss=foo: no such option; valid loss options: causal_mse, huber, mse; "
+        "job 1 (loss=foo population.neurons=2): loss=foo: no such option; valid loss options: causal_mse, huber, mse",
     ),
     "slurm_without_slurm": (
         ("hydra/launcher=slurm", "population.neurons=2,3"),
@@ -335,9 +348,10 @@ REFUSED_SWEEPS = {  # sweeps refused before any run: their overrides and the one
 }
 
 
-def test_a_sweep_that_cannot_run_creates_no_run_and_says_why_in_one_line(tmp_path: Path) -> None:
-    """Every job refused (a value out of range, a misspelled key), the SLURM preset without SLURM,
-    the parallel launcher without workers: the sweeps side by side, each in a folder of its own."""
+def test_a_sweep_that_cannot_run_creates_no_run_and_says_why_in_one_line(tmp_path: Path, empty_store: Path) -> None:
+    """Every job refused (a value out of range, a misspelled key), a job Hydra cannot compose (a bad
+    value, an unknown option) among others it can, the SLURM preset without SLURM, the parallel
+    launcher without workers: the sweeps side by side, each in a folder of its own with a store."""
     cases = {
         name: case
         for name, case in REFUSED_SWEEPS.items()
@@ -346,11 +360,19 @@ def test_a_sweep_that_cannot_run_creates_no_run_and_says_why_in_one_line(tmp_pat
     started = {}
     for name, (overrides, _) in cases.items():
         (tmp_path / name).mkdir()
+        shutil.copyfile(empty_store, tmp_path / name / "mlflow.db")
         started[name] = start_cli("-m", *overrides, cwd=tmp_path / name)
+    outcomes, expected = {}, {}
     for name, process in started.items():
-        _, stderr = process.communicate(timeout=300)
-        assert process.returncode == 2, (name, stderr)
-        assert stderr.strip().splitlines()[-1] == cases[name][1]
-        assert "Traceback" not in stderr
-        if (tmp_path / name / "mlflow.db").exists():
-            assert _runs(f"sqlite:///{tmp_path / name / 'mlflow.db'}")[1] == [], f"{name}: no empty FAILED parent"
+        stdout, stderr = process.communicate(timeout=300)
+        client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / name / 'mlflow.db'}")
+        runs = client.search_runs([experiment.experiment_id for experiment in client.search_experiments()])
+        outcomes[name] = {
+            "exit": process.returncode,
+            "stdout": stdout,
+            "stderr": stderr,
+            "runs": len(runs),  # no empty FAILED parent, no job's run
+            "outputs": (tmp_path / name / "outputs").exists(),  # no job started
+        }
+        expected[name] = {"exit": 2, "stdout": "", "stderr": cases[name][1] + "\n", "runs": 0, "outputs": False}
+    assert outcomes == expected
