@@ -42,12 +42,14 @@ class Bounds:
     high: float | None = None
     low_inclusive: bool = True
     high_inclusive: bool = True
+    infinite: bool = False
+    """Whether infinity is a value (a p-norm's p), within the range; NaN never is."""
 
     def problem(self, value: Any) -> str | None:
         """What is wrong with ``value`` (``None`` when it lies in range or is not a number)."""
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return None
-        if not math.isfinite(value):
+        if math.isnan(value) or (math.isinf(value) and not self.infinite):
             return f"must be a finite number, not {value}"
         too_low = self.low is not None and (value < self.low or (value == self.low and not self.low_inclusive))
         too_high = self.high is not None and (value > self.high or (value == self.high and not self.high_inclusive))

@@ -17,10 +17,12 @@ from axoexp import names
 from axoexp.components.losses import causal_mse, huber, mse
 from axoexp.components.population import lite
 from axoexp.console import format_result
+from axoexp.errors import ConfigError
 from axoexp.executors.base import eager_update, pad_steps
 from axoexp.experiment import run_experiment
 from axoexp.interfaces import adaptation_parameters
 from axoexp.lengths import Lengths, bucket_of, buckets_for, padding_overhead, parse_lengths
+from axoexp.plan import plan_experiment
 from axoexp.report.__main__ import main as report_main
 from axoexp.report.rows import build_rows
 from axoexp.report.table import bucket_span
@@ -124,6 +126,13 @@ def test_padding_without_the_mask_would_change_the_update() -> None:
         exact = loss_fn(setup.module(inputs), targets)
         padded = loss_fn(setup.module(pad_steps(inputs, 32)), pad_steps(targets, 32))
     assert abs(float(exact - padded)) > 1e-4
+
+
+@pytest.mark.parametrize("lengths", ["population.lengths=null", "population.lengths=[12,24]"])
+def test_a_buckets_rule_it_cannot_read_is_refused_once_for_fixed_and_varying_lengths(make_config, lengths: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        plan_experiment(make_config("executor=fused_cudagraph", "executor.buckets=fast", lengths))
+    assert str(refused.value).count("executor.buckets='fast' is not pow2half") == 1
 
 
 REFUSED = {  # the commands of this module's CLI tests: a name, the arguments

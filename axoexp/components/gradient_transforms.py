@@ -14,7 +14,7 @@ from typing import Annotated
 import torch
 
 from axoexp.interfaces import GradientTransform
-from axoexp.registry import POSITIVE, component
+from axoexp.registry import POSITIVE, Bounds, component
 
 
 @dataclass(frozen=True, eq=False)
@@ -52,7 +52,9 @@ def clip_norm(
     *,
     parameters: list[torch.nn.Parameter],
     max_norm: Annotated[float, "largest total gradient norm", POSITIVE] = 1.0,
-    norm_type: Annotated[float, "p of the p-norm", POSITIVE] = 2.0,
+    norm_type: Annotated[
+        float, "p of the p-norm (inf: the largest |element|)", Bounds(low=0, low_inclusive=False, infinite=True)
+    ] = 2.0,
 ) -> GradientTransform:
     """Scale all gradients together so their total ``norm_type`` norm is at most ``max_norm``."""
     return ClipNorm(parameters, max_norm, norm_type)

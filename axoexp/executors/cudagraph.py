@@ -23,6 +23,16 @@ Buckets = Annotated[
 CAPTURE_STAGES = ("graph_capture", "module_and_optimizer_state_restore", "synchronize")
 
 
+def buckets_problem(params: Mapping[str, Any]) -> str | None:
+    """Why the ``executor.buckets`` rule cannot be read, for every run: a run of one fixed length
+    pads no batch, but such a value is still a mistake."""
+    try:
+        buckets_for(params.get("buckets", DEFAULT_BUCKETS), [1])  # every bucket holds 1 step: the form alone
+    except ValueError as error:
+        return str(error)
+    return None
+
+
 def pool_bytes(pool: tuple[int, int]) -> int:
     """Bytes the caching allocator holds in graph memory pool ``pool``: its segments in a memory
     snapshot (as inductor's CUDA graph trees find them). A difference of ``memory_reserved`` around
@@ -69,8 +79,12 @@ class CudaGraphExecutor(Executor):
         """The forward, loss and backward of an update without autograd, where a subclass has them."""
 
     @classmethod
+    def config_problems(cls, params: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
+        return list(filter(None, [buckets_problem(params)]))
+
+    @classmethod
     def length_refusal(cls, *, params: Mapping[str, Any], lengths: list[int], loss_fn: LossFn | None) -> str | None:
-        if len(set(lengths)) == 1:
+        if len(set(lengths)) == 1 or buckets_problem(params):  # a rule it cannot read: refused by config_problems
             return None
         try:
             buckets_for(params.get("buckets", DEFAULT_BUCKETS), lengths)

@@ -244,9 +244,13 @@ class FusedCudaGraphExecutor(CudaGraphExecutor):
             loss_in_kernel=loss_in_kernel,
         )
 
-    @staticmethod
-    def config_problems(params: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
-        return fused_step_config_problems(params, config) + block_n_problems(params)
+    @classmethod
+    def config_problems(cls, params: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
+        return [
+            *super().config_problems(params, config),
+            *fused_step_config_problems(params, config),
+            *block_n_problems(params),
+        ]
 
     @classmethod
     def refusal(cls, *, module: torch.nn.Module, dtype: torch.dtype) -> str | None:
