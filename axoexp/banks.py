@@ -123,16 +123,25 @@ class InitialBanks:
         return f"{given} holds banks of population {self.population}, not of population={population}"
 
     def problems(self, population: str, module: torch.nn.Module, dtype: torch.dtype) -> list[str]:
-        """Why these banks cannot start ``population``'s ``module`` at ``dtype`` (empty when they can).
-        ``module`` may live on the meta device: only names, shapes and dtypes are compared."""
+        """Why these banks cannot start ``population``'s ``module`` at ``dtype`` (empty when they can),
+        e.g. a bank the module lacks, or one it trains that the banks lack (one it does not train may
+        be absent: it keeps the value the population builds). ``module`` may live on the meta device:
+        only names, shapes and dtypes are compared."""
         given = f"population.{INIT_FROM}={self.origin}"
         kind = self.kind_problem(population)
         if kind:
             return [kind]
         banks = {name: bank for name, bank in module.named_parameters() if name in self.tensors}
-        missing = sorted(set(self.tensors) - set(banks))
-        if missing:
-            return [f"{given} holds banks this population lacks: {', '.join(missing)}"]
+        extra = sorted(set(self.tensors) - set(banks))
+        if extra:
+            return [f"{given} holds banks this population lacks: {', '.join(extra)}"]
+        absent = [name for name in adapted_banks(module) if name not in self.tensors]
+        if absent:
+            noun, them = ("bank", "it") if len(absent) == 1 else ("banks", "them")
+            return [
+                f"{given} holds no {', '.join(absent)} {noun}, but this population trains {them}; start from "
+                f"banks of a run that trained {them} too, or do not train {them} in this run"
+            ]
         saved = {name: tuple(tensor.shape) for name, tensor in self.tensors.items()}
         planned = {name: tuple(bank.shape) for name, bank in banks.items()}
         if saved != planned:

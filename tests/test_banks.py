@@ -213,6 +213,43 @@ def test_the_command_refuses_banks_of_other_shapes_in_one_line_with_exit_2(tmp_p
 
 
 @pytest.mark.slow
+def test_banks_lacking_one_the_population_trains_are_refused_and_a_bank_it_does_not_train_may_be_absent(
+    make_config, client, tracking_uri, tmp_path
+) -> None:
+    frozen = "population.train_synaptic=false"
+    partial = run_experiment(make_config(*SHORT, frozen), output_dir=_folder(tmp_path / "partial"))
+    saved = load_file(tmp_path / "partial" / BANKS_FILE)
+    assert list(saved) == ["behavior_adapter", "morphology_adapter"]
+
+    by_file = f"population.init_from={tmp_path / 'partial' / BANKS_FILE}"
+    with pytest.raises(ConfigError, match=re.escape(f"{by_file} holds no synaptic_log_efficacy bank, but this")):
+        run_experiment(make_config(*SHORT, by_file))
+    refused = run_cli(*SHORT, f"tracking.uri={tracking_uri}", f"population.init_from={partial.run_id}", cwd=tmp_path)
+    assert refused.returncode == 2 and refused.stdout == "" and len(refused.stderr.strip().splitlines()) == 1
+    assert refused.stderr.strip() == (
+        f"axoexp: invalid experiment config: population.init_from={partial.run_id} holds no synaptic_log_efficacy "
+        "bank, but this population trains it; start from banks of a run that trained it too, or do not train it "
+        "in this run"
+    )
+    assert [run.info.run_id for run in _runs(client)] == [partial.run_id], "refused before any run exists"
+
+    # not trained here either: the absent bank keeps the value the population builds, the others are loaded
+    config = make_config(*SHORT, frozen, f"population.init_from={partial.run_id}")
+    loaded = plan_experiment(config).build_population().module
+    built = plan_experiment(make_config(*SHORT, frozen)).build_population().module
+    assert torch.equal(loaded.synaptic_log_efficacy, built.synaptic_log_efficacy)
+    assert all(torch.equal(banks.detach(), saved[name]) for name, banks in adapted_banks(loaded).items())
+    assert run_experiment(config).eval_loss_before == partial.eval_loss_after
+
+    # banks this run does not train are loaded where the file holds them, and stay frozen there
+    whole = run_experiment(make_config(*SHORT), output_dir=_folder(tmp_path / "whole")).run_id
+    loaded = plan_experiment(make_config(*SHORT, frozen, f"population.init_from={whole}")).build_population().module
+    trained = load_file(tmp_path / "whole" / BANKS_FILE)["synaptic_log_efficacy"]
+    assert torch.equal(loaded.synaptic_log_efficacy, trained)
+    assert not loaded.synaptic_log_efficacy.requires_grad
+
+
+@pytest.mark.slow
 def test_a_population_judged_only_once_built_ends_its_run_failed_on_banks_that_do_not_fit(
     make_config, client, banks_registry, tmp_path
 ) -> None:
