@@ -170,6 +170,18 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def init_from_problems(settings: Mapping[str, object]) -> list[str]:
+    """What the banks settings (``population.init_from``, ``population.init_from_sha256``) refuse
+    before any banks are read: a pin without the banks it pins, which nothing would check."""
+    pinned = settings.get(INIT_FROM_SHA256)
+    if pinned is None or settings.get(INIT_FROM) is not None:
+        return []
+    return [
+        f"population.{INIT_FROM_SHA256}={pinned} pins the banks of population.{INIT_FROM}, which is not set; "
+        f"set population.{INIT_FROM} (a run id or banks file) too, or drop the pin"
+    ]
+
+
 def read_initial_banks(origin: str, pinned_sha256: str | None, tracking_uri: str) -> InitialBanks:
     """The banks ``population.init_from`` names: a banks file, or the MLflow run id of a run that
     kept its banks (read from ``tracking_uri``; its file must match the run's tag ``banks.sha256``).
