@@ -10,6 +10,7 @@ banks' shapes. ``docs/banks.md`` says when a run keeps them and how to start fro
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
@@ -23,7 +24,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
 from mlflow.tracking import MlflowClient
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save
 
 from axoexp import names
 from axoexp.components.population import sha256_of
@@ -38,6 +39,9 @@ BANKS_FILE = "banks.safetensors"
 FORMAT = "axoexp-banks-1"
 POPULATION_KEY = "population"  # metadata: the population option whose module the banks belong to
 FORMAT_KEY = "format"
+METADATA_KEY = "__metadata__"  # the safetensors header's entry of metadata
+LENGTH_BYTES = 8  # a safetensors file starts with its header's length, an unsigned little-endian integer
+HEADER_ALIGNMENT = 8  # its header (JSON) is padded with spaces to a multiple of this, then the data follow
 RUN_ID = re.compile(r"[0-9a-f]{32}")
 
 
@@ -80,6 +84,23 @@ class SavedBanks:
         }
 
 
+def save_banks(tensors: Mapping[str, torch.Tensor], population: str, path: Path) -> None:
+    """Write ``tensors`` (contiguous, on the CPU) as a banks file of ``population`` at ``path``, the
+    same bytes (so the same SHA-256) for the same banks: safetensors writes the metadata in the order
+    of a Rust HashMap, which changes from call to call, so the header is written again with the
+    metadata's keys sorted (the tensors' entries and data stay as safetensors wrote them)."""
+    serialized = save(dict(tensors), metadata={FORMAT_KEY: FORMAT, POPULATION_KEY: population})
+    length = int.from_bytes(serialized[:LENGTH_BYTES], "little")
+    header = json.loads(serialized[LENGTH_BYTES : LENGTH_BYTES + length])
+    header[METADATA_KEY] = dict(sorted(header[METADATA_KEY].items()))
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % HEADER_ALIGNMENT)
+    with path.open("wb") as stream:
+        stream.write(len(text).to_bytes(LENGTH_BYTES, "little"))
+        stream.write(text)
+        stream.write(memoryview(serialized)[LENGTH_BYTES + length :])
+
+
 def keep_banks(
     module: torch.nn.Module, population: str, updates: int, tracker: RunLog, directory: Path | None
 ) -> SavedBanks:
@@ -87,16 +108,15 @@ def keep_banks(
     there is no directory or it cannot be written, e.g. a full disk), log the file as the run's
     artifact and its SHA-256 and shapes as tags."""
     tensors = {name: bank.detach().cpu().contiguous() for name, bank in adapted_banks(module).items()}
-    metadata = {FORMAT_KEY: FORMAT, POPULATION_KEY: population}
     with tempfile.TemporaryDirectory(prefix="axoexp-banks-") as scratch:
         path = None
         if directory is not None:
             with suppress(SafetensorError, OSError):  # e.g. a full disk: MLflow still gets a temporary copy
-                save_file(tensors, str(directory / BANKS_FILE), metadata=metadata)
+                save_banks(tensors, population, directory / BANKS_FILE)
                 path = directory / BANKS_FILE
         if path is None:
             path = Path(scratch) / BANKS_FILE
-            save_file(tensors, str(path), metadata=metadata)
+            save_banks(tensors, population, path)
         saved = SavedBanks(BANKS_FILE, sha256_of(path), {name: tuple(t.shape) for name, t in tensors.items()}, updates)
         tracker.log_artifact(str(path))
     tracker.set_tags(saved.tags())

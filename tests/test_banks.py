@@ -7,17 +7,20 @@ from __future__ import annotations
 import functools
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from helpers import free_port, run_cli
+from helpers import REPO, free_port, run_cli
 from mlflow.tracking import MlflowClient
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from axoexp import names
-from axoexp.banks import BANKS_FILE, adapted_banks
+from axoexp.banks import BANKS_FILE, FORMAT, adapted_banks
 from axoexp.components.population import lite, sha256_of
 from axoexp.console import format_result
 from axoexp.errors import BanksError, ConfigError
@@ -108,6 +111,46 @@ def test_a_finished_run_keeps_its_banks_and_evaluates_them_on_held_out_batches(m
     assert f"population.init_from={result.run_id}" in summary
     view = json.loads(runs_view())["selectedColumns"]
     assert "metrics.`eval_loss_before`" in view and "metrics.`eval_loss_after`" in view
+
+
+SAVE_BANKS = """
+import sys
+from pathlib import Path
+
+import torch
+
+from axoexp.banks import adapted_banks, save_banks
+from axoexp.components.population import lite
+
+banks = adapted_banks(lite(device=torch.device("cpu"), dtype=torch.float32, seed=0).module)
+for copy in range(8):
+    save_banks({name: bank.detach() for name, bank in banks.items()}, "lite", Path(sys.argv[1]) / f"{copy}.safetensors")
+"""
+
+
+@pytest.mark.slow
+def test_the_same_banks_make_the_same_file_in_every_process(tmp_path) -> None:
+    """safetensors orders a file's metadata anew on every save, in every process: the banks file must
+    not depend on it (its SHA-256 is the banks' identity, and what a pin names)."""
+    folders = [_folder(tmp_path / f"process{index}") for index in range(2)]
+    started = [subprocess.Popen([sys.executable, "-c", SAVE_BANKS, str(folder)], cwd=REPO) for folder in folders]
+    assert [process.wait(timeout=300) for process in started] == [0, 0]
+    files = sorted(tmp_path.glob("process*/*.safetensors"))
+    assert len(files) == 16
+    assert len({sha256_of(file) for file in files}) == 1, "one file, whatever process wrote it and when"
+
+    built = adapted_banks(lite(device=torch.device("cpu"), dtype=torch.float32, seed=0).module)
+    with safe_open(str(files[0]), framework="pt") as opened:
+        assert opened.metadata() == {"format": FORMAT, "population": "lite"}
+        assert all(torch.equal(opened.get_tensor(name), bank.detach()) for name, bank in built.items())
+
+
+@pytest.mark.slow
+def test_identical_runs_record_the_same_banks_sha256(make_config, client, tmp_path) -> None:
+    runs = [run_experiment(make_config(*SHORT), output_dir=_folder(tmp_path / name)) for name in ("a", "b")]
+    assert runs[0].banks is not None and runs[1].banks is not None
+    assert runs[0].banks.sha256 == runs[1].banks.sha256 == sha256_of(tmp_path / "b" / BANKS_FILE)
+    assert {client.get_run(run.run_id).data.tags[names.BANKS_SHA256] for run in runs} == {runs[0].banks.sha256}
 
 
 @pytest.mark.slow
