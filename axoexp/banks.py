@@ -10,6 +10,7 @@ banks' shapes. ``docs/banks.md`` says when a run keeps them and how to start fro
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
@@ -23,7 +24,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
 from mlflow.tracking import MlflowClient
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save
 
 from axoexp import names
 from axoexp.components.population import sha256_of
@@ -38,6 +39,9 @@ BANKS_FILE = "banks.safetensors"
 FORMAT = "axoexp-banks-1"
 POPULATION_KEY = "population"  # metadata: the population option whose module the banks belong to
 FORMAT_KEY = "format"
+METADATA_KEY = "__metadata__"  # the safetensors header's entry of metadata
+LENGTH_BYTES = 8  # a safetensors file starts with its header's length, an unsigned little-endian integer
+HEADER_ALIGNMENT = 8  # its header (JSON) is padded with spaces to a multiple of this, then the data follow
 RUN_ID = re.compile(r"[0-9a-f]{32}")
 
 
@@ -80,6 +84,23 @@ class SavedBanks:
         }
 
 
+def save_banks(tensors: Mapping[str, torch.Tensor], population: str, path: Path) -> None:
+    """Write ``tensors`` (contiguous, on the CPU) as a banks file of ``population`` at ``path``, the
+    same bytes (so the same SHA-256) for the same banks: safetensors writes the metadata in the order
+    of a Rust HashMap, which changes from call to call, so the header is written again with the
+    metadata's keys sorted (the tensors' entries and data stay as safetensors wrote them)."""
+    serialized = save(dict(tensors), metadata={FORMAT_KEY: FORMAT, POPULATION_KEY: population})
+    length = int.from_bytes(serialized[:LENGTH_BYTES], "little")
+    header = json.loads(serialized[LENGTH_BYTES : LENGTH_BYTES + length])
+    header[METADATA_KEY] = dict(sorted(header[METADATA_KEY].items()))
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % HEADER_ALIGNMENT)
+    with path.open("wb") as stream:
+        stream.write(len(text).to_bytes(LENGTH_BYTES, "little"))
+        stream.write(text)
+        stream.write(memoryview(serialized)[LENGTH_BYTES + length :])
+
+
 def keep_banks(
     module: torch.nn.Module, population: str, updates: int, tracker: RunLog, directory: Path | None
 ) -> SavedBanks:
@@ -87,16 +108,15 @@ def keep_banks(
     there is no directory or it cannot be written, e.g. a full disk), log the file as the run's
     artifact and its SHA-256 and shapes as tags."""
     tensors = {name: bank.detach().cpu().contiguous() for name, bank in adapted_banks(module).items()}
-    metadata = {FORMAT_KEY: FORMAT, POPULATION_KEY: population}
     with tempfile.TemporaryDirectory(prefix="axoexp-banks-") as scratch:
         path = None
         if directory is not None:
             with suppress(SafetensorError, OSError):  # e.g. a full disk: MLflow still gets a temporary copy
-                save_file(tensors, str(directory / BANKS_FILE), metadata=metadata)
+                save_banks(tensors, population, directory / BANKS_FILE)
                 path = directory / BANKS_FILE
         if path is None:
             path = Path(scratch) / BANKS_FILE
-            save_file(tensors, str(path), metadata=metadata)
+            save_banks(tensors, population, path)
         saved = SavedBanks(BANKS_FILE, sha256_of(path), {name: tuple(t.shape) for name, t in tensors.items()}, updates)
         tracker.log_artifact(str(path))
     tracker.set_tags(saved.tags())
@@ -123,16 +143,25 @@ class InitialBanks:
         return f"{given} holds banks of population {self.population}, not of population={population}"
 
     def problems(self, population: str, module: torch.nn.Module, dtype: torch.dtype) -> list[str]:
-        """Why these banks cannot start ``population``'s ``module`` at ``dtype`` (empty when they can).
-        ``module`` may live on the meta device: only names, shapes and dtypes are compared."""
+        """Why these banks cannot start ``population``'s ``module`` at ``dtype`` (empty when they can),
+        e.g. a bank the module lacks, or one it trains that the banks lack (one it does not train may
+        be absent: it keeps the value the population builds). ``module`` may live on the meta device:
+        only names, shapes and dtypes are compared."""
         given = f"population.{INIT_FROM}={self.origin}"
         kind = self.kind_problem(population)
         if kind:
             return [kind]
         banks = {name: bank for name, bank in module.named_parameters() if name in self.tensors}
-        missing = sorted(set(self.tensors) - set(banks))
-        if missing:
-            return [f"{given} holds banks this population lacks: {', '.join(missing)}"]
+        extra = sorted(set(self.tensors) - set(banks))
+        if extra:
+            return [f"{given} holds banks this population lacks: {', '.join(extra)}"]
+        absent = [name for name in adapted_banks(module) if name not in self.tensors]
+        if absent:
+            noun, them = ("bank", "it") if len(absent) == 1 else ("banks", "them")
+            return [
+                f"{given} holds no {', '.join(absent)} {noun}, but this population trains {them}; start from "
+                f"banks of a run that trained {them} too, or do not train {them} in this run"
+            ]
         saved = {name: tuple(tensor.shape) for name, tensor in self.tensors.items()}
         planned = {name: tuple(bank.shape) for name, bank in banks.items()}
         if saved != planned:
@@ -159,6 +188,18 @@ class InitialBanks:
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def init_from_problems(settings: Mapping[str, object]) -> list[str]:
+    """What the banks settings (``population.init_from``, ``population.init_from_sha256``) refuse
+    before any banks are read: a pin without the banks it pins, which nothing would check."""
+    pinned = settings.get(INIT_FROM_SHA256)
+    if pinned is None or settings.get(INIT_FROM) is not None:
+        return []
+    return [
+        f"population.{INIT_FROM_SHA256}={pinned} pins the banks of population.{INIT_FROM}, which is not set; "
+        f"set population.{INIT_FROM} (a run id or banks file) too, or drop the pin"
+    ]
 
 
 def read_initial_banks(origin: str, pinned_sha256: str | None, tracking_uri: str) -> InitialBanks:

@@ -29,7 +29,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from axoexp import names
-from axoexp.banks import InitialBanks, read_initial_banks
+from axoexp.banks import InitialBanks, init_from_problems, read_initial_banks
 from axoexp.components.population import checkpoint_problem
 from axoexp.config import added_keys, bounded_keys, choice_keys
 from axoexp.errors import (
@@ -269,6 +269,7 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
         )
         if refusal:
             problems.append(f"executor={executor.name} cannot run batches of these lengths: {refusal}")
+    problems += init_from_problems(settings.get("population", {}))
     initial_banks = None
     if settings["population"][INIT_FROM] is not None and not problems:
         try:

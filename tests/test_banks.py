@@ -7,17 +7,20 @@ from __future__ import annotations
 import functools
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from helpers import free_port, run_cli
+from helpers import REPO, free_port, run_cli
 from mlflow.tracking import MlflowClient
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from axoexp import names
-from axoexp.banks import BANKS_FILE, adapted_banks
+from axoexp.banks import BANKS_FILE, FORMAT, adapted_banks
 from axoexp.components.population import lite, sha256_of
 from axoexp.console import format_result
 from axoexp.errors import BanksError, ConfigError
@@ -108,6 +111,46 @@ def test_a_finished_run_keeps_its_banks_and_evaluates_them_on_held_out_batches(m
     assert f"population.init_from={result.run_id}" in summary
     view = json.loads(runs_view())["selectedColumns"]
     assert "metrics.`eval_loss_before`" in view and "metrics.`eval_loss_after`" in view
+
+
+SAVE_BANKS = """
+import sys
+from pathlib import Path
+
+import torch
+
+from axoexp.banks import adapted_banks, save_banks
+from axoexp.components.population import lite
+
+banks = adapted_banks(lite(device=torch.device("cpu"), dtype=torch.float32, seed=0).module)
+for copy in range(8):
+    save_banks({name: bank.detach() for name, bank in banks.items()}, "lite", Path(sys.argv[1]) / f"{copy}.safetensors")
+"""
+
+
+@pytest.mark.slow
+def test_the_same_banks_make_the_same_file_in_every_process(tmp_path) -> None:
+    """safetensors orders a file's metadata anew on every save, in every process: the banks file must
+    not depend on it (its SHA-256 is the banks' identity, and what a pin names)."""
+    folders = [_folder(tmp_path / f"process{index}") for index in range(2)]
+    started = [subprocess.Popen([sys.executable, "-c", SAVE_BANKS, str(folder)], cwd=REPO) for folder in folders]
+    assert [process.wait(timeout=300) for process in started] == [0, 0]
+    files = sorted(tmp_path.glob("process*/*.safetensors"))
+    assert len(files) == 16
+    assert len({sha256_of(file) for file in files}) == 1, "one file, whatever process wrote it and when"
+
+    built = adapted_banks(lite(device=torch.device("cpu"), dtype=torch.float32, seed=0).module)
+    with safe_open(str(files[0]), framework="pt") as opened:
+        assert opened.metadata() == {"format": FORMAT, "population": "lite"}
+        assert all(torch.equal(opened.get_tensor(name), bank.detach()) for name, bank in built.items())
+
+
+@pytest.mark.slow
+def test_identical_runs_record_the_same_banks_sha256(make_config, client, tmp_path) -> None:
+    runs = [run_experiment(make_config(*SHORT), output_dir=_folder(tmp_path / name)) for name in ("a", "b")]
+    assert runs[0].banks is not None and runs[1].banks is not None
+    assert runs[0].banks.sha256 == runs[1].banks.sha256 == sha256_of(tmp_path / "b" / BANKS_FILE)
+    assert {client.get_run(run.run_id).data.tags[names.BANKS_SHA256] for run in runs} == {runs[0].banks.sha256}
 
 
 @pytest.mark.slow
@@ -210,6 +253,43 @@ def test_the_command_refuses_banks_of_other_shapes_in_one_line_with_exit_2(tmp_p
     assert refused.stderr.startswith(f"axoexp: invalid experiment config: population.init_from={run_id} holds banks")
     assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
     assert len(_runs(MlflowClient(tracking_uri=tracking_uri))) == 1
+
+
+@pytest.mark.slow
+def test_banks_lacking_one_the_population_trains_are_refused_and_a_bank_it_does_not_train_may_be_absent(
+    make_config, client, tracking_uri, tmp_path
+) -> None:
+    frozen = "population.train_synaptic=false"
+    partial = run_experiment(make_config(*SHORT, frozen), output_dir=_folder(tmp_path / "partial"))
+    saved = load_file(tmp_path / "partial" / BANKS_FILE)
+    assert list(saved) == ["behavior_adapter", "morphology_adapter"]
+
+    by_file = f"population.init_from={tmp_path / 'partial' / BANKS_FILE}"
+    with pytest.raises(ConfigError, match=re.escape(f"{by_file} holds no synaptic_log_efficacy bank, but this")):
+        run_experiment(make_config(*SHORT, by_file))
+    refused = run_cli(*SHORT, f"tracking.uri={tracking_uri}", f"population.init_from={partial.run_id}", cwd=tmp_path)
+    assert refused.returncode == 2 and refused.stdout == "" and len(refused.stderr.strip().splitlines()) == 1
+    assert refused.stderr.strip() == (
+        f"axoexp: invalid experiment config: population.init_from={partial.run_id} holds no synaptic_log_efficacy "
+        "bank, but this population trains it; start from banks of a run that trained it too, or do not train it "
+        "in this run"
+    )
+    assert [run.info.run_id for run in _runs(client)] == [partial.run_id], "refused before any run exists"
+
+    # not trained here either: the absent bank keeps the value the population builds, the others are loaded
+    config = make_config(*SHORT, frozen, f"population.init_from={partial.run_id}")
+    loaded = plan_experiment(config).build_population().module
+    built = plan_experiment(make_config(*SHORT, frozen)).build_population().module
+    assert torch.equal(loaded.synaptic_log_efficacy, built.synaptic_log_efficacy)
+    assert all(torch.equal(banks.detach(), saved[name]) for name, banks in adapted_banks(loaded).items())
+    assert run_experiment(config).eval_loss_before == partial.eval_loss_after
+
+    # banks this run does not train are loaded where the file holds them, and stay frozen there
+    whole = run_experiment(make_config(*SHORT), output_dir=_folder(tmp_path / "whole")).run_id
+    loaded = plan_experiment(make_config(*SHORT, frozen, f"population.init_from={whole}")).build_population().module
+    trained = load_file(tmp_path / "whole" / BANKS_FILE)["synaptic_log_efficacy"]
+    assert torch.equal(loaded.synaptic_log_efficacy, trained)
+    assert not loaded.synaptic_log_efficacy.requires_grad
 
 
 @pytest.mark.slow

@@ -84,6 +84,36 @@ def test_a_pinned_checkpoint_passes_planning_and_a_pinned_file_that_is_none_is_r
         )
 
 
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "population.checkpoint_sha256=abc",
+            "population.checkpoint_sha256=abc pins the file of population.checkpoint, which is not set; "
+            "set population.checkpoint too, or drop the pin",
+        ),
+        (
+            "population.init_from_sha256=abc",
+            "population.init_from_sha256=abc pins the banks of population.init_from, which is not set; "
+            "set population.init_from (a run id or banks file) too, or drop the pin",
+        ),
+    ],
+)
+def test_a_pin_without_the_key_it_pins_makes_no_run(
+    make_config: Callable, client: MlflowClient, override: str, message: str
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        run_experiment(make_config(override, "run.measured_updates=1"))
+    assert str(refused.value) == f"invalid experiment config: {message}"
+    assert _no_runs(client), "the refusal left a run behind"
+
+
+def test_lite_itself_refuses_a_checkpoint_pin_without_a_checkpoint() -> None:
+    """As a plugin that wraps lite calls it, without planning's check of lite's settings."""
+    with pytest.raises(ConfigError, match="population.checkpoint_sha256=abc pins the file of population.checkpoint"):
+        lite(device=torch.device("cpu"), dtype=torch.float32, seed=0, checkpoint_sha256="abc")
+
+
 FILE_STORES = ["afile/mlruns", "./mlruns", "file:rel/mlruns", "{tmp}/abs/mlruns", "file://{tmp}/uri/mlruns"]
 
 

@@ -141,13 +141,19 @@ teacher's temporaries (measured: up to 10 % at 200x12x4; 20 % leaves a margin)."
 
 def config_problems(params: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
     """What planning refuses in ``lite``'s settings (``params``, defaults included): no bank to
-    train, a bad ``lengths`` value, or an update shorter than AxoSim-Lite's 4-step warm-up (its
-    outputs then have no gradient) under a loss that does not already refuse it for its own warm-up."""
+    train, a ``checkpoint_sha256`` pin without the ``checkpoint`` it pins, a bad ``lengths`` value,
+    or an update shorter than AxoSim-Lite's 4-step warm-up (its outputs then have no gradient)
+    under a loss that does not already refuse it for its own warm-up."""
     problems = []
     if not any(params.get(bank, True) for bank in ("train_behavior", "train_morphology", "train_synaptic")):
         problems.append(
             "population trains no adaptation bank: set at least one of "
             "population.train_behavior, train_morphology, train_synaptic to true"
+        )
+    if params.get("checkpoint_sha256") is not None and params.get("checkpoint") is None:
+        problems.append(
+            f"population.checkpoint_sha256={params['checkpoint_sha256']} pins the file of population.checkpoint, "
+            "which is not set; set population.checkpoint too, or drop the pin"
         )
     try:
         lengths = parse_lengths(params.get("lengths"))
@@ -268,6 +274,8 @@ def lite(
             "train_behavior": train_behavior,
             "train_morphology": train_morphology,
             "train_synaptic": train_synaptic,
+            "checkpoint": checkpoint,
+            "checkpoint_sha256": checkpoint_sha256,
             "lengths": lengths,
         },
         {},
