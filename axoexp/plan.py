@@ -271,7 +271,7 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
             problems.append(f"executor={executor.name} cannot run batches of these lengths: {refusal}")
     problems += init_from_problems(settings.get("population", {}))
     initial_banks = None
-    if settings["population"][INIT_FROM] is not None and not problems:
+    if not problems and settings["population"][INIT_FROM] is not None:  # the population's settings were read
         try:
             initial_banks = read_initial_banks(
                 str(settings["population"][INIT_FROM]),

@@ -10,9 +10,11 @@ import torch
 from hydra import compose, initialize_config_module
 
 from axoexp.components import losses
+from axoexp.components.population import lite
 from axoexp.config import describe, first_sentence, node_class, register_configs
 from axoexp.errors import AxoexpError, ConfigError, RegistryError
 from axoexp.executors.eager import EagerExecutor
+from axoexp.interfaces import PopulationSetup
 from axoexp.plan import plan_experiment
 from axoexp.plugins import load_plugins
 from axoexp.registry import BUILTIN, GROUPS, POSITIVE, Registry
@@ -162,6 +164,17 @@ def test_a_mandatory_value_left_unset_is_refused_while_planning_naming_the_key(m
     )
     plan = plan_experiment(make_config("loss=weighted_mandatory", "loss.weight=2.5"), registry)
     assert plan.params["loss"] == {"weight": 2.5}
+
+    def sized(*, device: torch.device, dtype: torch.dtype, seed: int, size: int) -> PopulationSetup:
+        return lite(device=device, dtype=dtype, seed=seed, neurons=size)
+
+    registry.register("population", "sized", sized, source="tests/test_registry.py")  # the group with settings
+    register_configs(registry)
+    with pytest.raises(ConfigError) as error:
+        plan_experiment(make_config("population=sized"), registry)
+    assert str(error.value) == (
+        "invalid experiment config: population.size is mandatory and not set: set it, e.g. population.size=VALUE"
+    )
 
 
 def test_help_gives_each_option_its_whole_first_sentence(loaded_registry: Registry) -> None:
