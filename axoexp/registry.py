@@ -397,8 +397,12 @@ class Registry:
     _components: dict[str, dict[str, Component]] = field(default_factory=lambda: {group: {} for group in GROUPS})
 
     def register(self, group: str, name: str, factory: Callable[..., Any], *, source: str) -> None:
-        """Add a component; a broken factory or a name already taken is an error naming the source."""
-        entries = self._group(group)
+        """Add a component; a broken factory, an unknown group or a name already taken is an error
+        naming the source."""
+        try:
+            entries = self._group(group)
+        except RegistryError as error:
+            raise RegistryError(f"{group}={name} from {source}: {error}") from None
         if name in entries:
             raise RegistryError(f"{group}={name} is registered twice: by {entries[name].source} and by {source}")
         problems = GROUPS[group].problems(factory)

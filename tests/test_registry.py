@@ -28,9 +28,11 @@ def test_unknown_name_lists_valid_choices(registry: Registry) -> None:
     assert "cudagraph, eager" in message
 
 
-def test_unknown_group_lists_groups() -> None:
+def test_unknown_group_lists_groups_and_names_the_plugin_registering_into_it() -> None:
     with pytest.raises(RegistryError, match="groups: population, loss, optimizer"):
         Registry().get("scheduler", "cosine")
+    with pytest.raises(RegistryError, match=r"^losses=mine from plugins/a.py: unknown component group 'losses'"):
+        Registry().register("losses", "mine", lambda: None, source="plugins/a.py")
 
 
 def test_duplicate_name_names_both_sources() -> None:
