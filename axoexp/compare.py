@@ -42,6 +42,7 @@ from axoexp.report.rows import (
     EXECUTOR_KEY,
     ReportRow,
     build_rows,
+    config_key,
     measured_series,
     setting_label,
     sweep_runs,
@@ -122,17 +123,6 @@ def too_few_runs(base_runs: int, new_runs: int) -> str:
         return ""
     where = "per side" if len(short) == 2 else f"on {short[0]}"
     return f"one run {where}: run-to-run spread unknown; measure with sweep.repeats={MIN_RUNS} or more"
-
-
-def config_key(run: Run) -> tuple[tuple[str, str], ...]:
-    """What a run measured: its params without those that say where results went or how it was watched."""
-    return tuple(
-        sorted(
-            (key, value)
-            for key, value in run.data.params.items()
-            if not key.startswith(names.NOT_MEASUREMENT_PARAM_PREFIXES)
-        )
-    )
 
 
 def untrusted(runs: Sequence[Run]) -> str:

@@ -28,9 +28,11 @@ def _run(
     commit: str = "aaaa",
     repeat: int = 0,
     status: str = "FINISHED",
+    params: dict[str, str] | None = None,
     **tags: str,
 ) -> str:
-    """A FINISHED run of eager at 2x12x4 and ``optimizer.lr=lr`` whose updates take ``scale`` x UPDATES."""
+    """A FINISHED run of eager at 2x12x4 and ``optimizer.lr=lr`` (and ``params``) whose updates take
+    ``scale`` x UPDATES."""
     all_tags = {
         names.component_tag("executor"): "eager",
         names.SHAPE: "2x12x4",
@@ -54,6 +56,7 @@ def _run(
         "run.warmup_updates": "5",
         "sweep.repeat": str(repeat),
         "tracking.uri": f"somewhere-{commit}",
+        **(params or {}),
     }
     for key, value in params.items():
         client.log_param(run_id, key, value)
@@ -133,6 +136,25 @@ def test_a_regression_exits_1_and_is_shown_in_capitals(
     # a 25% threshold tolerates it
     assert _compare(tracking_uri, base, new, "--threshold", "25%", "--format", "markdown") == 0
     assert "| slower |" not in capsys.readouterr().out
+
+
+def test_configs_that_differ_only_in_an_executor_setting_are_compared_apart(
+    client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sides = []
+    for commit, slower in (("aaaa", 1.0), ("bbbb", 1.5)):  # NEW: executor.buckets=4 1.5x slower, 0 the same
+        parent = client.create_run(experiment, tags={names.SWEEP_ROLE: "parent"}).info.run_id
+        for buckets, scale in (("0", 1.0), ("4", slower)):
+            _repeats(client, experiment, parent, "0.1", scale, commit=commit, params={"executor.buckets": buckets})
+        client.set_terminated(parent, "FINISHED")
+        sides.append(parent)
+
+    assert _compare(tracking_uri, *sides, "--format", "json") == 1
+    rows = {row["settings"]: row for row in json.loads(capsys.readouterr().out)["rows"]}
+    assert {settings: (row["verdict"], row["base_runs"], row["new_runs"]) for settings, row in rows.items()} == {
+        "executor.buckets=0": ("no change", 2, 2),
+        "executor.buckets=4": ("slower", 2, 2),
+    }
 
 
 def test_repeats_pool_and_latest_2_compares_the_two_newest_sweeps(

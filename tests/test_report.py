@@ -77,6 +77,24 @@ def test_speedup_pairs_runs_that_differ_only_in_executor(client: MlflowClient, e
     assert math.isnan(by_key[("3x12x4", "fast", 6.0)].speedup_vs_eager), "no eager run with that lr"
 
 
+def test_runs_that_differ_only_in_an_executor_setting_are_rows_apart_each_against_eager(
+    client: MlflowClient, experiment: str
+) -> None:
+    parent = client.create_run(experiment, run_name="sweep").info.run_id
+    _logged_run(client, experiment, "eager", "2x12x4", 10.0, parent=parent)
+    for buckets, median in (("0", 2.0), ("0", 2.0), ("4", 5.0)):
+        _logged_run(client, experiment, "cudagraph", "2x12x4", median, parent=parent, **{"executor.buckets": buckets})
+
+    rows = build_rows(sweep_runs(client, client.get_run(parent)))
+    graphs = {row.setting("executor.buckets"): row for row in rows if row.executor == "cudagraph"}
+    assert sorted(graphs) == ["0", "4"] and len(rows) == 3
+    assert (graphs["0"].repeats, graphs["4"].repeats) == (2, 1)
+    assert graphs["0"].speedup_vs_eager == pytest.approx(5.0) and graphs["4"].speedup_vs_eager == pytest.approx(2.0)
+    assert graphs["4"].settings_text == "executor.buckets=4"
+    eager = next(row for row in rows if row.executor == "eager")
+    assert eager.speedup_vs_eager == pytest.approx(1.0) and eager.setting("executor.buckets") == ""
+
+
 def test_failed_eager_run_is_no_baseline_and_reused_runs_are_included(client: MlflowClient, experiment: str) -> None:
     parent = client.create_run(experiment, run_name="sweep").info.run_id
     _logged_run(client, experiment, "eager", "2x12x4", 10.0, parent=parent, status="FAILED")
