@@ -17,6 +17,7 @@ run-to-run spread of a shared machine. Measure both sides with sweep.repeats=2 o
 A row whose runs were contended (timing.contention not none) or noisy (timing.noise high) on
 either side is marked and never counted as a regression; such runs form rows of their own, apart
 from a config's quiet repeats, unless --include-contended pools them (as the report's flag does).
+Quiet rows are matched with quiet rows, contended with contended (else with the config's other row).
 Exit 1 when any row is a regression, 0 otherwise, 2 on bad input (one line).
 """
 
@@ -163,13 +164,15 @@ def latest_two(client: MlflowClient, experiment: str) -> tuple[str, str]:
 
 
 def compare(client: MlflowClient, base: Side, new: Side, threshold: float) -> list[Comparison]:
-    """Every row of ``new`` that ``base`` has too, matched by config and executor."""
+    """Every row of ``new`` that ``base`` has too, matched by config and executor: quiet rows with
+    quiet rows and contended with contended, else with the config's other row, so a config's
+    contended runs are compared apart and never stand in for its quiet repeats."""
     by_id = {run.info.run_id: run for run in [*base.runs, *new.runs]}
     swept = [key for key in swept_keys([*base.runs, *new.runs]) if key != EXECUTOR_KEY]
     before_rows = _by_config(base.rows, by_id)
     comparisons = []
-    for config, row in _by_config(new.rows, by_id).items():
-        before = before_rows.get(config)
+    for (config, contended), row in _by_config(new.rows, by_id).items():
+        before = before_rows.get((config, contended)) or before_rows.get((config, not contended))
         if before is None:
             continue
         base_series = [measured_series(client, by_id[run_id]) for run_id in before.run_ids]
@@ -208,11 +211,14 @@ def compare(client: MlflowClient, base: Side, new: Side, threshold: float) -> li
     return comparisons
 
 
-def _by_config(rows: list[ReportRow], by_id: dict[str, Run]) -> dict[tuple[tuple[str, str], ...], ReportRow]:
-    """Each config's row: the pooled FINISHED runs where there are any, else its first other run."""
-    chosen: dict[tuple[tuple[str, str], ...], ReportRow] = {}
+def _by_config(
+    rows: list[ReportRow], by_id: dict[str, Run]
+) -> dict[tuple[tuple[tuple[str, str], ...], bool], ReportRow]:
+    """Each config's quiet row and its contended one, by (config, contended): the pooled FINISHED
+    runs where there are any, else the first other run."""
+    chosen: dict[tuple[tuple[tuple[str, str], ...], bool], ReportRow] = {}
     for row in sorted(rows, key=lambda row: row.status != "FINISHED", reverse=True):
-        chosen[config_key(by_id[row.run_id])] = row
+        chosen[(config_key(by_id[row.run_id]), row.contended)] = row
     return chosen
 
 

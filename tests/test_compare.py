@@ -157,6 +157,28 @@ def test_configs_that_differ_only_in_an_executor_setting_are_compared_apart(
     }
 
 
+def test_quiet_repeats_are_compared_with_quiet_ones_and_a_contended_repeat_apart(
+    client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Three repeats per side, one of them contended: the quiet pairs decide (NEW 4x slower: a
+    regression), the contended pair is a row of its own, marked, which never replaces them."""
+    contended = {names.TIMING_CONTENTION: "cpu"}
+    sides = []
+    for commit, scale in (("aaaa", 1.0), ("bbbb", 4.0)):
+        parent = client.create_run(experiment, tags={names.SWEEP_ROLE: "parent"}).info.run_id
+        _repeats(client, experiment, parent, "0.1", scale, commit=commit)
+        _run(client, experiment, parent, "0.1", scale, commit=commit, repeat=2, **contended)
+        client.set_terminated(parent, "FINISHED")
+        sides.append(parent)
+
+    assert _compare(tracking_uri, *sides, "--format", "json") == 1
+    quiet, disturbed = json.loads(capsys.readouterr().out)["rows"]
+    assert (quiet["verdict"], quiet["regression"], quiet["caution"]) == ("slower", True, "")
+    assert (quiet["base_runs"], quiet["new_runs"]) == (2, 2) and quiet["ratio"] == pytest.approx(4.0, rel=0.02)
+    assert (disturbed["base_runs"], disturbed["new_runs"]) == (1, 1) and not disturbed["regression"]
+    assert disturbed["caution"].endswith("contended (cpu)")
+
+
 def test_repeats_pool_and_latest_2_compares_the_two_newest_sweeps(
     client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
