@@ -18,7 +18,8 @@ A row whose runs were contended (timing.contention not none) or noisy (timing.no
 either side is marked and never counted as a regression; such runs form rows of their own, apart
 from a config's quiet repeats, unless --include-contended pools them (as the report's flag does).
 Quiet rows are matched with quiet rows, contended with contended (else with the config's other row).
-Exit 1 when any row is a regression, 0 otherwise, 2 on bad input (one line).
+Exit 1 when any row is a regression, 0 otherwise, 2 with one line on bad input or a store that
+cannot be read.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from axoexp import names
-from axoexp.errors import AxoexpError, ComparisonError, NoSweepError
+from axoexp.console import print_out
+from axoexp.errors import AxoexpError, ComparisonError, NoSweepError, StoreError, first_line
 from axoexp.report.rows import (
     EXECUTOR_KEY,
     ReportRow,
@@ -51,7 +53,7 @@ from axoexp.report.rows import (
 )
 from axoexp.report.table import FORMATS, grid
 from axoexp.statistics import CONFIDENCE, HIGH, MIN_RUNS, median_ratio_interval
-from axoexp.tracking import SQLITE_PREFIX, resolve_tracking_uri
+from axoexp.tracking import SQLITE_PREFIX, UNREACHABLE, bound_http_retries, resolve_tracking_uri, store_problem
 
 DEFAULT_THRESHOLD = "5%"
 SLOWER, FASTER, NO_CHANGE, NOT_COMPARED = "slower", "faster", "no change", "not compared"
@@ -299,11 +301,15 @@ def format_comparison(comparisons: list[Comparison], base: Side, new: Side, styl
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Compare; exit 1 on a regression, 2 with one line on bad input."""
+    """Compare; exit 1 on a regression, 2 with one line on bad input or a store that cannot be read."""
+    bound_http_retries()
     try:
         regressions = run_compare(argv)
     except AxoexpError as error:
         print(f"axoexp.compare: {error}", file=sys.stderr)
+        sys.exit(2)
+    except UNREACHABLE as error:
+        print(f"axoexp.compare: the MLflow store could not be read: {first_line(error)}", file=sys.stderr)
         sys.exit(2)
     sys.exit(1 if regressions else 0)
 
@@ -333,6 +339,9 @@ def run_compare(argv: list[str] | None = None) -> int:
     uri = resolve_tracking_uri(args.tracking_uri)
     if uri.startswith(SQLITE_PREFIX) and not Path(uri.removeprefix(SQLITE_PREFIX)).is_file():
         raise NoSweepError(f"no MLflow store at {uri}; give --tracking-uri or run something first")
+    problem = store_problem(uri)
+    if problem:
+        raise StoreError(problem)
     client = MlflowClient(tracking_uri=uri)
     base_id, new_id = latest_two(client, args.experiment) if args.latest else args.runs
     base = load_side(client, base_id, "BASE", args.include_contended)
@@ -340,7 +349,7 @@ def run_compare(argv: list[str] | None = None) -> int:
     comparisons = compare(client, base, new, threshold)
     if not comparisons:
         raise ComparisonError(f"BASE={base_id} NEW={new_id}: no config and executor was measured on both sides")
-    print(format_comparison(comparisons, base, new, args.format, threshold))
+    print_out(format_comparison(comparisons, base, new, args.format, threshold))  # a reader gone: the verdict stands
     return sum(c.regression for c in comparisons)
 
 
