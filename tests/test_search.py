@@ -19,6 +19,7 @@ from test_faults import LONG_RUN, start_cli, wait_for_updates
 
 from axoexp import names
 from axoexp.errors import ConfigError
+from axoexp.report.__main__ import main as report_main
 from axoexp.report.pareto import pareto_front
 from axoexp.search import Outcome, check_settings, make_sampler, search_space, study_name, study_storage, trial_outcome
 from axoexp.tracking import runs_view
@@ -109,6 +110,31 @@ def test_failed_killed_and_contended_trials_are_told_as_failures(client: MlflowC
     assert outcome.values is None and not outcome.disturbed
     assert outcome.reason.startswith("no finite eval_loss_after in its run; valid metrics: loss_final")
     assert trial_outcome(None, objectives, "fail").values is None
+
+
+def test_trials_that_reused_one_run_count_as_trials_and_the_run_as_one_row(
+    client: MlflowClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A resumed categorical search: trials 0 and 1 measured neurons=3 and 4, trials 2-5 of the next
+    invocation reused those two runs (tags axoexp.reused.job2..5 on its parent)."""
+    experiment = client.create_experiment("axoexp", artifact_location=str(tmp_path / "artifacts"))
+    study = {names.STUDY: "axoexp-s", names.STUDY_STORAGE: "sqlite:///optuna.db", names.SWEEP_ROLE: "parent"}
+    study[names.STUDY_OBJECTIVES] = f"{names.UPDATE_MEDIAN}:minimize"
+    first, second = (client.create_run(experiment, tags=study).info.run_id for _ in range(2))
+    measured = []
+    for trial, neurons in enumerate("34"):
+        tags = {names.PARENT_RUN_ID: first, names.TRIAL: str(trial), names.TRIAL_STATE: "COMPLETE"}
+        run = _trial_run(client, experiment, **tags, **{names.component_tag("executor"): "eager"})
+        client.log_param(run.info.run_id, "population.neurons", neurons)
+        measured.append(run.info.run_id)
+    for job in range(2, 6):
+        client.set_tag(second, f"{names.REUSED_PREFIX}job{job}", measured[job % 2])
+
+    report_main(["--tracking-uri", client.tracking_uri, "--parent", second, "--format", "json", "--out", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert sorted((row["run_id"], row["repeats"]) for row in json.loads(out)) == sorted((run, 1) for run in measured)
+    assert err.splitlines()[0].endswith(": 2 of 6 complete trials (6 in all)"), "equal latencies: both on the front"
+    assert "4 trials reused an earlier run (sweep.resume)" in err
 
 
 def test_the_runs_view_shows_trial_numbers() -> None:

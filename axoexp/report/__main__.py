@@ -18,7 +18,15 @@ from axoexp.console import print_out
 from axoexp.errors import AxoexpError, NoSweepError, ReportError, StoreError
 from axoexp.report.figure import FIGURE, plot, title
 from axoexp.report.length_figure import LENGTHS_FIGURE, plot_lengths
-from axoexp.report.pareto import PARETO_FIGURE, format_front, pareto_front, plot_front, study_objectives, study_runs
+from axoexp.report.pareto import (
+    PARETO_FIGURE,
+    format_front,
+    pareto_front,
+    plot_front,
+    reused_trials,
+    study_objectives,
+    study_runs,
+)
 from axoexp.report.rows import ReportRow, build_rows, sweep_runs
 from axoexp.report.table import BUCKETS_CSV, FORMATS, format_buckets, format_table
 from axoexp.tracking import (
@@ -147,10 +155,11 @@ def run_report(argv: list[str] | None = None) -> None:
     objectives = study_objectives(parent)  # an Optuna search's (hydra/sweeper=optuna), else none
     trials = study_runs(client, parent) if objectives else []
     front = pareto_front(trials, objectives)
+    front_text = format_front(parent, trials, front, objectives, reused_trials(client, parent)) if objectives else ""
     if objectives and args.format == "text":
-        print_out(format_front(parent, trials, front, objectives))
+        print_out(front_text)
     elif objectives:  # stdout stays the table
-        print(format_front(parent, trials, front, objectives), file=sys.stderr)
+        print(front_text, file=sys.stderr)
     figure = out or output_dir(parent) / FIGURE
     written = write_files(rows, figure, title(parent, runs), table, args.format)
     if objectives:

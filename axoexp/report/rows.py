@@ -112,9 +112,12 @@ def swept_keys(runs: Sequence[Run]) -> list[str]:
 
 
 def sweep_runs(client: MlflowClient, parent: Run) -> list[Run]:
-    """The parent's children and the earlier runs its jobs reused."""
-    reused = [client.get_run(run_id) for key, run_id in parent.data.tags.items() if key.startswith(names.REUSED_PREFIX)]
-    return child_runs(client, parent) + reused
+    """The parent's children and the earlier runs its jobs reused, each run once (several jobs of an
+    Optuna search can reuse one run)."""
+    reused = {run_id for key, run_id in parent.data.tags.items() if key.startswith(names.REUSED_PREFIX)}
+    children = child_runs(client, parent)
+    known = {run.info.run_id for run in children}
+    return children + [client.get_run(run_id) for run_id in sorted(reused - known)]
 
 
 def measured_series(client: MlflowClient, run: Run) -> list[float]:
