@@ -52,6 +52,8 @@ FAIL_KIND = "axoexp_fail"
 """A FAIL trial's user attribute: why it told no value, one of :data:`FAIL_KINDS`."""
 FAIL_KINDS = {"contended": "timing contended", "failed": "failed", "stopped": "stopped"}
 """Each FAIL kind and how the search's summary counts it."""
+OBJECTIVES_ATTR = "axoexp_objectives"
+"""The study's user attribute: its objective metrics in order, so a rerun under its name cannot mix in others."""
 
 log = logging.getLogger(__name__)
 
@@ -221,6 +223,15 @@ class Search:
         study = optuna.create_study(storage=storage, study_name=name, directions=directions, load_if_exists=True)
         if list(study.directions) != directions:
             raise ConfigError(f"hydra.sweeper.study_name={name}: the stored study has other objective directions")
+        metrics = list(self.objectives)
+        stored = study.user_attrs.get(OBJECTIVES_ATTR)
+        if stored is None:  # a new study (or one from before the attribute)
+            study.set_user_attr(OBJECTIVES_ATTR, metrics)
+        elif stored != metrics:
+            raise ConfigError(
+                f"hydra.sweeper.study_name={name}: the stored study's objectives are {', '.join(stored)}, "
+                f"not {', '.join(metrics)}; name another study or give the same objectives"
+            )
         for stale in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
             study.tell(stale.number, state=TrialState.FAIL)  # left by an interrupted search
         done = len(study.get_trials(deepcopy=False, states=DONE))

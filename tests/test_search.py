@@ -14,6 +14,7 @@ import optuna
 import pytest
 from helpers import run_cli
 from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from test_faults import LONG_RUN, start_cli, wait_for_updates
 
@@ -21,7 +22,16 @@ from axoexp import names
 from axoexp.errors import ConfigError
 from axoexp.report.__main__ import main as report_main
 from axoexp.report.pareto import pareto_front
-from axoexp.search import Outcome, check_settings, make_sampler, search_space, study_name, study_storage, trial_outcome
+from axoexp.search import (
+    Outcome,
+    Search,
+    check_settings,
+    make_sampler,
+    search_space,
+    study_name,
+    study_storage,
+    trial_outcome,
+)
 from axoexp.tracking import runs_view
 
 
@@ -135,6 +145,30 @@ def test_trials_that_reused_one_run_count_as_trials_and_the_run_as_one_row(
     assert sorted((row["run_id"], row["repeats"]) for row in json.loads(out)) == sorted((run, 1) for run in measured)
     assert err.splitlines()[0].endswith(": 2 of 6 complete trials (6 in all)"), "equal latencies: both on the front"
     assert "4 trials reused an earlier run (sweep.resume)" in err
+
+
+def test_a_study_name_reused_with_other_objectives_is_refused(tracking_uri: str, tmp_path: Path) -> None:
+    def search(objectives: dict[str, str], trials: int = 1) -> Search:
+        settings = {"objectives": objectives, "params": {}, "sampler": "random", "contended": "fail", "seed": 0}
+        settings |= {
+            "n_trials": trials,
+            "n_jobs": 1,
+            "storage": f"sqlite:///{tmp_path / 'optuna.db'}",
+            "study_name": "s",
+        }
+        tracking = {"uri": tracking_uri, "http_max_retries": 0, "http_timeout_s": 1, "http_backoff_factor": 0}
+
+        def launch(batch: list[list[str]], initial_job_idx: int) -> list:
+            raise RuntimeError("no job runs in this test")
+
+        return Search(OmegaConf.create(settings), OmegaConf.create({"tracking": tracking}), launch)
+
+    with pytest.raises(RuntimeError, match="no job runs"):
+        search({"loss_final": "minimize"}).run(["population.neurons=2,3"])
+    with pytest.raises(ConfigError, match="study_name=s: the stored study's objectives are loss_final, not update_ms_"):
+        search({names.UPDATE_MEDIAN: "minimize"}).run(["population.neurons=2,3"])
+    with pytest.raises(RuntimeError, match="no job runs"):  # the same objectives resume it: a second trial
+        search({"loss_final": "minimize"}, trials=2).run(["population.neurons=2,3"])
 
 
 def test_the_runs_view_shows_trial_numbers() -> None:
