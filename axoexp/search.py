@@ -75,16 +75,20 @@ def _distribution(override: Override) -> BaseDistribution:
         return CategoricalDistribution(list(sweep.list))  # type: ignore[arg-type]  # parsed scalars
     if isinstance(sweep, RangeSweep):
         assert sweep.start is not None and sweep.stop is not None and sweep.step is not None
+        if sweep.step == 0:
+            raise ConfigError(f"{key}=range({sweep.start}, {sweep.stop}, 0): the step must not be 0")
         values = [
             sweep.start + index * sweep.step for index in range(math.ceil((sweep.stop - sweep.start) / sweep.step))
-        ]
+        ]  # a negative step counts down, as Hydra's range does
         if not values:
             raise ConfigError(
-                f"{key}=range({sweep.start}, {sweep.stop}, {sweep.step}): an empty range; give start < stop"
+                f"{key}=range({sweep.start}, {sweep.stop}, {sweep.step}): an empty range; "
+                "give start < stop (start > stop with a negative step)"
             )
+        low, high, step = min(values), max(values), abs(sweep.step)
         if all(isinstance(value, int) for value in (sweep.start, sweep.stop, sweep.step)):
-            return IntDistribution(int(values[0]), int(values[-1]), step=int(sweep.step))
-        return FloatDistribution(values[0], values[-1], step=sweep.step)
+            return IntDistribution(int(low), int(high), step=int(step))
+        return FloatDistribution(low, high, step=step)
     if isinstance(sweep, IntervalSweep):
         assert sweep.start is not None and sweep.end is not None
         log_scale = "log" in sweep.tags
@@ -92,8 +96,11 @@ def _distribution(override: Override) -> BaseDistribution:
             raise ConfigError(
                 f"{key}=interval({sweep.start}, {sweep.end}): need start < end (and start > 0 on a log scale)"
             )
-        if "int" in sweep.tags:
-            return IntDistribution(int(sweep.start), int(sweep.end), log=log_scale)
+        if "int" in sweep.tags:  # the integers inside the interval
+            low, high = math.ceil(sweep.start), math.floor(sweep.end)
+            if low > high:
+                raise ConfigError(f"{key}=interval({sweep.start}, {sweep.end}): no integer lies inside it")
+            return IntDistribution(low, high, log=log_scale)
         return FloatDistribution(sweep.start, sweep.end, log=log_scale)
     raise ConfigError(
         f"{key}: an unsupported sweep; valid: choice(...), range(...), interval(...), tag(log, interval(...))"

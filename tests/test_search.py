@@ -55,12 +55,27 @@ def test_search_space_from_overrides_and_params() -> None:
     }
 
 
+def test_a_range_counting_down_and_an_int_interval_keep_inside_their_bounds() -> None:
+    space = search_space(
+        ["population.neurons=range(8,2,-2)", "run.warmup_updates=tag(int,interval(1.5,3.7))"],
+        {"population.input_rate": "range(0.5, 0.1, -0.1)"},
+    )
+    assert space.distributions["population.neurons"] == IntDistribution(4, 8, step=2), "8, 6, 4 as Hydra's range"
+    assert space.distributions["run.warmup_updates"] == IntDistribution(2, 3), "rounded inward"
+    rates = space.distributions["population.input_rate"]
+    assert isinstance(rates, FloatDistribution) and rates.step == pytest.approx(0.1)
+    assert (rates.low, rates.high) == pytest.approx((0.2, 0.5))
+
+
 @pytest.mark.parametrize(
     ("arguments", "params", "message"),
     [
         (["run.measured_updates=5"], {}, "hydra.sweeper.params: nothing to search"),
         ([], {"optimizer.lr": "tag(log, interval(0, 1))"}, "optimizer.lr=interval(0.0, 1.0): need start < end"),
         (["sweep.repeat=0,1"], {}, "sweep.repeats: repeats are not supported"),
+        (["population.neurons=range(2,10,0)"], {}, "population.neurons=range(2, 10, 0): the step must not be 0"),
+        (["population.neurons=range(8,2,2)"], {}, "population.neurons=range(8, 2, 2): an empty range"),
+        (["run.warmup_updates=tag(int,interval(1.2,1.8))"], {}, "interval(1.2, 1.8): no integer lies inside it"),
     ],
 )
 def test_search_space_refuses_what_it_cannot_search(arguments: list[str], params: dict, message: str) -> None:
