@@ -17,7 +17,9 @@ run-to-run spread of a shared machine. Measure both sides with sweep.repeats=2 o
 A row whose runs were contended (timing.contention not none) or noisy (timing.noise high) on
 either side is marked and never counted as a regression; such runs form rows of their own, apart
 from a config's quiet repeats, unless --include-contended pools them (as the report's flag does).
-Exit 1 when any row is a regression, 0 otherwise, 2 on bad input (one line).
+Quiet rows are matched with quiet rows, contended with contended (else with the config's other row).
+Exit 1 when any row is a regression, 0 otherwise, 2 with one line on bad input or a store that
+cannot be read.
 """
 
 from __future__ import annotations
@@ -37,11 +39,13 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from axoexp import names
-from axoexp.errors import AxoexpError, ComparisonError, NoSweepError
+from axoexp.console import print_out
+from axoexp.errors import AxoexpError, ComparisonError, NoSweepError, StoreError, first_line
 from axoexp.report.rows import (
     EXECUTOR_KEY,
     ReportRow,
     build_rows,
+    config_key,
     measured_series,
     setting_label,
     sweep_runs,
@@ -49,7 +53,7 @@ from axoexp.report.rows import (
 )
 from axoexp.report.table import FORMATS, grid
 from axoexp.statistics import CONFIDENCE, HIGH, MIN_RUNS, median_ratio_interval
-from axoexp.tracking import SQLITE_PREFIX, resolve_tracking_uri
+from axoexp.tracking import SQLITE_PREFIX, UNREACHABLE, bound_http_retries, resolve_tracking_uri, store_problem
 
 DEFAULT_THRESHOLD = "5%"
 SLOWER, FASTER, NO_CHANGE, NOT_COMPARED = "slower", "faster", "no change", "not compared"
@@ -124,17 +128,6 @@ def too_few_runs(base_runs: int, new_runs: int) -> str:
     return f"one run {where}: run-to-run spread unknown; measure with sweep.repeats={MIN_RUNS} or more"
 
 
-def config_key(run: Run) -> tuple[tuple[str, str], ...]:
-    """What a run measured: its params without those that say where results went or how it was watched."""
-    return tuple(
-        sorted(
-            (key, value)
-            for key, value in run.data.params.items()
-            if not key.startswith(names.NOT_MEASUREMENT_PARAM_PREFIXES)
-        )
-    )
-
-
 def untrusted(runs: Sequence[Run]) -> str:
     """``contended (cpu)``, ``noisy``, both, or ``""``: why these runs' timings do not decide."""
     contention = sorted({tag for run in runs if (tag := run.data.tags.get(names.TIMING_CONTENTION, "none")) != "none"})
@@ -173,13 +166,15 @@ def latest_two(client: MlflowClient, experiment: str) -> tuple[str, str]:
 
 
 def compare(client: MlflowClient, base: Side, new: Side, threshold: float) -> list[Comparison]:
-    """Every row of ``new`` that ``base`` has too, matched by config and executor."""
+    """Every row of ``new`` that ``base`` has too, matched by config and executor: quiet rows with
+    quiet rows and contended with contended, else with the config's other row, so a config's
+    contended runs are compared apart and never stand in for its quiet repeats."""
     by_id = {run.info.run_id: run for run in [*base.runs, *new.runs]}
     swept = [key for key in swept_keys([*base.runs, *new.runs]) if key != EXECUTOR_KEY]
     before_rows = _by_config(base.rows, by_id)
     comparisons = []
-    for config, row in _by_config(new.rows, by_id).items():
-        before = before_rows.get(config)
+    for (config, contended), row in _by_config(new.rows, by_id).items():
+        before = before_rows.get((config, contended)) or before_rows.get((config, not contended))
         if before is None:
             continue
         base_series = [measured_series(client, by_id[run_id]) for run_id in before.run_ids]
@@ -218,11 +213,14 @@ def compare(client: MlflowClient, base: Side, new: Side, threshold: float) -> li
     return comparisons
 
 
-def _by_config(rows: list[ReportRow], by_id: dict[str, Run]) -> dict[tuple[tuple[str, str], ...], ReportRow]:
-    """Each config's row: the pooled FINISHED runs where there are any, else its first other run."""
-    chosen: dict[tuple[tuple[str, str], ...], ReportRow] = {}
+def _by_config(
+    rows: list[ReportRow], by_id: dict[str, Run]
+) -> dict[tuple[tuple[tuple[str, str], ...], bool], ReportRow]:
+    """Each config's quiet row and its contended one, by (config, contended): the pooled FINISHED
+    runs where there are any, else the first other run."""
+    chosen: dict[tuple[tuple[tuple[str, str], ...], bool], ReportRow] = {}
     for row in sorted(rows, key=lambda row: row.status != "FINISHED", reverse=True):
-        chosen[config_key(by_id[row.run_id])] = row
+        chosen[(config_key(by_id[row.run_id]), row.contended)] = row
     return chosen
 
 
@@ -303,11 +301,15 @@ def format_comparison(comparisons: list[Comparison], base: Side, new: Side, styl
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Compare; exit 1 on a regression, 2 with one line on bad input."""
+    """Compare; exit 1 on a regression, 2 with one line on bad input or a store that cannot be read."""
+    bound_http_retries()
     try:
         regressions = run_compare(argv)
     except AxoexpError as error:
         print(f"axoexp.compare: {error}", file=sys.stderr)
+        sys.exit(2)
+    except UNREACHABLE as error:
+        print(f"axoexp.compare: the MLflow store could not be read: {first_line(error)}", file=sys.stderr)
         sys.exit(2)
     sys.exit(1 if regressions else 0)
 
@@ -337,6 +339,9 @@ def run_compare(argv: list[str] | None = None) -> int:
     uri = resolve_tracking_uri(args.tracking_uri)
     if uri.startswith(SQLITE_PREFIX) and not Path(uri.removeprefix(SQLITE_PREFIX)).is_file():
         raise NoSweepError(f"no MLflow store at {uri}; give --tracking-uri or run something first")
+    problem = store_problem(uri)
+    if problem:
+        raise StoreError(problem)
     client = MlflowClient(tracking_uri=uri)
     base_id, new_id = latest_two(client, args.experiment) if args.latest else args.runs
     base = load_side(client, base_id, "BASE", args.include_contended)
@@ -344,7 +349,7 @@ def run_compare(argv: list[str] | None = None) -> int:
     comparisons = compare(client, base, new, threshold)
     if not comparisons:
         raise ComparisonError(f"BASE={base_id} NEW={new_id}: no config and executor was measured on both sides")
-    print(format_comparison(comparisons, base, new, args.format, threshold))
+    print_out(format_comparison(comparisons, base, new, args.format, threshold))  # a reader gone: the verdict stands
     return sum(c.regression for c in comparisons)
 
 

@@ -103,6 +103,12 @@ class RefusedTargetError(ConfigError):
     """The composed config names a ``_target_`` (a class to instantiate) that axoexp does not ship."""
 
 
+class ReportError(AxoexpError):
+    """``python -m axoexp.report`` cannot write where ``--out`` says, or could not write a file."""
+
+    exit_code = 2
+
+
 class ComparisonError(AxoexpError):
     """``python -m axoexp.compare`` was given runs it cannot compare, or a bad option."""
 

@@ -52,6 +52,8 @@ FAIL_KIND = "axoexp_fail"
 """A FAIL trial's user attribute: why it told no value, one of :data:`FAIL_KINDS`."""
 FAIL_KINDS = {"contended": "timing contended", "failed": "failed", "stopped": "stopped"}
 """Each FAIL kind and how the search's summary counts it."""
+OBJECTIVES_ATTR = "axoexp_objectives"
+"""The study's user attribute: its objective metrics in order, so a rerun under its name cannot mix in others."""
 
 log = logging.getLogger(__name__)
 
@@ -73,16 +75,20 @@ def _distribution(override: Override) -> BaseDistribution:
         return CategoricalDistribution(list(sweep.list))  # type: ignore[arg-type]  # parsed scalars
     if isinstance(sweep, RangeSweep):
         assert sweep.start is not None and sweep.stop is not None and sweep.step is not None
+        if sweep.step == 0:
+            raise ConfigError(f"{key}=range({sweep.start}, {sweep.stop}, 0): the step must not be 0")
         values = [
             sweep.start + index * sweep.step for index in range(math.ceil((sweep.stop - sweep.start) / sweep.step))
-        ]
+        ]  # a negative step counts down, as Hydra's range does
         if not values:
             raise ConfigError(
-                f"{key}=range({sweep.start}, {sweep.stop}, {sweep.step}): an empty range; give start < stop"
+                f"{key}=range({sweep.start}, {sweep.stop}, {sweep.step}): an empty range; "
+                "give start < stop (start > stop with a negative step)"
             )
+        low, high, step = min(values), max(values), abs(sweep.step)
         if all(isinstance(value, int) for value in (sweep.start, sweep.stop, sweep.step)):
-            return IntDistribution(int(values[0]), int(values[-1]), step=int(sweep.step))
-        return FloatDistribution(values[0], values[-1], step=sweep.step)
+            return IntDistribution(int(low), int(high), step=int(step))
+        return FloatDistribution(low, high, step=step)
     if isinstance(sweep, IntervalSweep):
         assert sweep.start is not None and sweep.end is not None
         log_scale = "log" in sweep.tags
@@ -90,8 +96,11 @@ def _distribution(override: Override) -> BaseDistribution:
             raise ConfigError(
                 f"{key}=interval({sweep.start}, {sweep.end}): need start < end (and start > 0 on a log scale)"
             )
-        if "int" in sweep.tags:
-            return IntDistribution(int(sweep.start), int(sweep.end), log=log_scale)
+        if "int" in sweep.tags:  # the integers inside the interval
+            low, high = math.ceil(sweep.start), math.floor(sweep.end)
+            if low > high:
+                raise ConfigError(f"{key}=interval({sweep.start}, {sweep.end}): no integer lies inside it")
+            return IntDistribution(low, high, log=log_scale)
         return FloatDistribution(sweep.start, sweep.end, log=log_scale)
     raise ConfigError(
         f"{key}: an unsupported sweep; valid: choice(...), range(...), interval(...), tag(log, interval(...))"
@@ -221,6 +230,15 @@ class Search:
         study = optuna.create_study(storage=storage, study_name=name, directions=directions, load_if_exists=True)
         if list(study.directions) != directions:
             raise ConfigError(f"hydra.sweeper.study_name={name}: the stored study has other objective directions")
+        metrics = list(self.objectives)
+        stored = study.user_attrs.get(OBJECTIVES_ATTR)
+        if stored is None:  # a new study (or one from before the attribute)
+            study.set_user_attr(OBJECTIVES_ATTR, metrics)
+        elif stored != metrics:
+            raise ConfigError(
+                f"hydra.sweeper.study_name={name}: the stored study's objectives are {', '.join(stored)}, "
+                f"not {', '.join(metrics)}; name another study or give the same objectives"
+            )
         for stale in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
             study.tell(stale.number, state=TrialState.FAIL)  # left by an interrupted search
         done = len(study.get_trials(deepcopy=False, states=DONE))

@@ -35,6 +35,7 @@ from mlflow.utils.uri import get_uri_scheme
 from omegaconf import DictConfig
 
 from axoexp import names
+from axoexp.config import TrackingConfig
 from axoexp.errors import StoreError
 
 _REVISION = re.compile(r"""^revision\s*=\s*["']([0-9A-Za-z_]+)["']\s*$""", re.MULTILINE)
@@ -71,6 +72,20 @@ def configure_tracking(tracking: DictConfig) -> str:
     os.environ[names.HTTP_BACKOFF_FACTOR_ENV] = str(tracking.http_backoff_factor)
     os.environ[names.HTTP_BACKOFF_JITTER_ENV] = "0"
     return resolve_tracking_uri(tracking.uri)
+
+
+def bound_http_retries() -> None:
+    """For a command without a config (report, compare): bound MLflow's HTTP retries with
+    ``tracking.*``'s defaults where the environment does not set them, as :func:`configure_tracking`
+    does for a run."""
+    defaults = TrackingConfig()
+    for variable, value in (
+        (names.HTTP_MAX_RETRIES_ENV, defaults.http_max_retries),
+        (names.HTTP_TIMEOUT_ENV, defaults.http_timeout_s),
+        (names.HTTP_BACKOFF_FACTOR_ENV, defaults.http_backoff_factor),
+        (names.HTTP_BACKOFF_JITTER_ENV, 0),
+    ):
+        os.environ.setdefault(variable, str(value))
 
 
 def config_digest(config: Mapping[str, Any]) -> str:

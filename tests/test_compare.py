@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from helpers import REPO, run_clis
+from helpers import REPO, free_port, run_clis
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
@@ -28,9 +31,11 @@ def _run(
     commit: str = "aaaa",
     repeat: int = 0,
     status: str = "FINISHED",
+    params: dict[str, str] | None = None,
     **tags: str,
 ) -> str:
-    """A FINISHED run of eager at 2x12x4 and ``optimizer.lr=lr`` whose updates take ``scale`` x UPDATES."""
+    """A FINISHED run of eager at 2x12x4 and ``optimizer.lr=lr`` (and ``params``) whose updates take
+    ``scale`` x UPDATES."""
     all_tags = {
         names.component_tag("executor"): "eager",
         names.SHAPE: "2x12x4",
@@ -54,6 +59,7 @@ def _run(
         "run.warmup_updates": "5",
         "sweep.repeat": str(repeat),
         "tracking.uri": f"somewhere-{commit}",
+        **(params or {}),
     }
     for key, value in params.items():
         client.log_param(run_id, key, value)
@@ -135,6 +141,47 @@ def test_a_regression_exits_1_and_is_shown_in_capitals(
     assert "| slower |" not in capsys.readouterr().out
 
 
+def test_configs_that_differ_only_in_an_executor_setting_are_compared_apart(
+    client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sides = []
+    for commit, slower in (("aaaa", 1.0), ("bbbb", 1.5)):  # NEW: executor.buckets=4 1.5x slower, 0 the same
+        parent = client.create_run(experiment, tags={names.SWEEP_ROLE: "parent"}).info.run_id
+        for buckets, scale in (("0", 1.0), ("4", slower)):
+            _repeats(client, experiment, parent, "0.1", scale, commit=commit, params={"executor.buckets": buckets})
+        client.set_terminated(parent, "FINISHED")
+        sides.append(parent)
+
+    assert _compare(tracking_uri, *sides, "--format", "json") == 1
+    rows = {row["settings"]: row for row in json.loads(capsys.readouterr().out)["rows"]}
+    assert {settings: (row["verdict"], row["base_runs"], row["new_runs"]) for settings, row in rows.items()} == {
+        "executor.buckets=0": ("no change", 2, 2),
+        "executor.buckets=4": ("slower", 2, 2),
+    }
+
+
+def test_quiet_repeats_are_compared_with_quiet_ones_and_a_contended_repeat_apart(
+    client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Three repeats per side, one of them contended: the quiet pairs decide (NEW 4x slower: a
+    regression), the contended pair is a row of its own, marked, which never replaces them."""
+    contended = {names.TIMING_CONTENTION: "cpu"}
+    sides = []
+    for commit, scale in (("aaaa", 1.0), ("bbbb", 4.0)):
+        parent = client.create_run(experiment, tags={names.SWEEP_ROLE: "parent"}).info.run_id
+        _repeats(client, experiment, parent, "0.1", scale, commit=commit)
+        _run(client, experiment, parent, "0.1", scale, commit=commit, repeat=2, **contended)
+        client.set_terminated(parent, "FINISHED")
+        sides.append(parent)
+
+    assert _compare(tracking_uri, *sides, "--format", "json") == 1
+    quiet, disturbed = json.loads(capsys.readouterr().out)["rows"]
+    assert (quiet["verdict"], quiet["regression"], quiet["caution"]) == ("slower", True, "")
+    assert (quiet["base_runs"], quiet["new_runs"]) == (2, 2) and quiet["ratio"] == pytest.approx(4.0, rel=0.02)
+    assert (disturbed["base_runs"], disturbed["new_runs"]) == (1, 1) and not disturbed["regression"]
+    assert disturbed["caution"].endswith("contended (cpu)")
+
+
 def test_repeats_pool_and_latest_2_compares_the_two_newest_sweeps(
     client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -183,6 +230,44 @@ def test_bad_input_is_one_line_and_exit_2(
         assert _compare(tracking_uri, *args) == 2
         err = capsys.readouterr().err
         assert err.startswith(message) and err.count("\n") == 1, err
+
+
+def test_a_store_that_cannot_be_read_is_one_line_and_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exit 1 means a regression: a damaged database, a file store or a dead server is one line and exit 2,
+    the server's after the retries bounded as tracking.* bounds a run's."""
+    for variable in (names.HTTP_MAX_RETRIES_ENV, names.HTTP_TIMEOUT_ENV, names.HTTP_BACKOFF_FACTOR_ENV):
+        monkeypatch.delenv(variable, raising=False)
+    (tmp_path / "mlflow.db").write_text("garbage\n")
+    for uri, message in (
+        (f"sqlite:///{tmp_path / 'mlflow.db'}", "mlflow.db is damaged, not a readable MLflow store"),
+        (str(tmp_path / "mlruns"), "a file store, which MLflow"),
+        (f"http://127.0.0.1:{free_port()}", "the MLflow store could not be read: MlflowException: API request"),
+    ):
+        assert _compare(uri, "--latest", "2") == 2
+        err = capsys.readouterr().err
+        assert err.startswith("axoexp.compare: ") and message in err and err.count("\n") == 1, err
+    assert os.environ[names.HTTP_MAX_RETRIES_ENV] == "2" and os.environ[names.HTTP_TIMEOUT_ENV] == "10"
+
+
+@pytest.mark.slow
+def test_a_reader_that_stops_early_ends_no_comparison_with_a_traceback(
+    client: MlflowClient, experiment: str, tracking_uri: str
+) -> None:
+    """``compare ... | head -1``: the reader closes the pipe; the verdict stands (exit 1), nothing on stderr."""
+    base = _sweep(client, experiment, {"0.1": 1.0})
+    new = _sweep(client, experiment, {"0.1": 1.5}, commit="bbbb")
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before anything is written
+    try:
+        args = ["--tracking-uri", tracking_uri, base, new, "--format", "json"]
+        ended = subprocess.run(
+            [sys.executable, "-m", "axoexp.compare", *args], cwd=REPO, stdout=write, stderr=subprocess.PIPE, text=True
+        )
+    finally:
+        os.close(write)
+    assert (ended.returncode, ended.stderr) == (1, "")
 
 
 def test_decide_md_states_the_noise_threshold_the_code_uses() -> None:

@@ -7,9 +7,13 @@ import dataclasses
 import io
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 from mlflow.tracking import MlflowClient
 
 from axoexp import names
@@ -75,6 +79,24 @@ def test_speedup_pairs_runs_that_differ_only_in_executor(client: MlflowClient, e
     assert by_key[("3x12x4", "fast", 3.0)].speedup_vs_eager == pytest.approx(10.0)
     assert by_key[("2x12x4", "eager", 10.0)].speedup_vs_eager == pytest.approx(1.0)
     assert math.isnan(by_key[("3x12x4", "fast", 6.0)].speedup_vs_eager), "no eager run with that lr"
+
+
+def test_runs_that_differ_only_in_an_executor_setting_are_rows_apart_each_against_eager(
+    client: MlflowClient, experiment: str
+) -> None:
+    parent = client.create_run(experiment, run_name="sweep").info.run_id
+    _logged_run(client, experiment, "eager", "2x12x4", 10.0, parent=parent)
+    for buckets, median in (("0", 2.0), ("0", 2.0), ("4", 5.0)):
+        _logged_run(client, experiment, "cudagraph", "2x12x4", median, parent=parent, **{"executor.buckets": buckets})
+
+    rows = build_rows(sweep_runs(client, client.get_run(parent)))
+    graphs = {row.setting("executor.buckets"): row for row in rows if row.executor == "cudagraph"}
+    assert sorted(graphs) == ["0", "4"] and len(rows) == 3
+    assert (graphs["0"].repeats, graphs["4"].repeats) == (2, 1)
+    assert graphs["0"].speedup_vs_eager == pytest.approx(5.0) and graphs["4"].speedup_vs_eager == pytest.approx(2.0)
+    assert graphs["4"].settings_text == "executor.buckets=4"
+    eager = next(row for row in rows if row.executor == "eager")
+    assert eager.speedup_vs_eager == pytest.approx(1.0) and eager.setting("executor.buckets") == ""
 
 
 def test_failed_eager_run_is_no_baseline_and_reused_runs_are_included(client: MlflowClient, experiment: str) -> None:
@@ -269,6 +291,66 @@ def test_the_report_answers_a_single_run_in_one_line_and_an_unknown_parent_with_
         report_main([*argv, "--parent", "nope"])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == f"axoexp.report: --parent nope: no such run at {tracking_uri}\n"
+
+
+def _report_sweep(client: MlflowClient, tmp_path: Path) -> str:
+    """A sweep's parent with two runs, in an experiment whose artifacts go to ``tmp_path/artifacts``."""
+    experiment = client.create_experiment("axoexp", artifact_location=str(tmp_path / "artifacts"))
+    parent = client.create_run(experiment, run_name="sweep", tags={names.SWEEP_ROLE: "parent"}).info.run_id
+    _logged_run(client, experiment, "eager", "2x12x4", 10.0, parent=parent, contention="none")
+    _logged_run(client, experiment, "eager", "3x12x4", 12.0, parent=parent, contention="none")
+    client.set_terminated(parent)
+    return parent
+
+
+def test_out_names_a_figure_file_or_a_directory_for_it_else_one_line(
+    client: MlflowClient, tracking_uri: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parent = _report_sweep(client, tmp_path)
+    folder = tmp_path / "figs"
+    (folder / "mlruns").mkdir(parents=True)  # a directory with a store in it: only the figure is logged
+    argv = ["--tracking-uri", tracking_uri, "--parent", parent, "--format", "csv", "--out"]
+    report_main([*argv, str(folder)])
+    assert capsys.readouterr().err == (
+        f"report: {folder / 'report.png'}, {folder / 'report.csv'} (also logged to the parent run)\n"
+    )
+    assert sorted(item.path for item in client.list_artifacts(parent)) == ["report.csv", "report.png"]
+    report_main([*argv, str(folder / "r.svg")])
+    assert (folder / "r.svg").read_text().startswith("<?xml"), "the type the suffix names"
+    assert capsys.readouterr().err.startswith(f"report: {folder / 'r.svg'}, ")
+
+    for out, message in (
+        (tmp_path / "fig", "neither an existing directory nor a figure file; end it in one of "),
+        (tmp_path / "r.txt", "neither an existing directory nor a figure file; end it in one of "),
+        (tmp_path / "nodir" / "r.png", f"directory {tmp_path / 'nodir'} does not exist; create it"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            report_main([*argv, str(out)])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.startswith(f"axoexp.report: --out {out}: ") and message in err, err
+        assert err.count("\n") == 1 and ".png" in err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["artifacts", "figs", "mlflow.db"], (
+        "nothing else written"
+    )
+
+
+@pytest.mark.slow
+def test_a_reader_that_stops_early_still_gets_the_files_written(
+    client: MlflowClient, tracking_uri: str, tmp_path: Path
+) -> None:
+    """``report --format csv | head -1``: the reader closes the pipe; the figure and CSV still follow."""
+    parent = _report_sweep(client, tmp_path)
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        args = ["--tracking-uri", tracking_uri, "--parent", parent, "--format", "csv", "--out", str(tmp_path)]
+        ended = subprocess.run(
+            [sys.executable, "-m", "axoexp.report", *args], cwd=REPO, stdout=write, stderr=subprocess.PIPE, text=True
+        )
+    finally:
+        os.close(write)
+    assert ended.returncode == 0 and ended.stderr.startswith(f"report: {tmp_path / 'report.png'}, "), ended.stderr
+    assert sorted(item.path for item in client.list_artifacts(parent)) == ["report.csv", "report.png"]
 
 
 def _with_buckets(

@@ -14,13 +14,24 @@ import optuna
 import pytest
 from helpers import run_cli
 from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from test_faults import LONG_RUN, start_cli, wait_for_updates
 
 from axoexp import names
 from axoexp.errors import ConfigError
+from axoexp.report.__main__ import main as report_main
 from axoexp.report.pareto import pareto_front
-from axoexp.search import Outcome, check_settings, make_sampler, search_space, study_name, study_storage, trial_outcome
+from axoexp.search import (
+    Outcome,
+    Search,
+    check_settings,
+    make_sampler,
+    search_space,
+    study_name,
+    study_storage,
+    trial_outcome,
+)
 from axoexp.tracking import runs_view
 
 
@@ -44,12 +55,27 @@ def test_search_space_from_overrides_and_params() -> None:
     }
 
 
+def test_a_range_counting_down_and_an_int_interval_keep_inside_their_bounds() -> None:
+    space = search_space(
+        ["population.neurons=range(8,2,-2)", "run.warmup_updates=tag(int,interval(1.5,3.7))"],
+        {"population.input_rate": "range(0.5, 0.1, -0.1)"},
+    )
+    assert space.distributions["population.neurons"] == IntDistribution(4, 8, step=2), "8, 6, 4 as Hydra's range"
+    assert space.distributions["run.warmup_updates"] == IntDistribution(2, 3), "rounded inward"
+    rates = space.distributions["population.input_rate"]
+    assert isinstance(rates, FloatDistribution) and rates.step == pytest.approx(0.1)
+    assert (rates.low, rates.high) == pytest.approx((0.2, 0.5))
+
+
 @pytest.mark.parametrize(
     ("arguments", "params", "message"),
     [
         (["run.measured_updates=5"], {}, "hydra.sweeper.params: nothing to search"),
         ([], {"optimizer.lr": "tag(log, interval(0, 1))"}, "optimizer.lr=interval(0.0, 1.0): need start < end"),
         (["sweep.repeat=0,1"], {}, "sweep.repeats: repeats are not supported"),
+        (["population.neurons=range(2,10,0)"], {}, "population.neurons=range(2, 10, 0): the step must not be 0"),
+        (["population.neurons=range(8,2,2)"], {}, "population.neurons=range(8, 2, 2): an empty range"),
+        (["run.warmup_updates=tag(int,interval(1.2,1.8))"], {}, "interval(1.2, 1.8): no integer lies inside it"),
     ],
 )
 def test_search_space_refuses_what_it_cannot_search(arguments: list[str], params: dict, message: str) -> None:
@@ -109,6 +135,55 @@ def test_failed_killed_and_contended_trials_are_told_as_failures(client: MlflowC
     assert outcome.values is None and not outcome.disturbed
     assert outcome.reason.startswith("no finite eval_loss_after in its run; valid metrics: loss_final")
     assert trial_outcome(None, objectives, "fail").values is None
+
+
+def test_trials_that_reused_one_run_count_as_trials_and_the_run_as_one_row(
+    client: MlflowClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A resumed categorical search: trials 0 and 1 measured neurons=3 and 4, trials 2-5 of the next
+    invocation reused those two runs (tags axoexp.reused.job2..5 on its parent)."""
+    experiment = client.create_experiment("axoexp", artifact_location=str(tmp_path / "artifacts"))
+    study = {names.STUDY: "axoexp-s", names.STUDY_STORAGE: "sqlite:///optuna.db", names.SWEEP_ROLE: "parent"}
+    study[names.STUDY_OBJECTIVES] = f"{names.UPDATE_MEDIAN}:minimize"
+    first, second = (client.create_run(experiment, tags=study).info.run_id for _ in range(2))
+    measured = []
+    for trial, neurons in enumerate("34"):
+        tags = {names.PARENT_RUN_ID: first, names.TRIAL: str(trial), names.TRIAL_STATE: "COMPLETE"}
+        run = _trial_run(client, experiment, **tags, **{names.component_tag("executor"): "eager"})
+        client.log_param(run.info.run_id, "population.neurons", neurons)
+        measured.append(run.info.run_id)
+    for job in range(2, 6):
+        client.set_tag(second, f"{names.REUSED_PREFIX}job{job}", measured[job % 2])
+
+    report_main(["--tracking-uri", client.tracking_uri, "--parent", second, "--format", "json", "--out", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert sorted((row["run_id"], row["repeats"]) for row in json.loads(out)) == sorted((run, 1) for run in measured)
+    assert err.splitlines()[0].endswith(": 2 of 6 complete trials (6 in all)"), "equal latencies: both on the front"
+    assert "4 trials reused an earlier run (sweep.resume)" in err
+
+
+def test_a_study_name_reused_with_other_objectives_is_refused(tracking_uri: str, tmp_path: Path) -> None:
+    def search(objectives: dict[str, str], trials: int = 1) -> Search:
+        settings = {"objectives": objectives, "params": {}, "sampler": "random", "contended": "fail", "seed": 0}
+        settings |= {
+            "n_trials": trials,
+            "n_jobs": 1,
+            "storage": f"sqlite:///{tmp_path / 'optuna.db'}",
+            "study_name": "s",
+        }
+        tracking = {"uri": tracking_uri, "http_max_retries": 0, "http_timeout_s": 1, "http_backoff_factor": 0}
+
+        def launch(batch: list[list[str]], initial_job_idx: int) -> list:
+            raise RuntimeError("no job runs in this test")
+
+        return Search(OmegaConf.create(settings), OmegaConf.create({"tracking": tracking}), launch)
+
+    with pytest.raises(RuntimeError, match="no job runs"):
+        search({"loss_final": "minimize"}).run(["population.neurons=2,3"])
+    with pytest.raises(ConfigError, match="study_name=s: the stored study's objectives are loss_final, not update_ms_"):
+        search({names.UPDATE_MEDIAN: "minimize"}).run(["population.neurons=2,3"])
+    with pytest.raises(RuntimeError, match="no job runs"):  # the same objectives resume it: a second trial
+        search({"loss_final": "minimize"}, trials=2).run(["population.neurons=2,3"])
 
 
 def test_the_runs_view_shows_trial_numbers() -> None:

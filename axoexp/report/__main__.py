@@ -4,20 +4,39 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+from matplotlib.backend_bases import FigureCanvasBase
 from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from axoexp import names, report
-from axoexp.errors import AxoexpError, NoSweepError, StoreError
+from axoexp.console import print_out
+from axoexp.errors import AxoexpError, NoSweepError, ReportError, StoreError
 from axoexp.report.figure import FIGURE, plot, title
 from axoexp.report.length_figure import LENGTHS_FIGURE, plot_lengths
-from axoexp.report.pareto import PARETO_FIGURE, format_front, pareto_front, plot_front, study_objectives, study_runs
-from axoexp.report.rows import build_rows, sweep_runs
+from axoexp.report.pareto import (
+    PARETO_FIGURE,
+    format_front,
+    pareto_front,
+    plot_front,
+    reused_trials,
+    study_objectives,
+    study_runs,
+)
+from axoexp.report.rows import ReportRow, build_rows, sweep_runs
 from axoexp.report.table import BUCKETS_CSV, FORMATS, format_buckets, format_table
-from axoexp.tracking import SQLITE_PREFIX, UNREACHABLE, newest_run, resolve_tracking_uri, store_problem
+from axoexp.tracking import (
+    SQLITE_PREFIX,
+    UNREACHABLE,
+    bound_http_retries,
+    newest_run,
+    resolve_tracking_uri,
+    store_problem,
+)
 
 
 def latest_parent(client: MlflowClient, experiment: str) -> Run:
@@ -31,6 +50,22 @@ def output_dir(parent: Run) -> Path:
     """The sweep's own output directory where it still exists, else the current directory."""
     sweep_dir = Path(parent.data.tags.get(names.SWEEP_DIR, "."))
     return sweep_dir if sweep_dir.is_dir() else Path(".")
+
+
+def figure_path(out: Path) -> Path:
+    """Where ``--out`` puts the figure: a file of a type matplotlib writes, in an existing directory,
+    or :data:`FIGURE` in an existing directory; one line otherwise."""
+    if out.is_dir():
+        return out / FIGURE
+    types = FigureCanvasBase.get_supported_filetypes()
+    if out.suffix.lstrip(".").lower() not in types:
+        raise ReportError(
+            f"--out {out}: neither an existing directory nor a figure file; end it in one of "
+            + ", ".join(f".{kind}" for kind in sorted(types))
+        )
+    if not out.parent.is_dir():
+        raise ReportError(f"--out {out}: directory {out.parent} does not exist; create it or choose another path")
+    return out
 
 
 def named_run(client: MlflowClient, run_id: str, uri: str) -> Run:
@@ -61,6 +96,7 @@ def single_run_line(run: Run) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """Print the report of a sweep; a user error exits 2 with one line, a store that cannot be read 1."""
+    bound_http_retries()
     try:
         run_report(argv)
     except AxoexpError as error:
@@ -92,9 +128,14 @@ def run_report(argv: list[str] | None = None) -> None:
         "speedups (default: rows of their own, marked, without a speedup)",
     )
     parser.add_argument(
-        "--out", type=Path, default=None, help=f"the figure's path (default: {FIGURE} in the sweep's output directory)"
+        "--out",
+        type=Path,
+        default=None,
+        help=f"the figure's path, or a directory for {FIGURE}; the other files go beside it "
+        f"(default: {FIGURE} in the sweep's output directory)",
     )
     args = parser.parse_args(argv)
+    out = figure_path(args.out) if args.out else None  # refused before the store is read
     uri = resolve_tracking_uri(args.tracking_uri)
     if uri.startswith(SQLITE_PREFIX) and not Path(uri.removeprefix(SQLITE_PREFIX)).is_file():
         raise NoSweepError(f"no MLflow store at {uri}; run a sweep first: python -m axoexp -m ...")
@@ -105,36 +146,60 @@ def run_report(argv: list[str] | None = None) -> None:
     parent = named_run(client, args.parent, uri) if args.parent else latest_parent(client, args.experiment)
     runs = sweep_runs(client, parent)
     if not runs and parent.data.tags.get(names.SWEEP_ROLE) != "parent":
-        print(single_run_line(parent))
+        print_out(single_run_line(parent))
         return
     rows = build_rows(runs, client, parent.info.run_id, include_contended=args.include_contended)
     table = format_table(rows, args.format)
-    if args.format == "text":
-        print(f"{parent.info.run_name} ({parent.info.status}, parent run {parent.info.run_id})")
-    print(table)
-    figure = args.out or output_dir(parent) / FIGURE
-    plot(rows, title(parent, runs), figure)
-    written = [figure]
-    if any(row.length_buckets for row in rows):  # runs with population.lengths: latency against length
-        written.append(figure.with_name(LENGTHS_FIGURE))
-        plot_lengths(rows, title(parent, runs), written[-1])
-    objectives = study_objectives(parent)
-    if objectives:  # an Optuna search (hydra/sweeper=optuna)
-        trials = study_runs(client, parent)
-        front = pareto_front(trials, objectives)
-        print(format_front(parent, trials, front, objectives), file=sys.stdout if args.format == "text" else sys.stderr)
+    heading = f"{parent.info.run_name} ({parent.info.status}, parent run {parent.info.run_id})\n"
+    print_out((heading if args.format == "text" else "") + table)  # a reader gone (| head): the files still follow
+    objectives = study_objectives(parent)  # an Optuna search's (hydra/sweeper=optuna), else none
+    trials = study_runs(client, parent) if objectives else []
+    front = pareto_front(trials, objectives)
+    front_text = format_front(parent, trials, front, objectives, reused_trials(client, parent)) if objectives else ""
+    if objectives and args.format == "text":
+        print_out(front_text)
+    elif objectives:  # stdout stays the table
+        print(front_text, file=sys.stderr)
+    figure = out or output_dir(parent) / FIGURE
+    written = write_files(rows, figure, title(parent, runs), table, args.format)
+    if objectives:
         written.append(figure.with_name(PARETO_FIGURE))
-        plot_front(trials, front, objectives, title(parent, runs), written[-1])
-    if args.format != "text":
-        written.append(figure.with_name(f"report.{FORMATS[args.format]}"))
-        written[-1].write_text(table + "\n")
-    buckets = format_buckets(rows, "csv") if args.format == "csv" else ""
-    if buckets:  # a CSV row has no room for its buckets: they are a CSV of their own
-        written.append(figure.with_name(BUCKETS_CSV))
-        written[-1].write_text(buckets + "\n")
+        with local_file(written[-1]):
+            plot_front(trials, front, objectives, title(parent, runs), written[-1])
     for path in written:
         client.log_artifact(parent.info.run_id, str(path))
     print(f"report: {', '.join(map(str, written))} (also logged to the parent run)", file=sys.stderr)
+
+
+@contextmanager
+def local_file(path: Path) -> Iterator[None]:
+    """Writing ``path``: an OSError (a full disk, no permission) as one line naming the file, not as the store's."""
+    try:
+        yield
+    except OSError as error:
+        raise ReportError(f"could not write {path}: {error.strerror or error}; --out chooses another place") from None
+
+
+def write_files(rows: list[ReportRow], figure: Path, heading: str, table: str, style: str) -> list[Path]:
+    """The figure at ``figure``, and beside it the lengths figure, the table file (``style`` not text)
+    and the buckets CSV where they apply; the paths written."""
+    written = [figure]
+    with local_file(figure):
+        plot(rows, heading, figure)
+    if any(row.length_buckets for row in rows):  # runs with population.lengths: latency against length
+        written.append(figure.with_name(LENGTHS_FIGURE))
+        with local_file(written[-1]):
+            plot_lengths(rows, heading, written[-1])
+    if style != "text":
+        written.append(figure.with_name(f"report.{FORMATS[style]}"))
+        with local_file(written[-1]):
+            written[-1].write_text(table + "\n")
+    buckets = format_buckets(rows, "csv") if style == "csv" else ""
+    if buckets:  # a CSV row has no room for its buckets: they are a CSV of their own
+        written.append(figure.with_name(BUCKETS_CSV))
+        with local_file(written[-1]):
+            written[-1].write_text(buckets + "\n")
+    return written
 
 
 if __name__ == "__main__":

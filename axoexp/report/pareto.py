@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
@@ -33,12 +34,34 @@ def study_objectives(parent: Run) -> list[tuple[str, str]]:
     return [tuple(item.split(":", 1)) for item in text.split(",") if ":" in item]  # type: ignore[misc]
 
 
-def study_runs(client: MlflowClient, parent: Run) -> list[Run]:
-    """The trial runs of every invocation of the parent's study (same study name and storage), by trial number."""
+def _study_parents(client: MlflowClient, parent: Run) -> list[Run]:
+    """The parent runs of every invocation of the parent's study (same study name and storage)."""
     same_study = " and ".join(f"tags.`{tag}` = '{parent.data.tags[tag]}'" for tag in (names.STUDY, names.STUDY_STORAGE))
-    parents = client.search_runs([parent.info.experiment_id], filter_string=same_study)
-    trials = [run for sweep in parents for run in child_runs(client, sweep) if names.TRIAL in run.data.tags]
+    return client.search_runs([parent.info.experiment_id], filter_string=same_study)
+
+
+def study_runs(client: MlflowClient, parent: Run) -> list[Run]:
+    """The trial runs of every invocation of the parent's study, by trial number."""
+    trials = [
+        run
+        for sweep in _study_parents(client, parent)
+        for run in child_runs(client, sweep)
+        if names.TRIAL in run.data.tags
+    ]
     return sorted(trials, key=lambda run: int(run.data.tags[names.TRIAL]))
+
+
+def reused_trials(client: MlflowClient, parent: Run) -> list[Run]:
+    """Per trial of the study whose job reused an earlier run (``sweep.resume``; tag
+    ``axoexp.reused.job<trial>`` on its invocation's parent), that run: one run as often as trials reused it."""
+    run_ids = [
+        run_id
+        for sweep in _study_parents(client, parent)
+        for key, run_id in sweep.data.tags.items()
+        if key.startswith(names.REUSED_PREFIX)
+    ]
+    runs = {run_id: client.get_run(run_id) for run_id in set(run_ids)}
+    return [runs[run_id] for run_id in run_ids]
 
 
 def _costs(run: Run, objectives: list[tuple[str, str]]) -> tuple[float, ...]:
@@ -71,15 +94,21 @@ def _sampled(run: Run) -> str:
     )
 
 
-def format_front(parent: Run, runs: list[Run], front: list[Run], objectives: list[tuple[str, str]]) -> str:
-    """Lines naming the study and each Pareto-optimal run: trial, objective values, sampled values, run id."""
-    complete = sum(run.data.tags.get(names.TRIAL_STATE) == COMPLETE for run in runs)
+def format_front(
+    parent: Run, runs: list[Run], front: list[Run], objectives: list[tuple[str, str]], reused: Sequence[Run] = ()
+) -> str:
+    """Lines naming the study and each Pareto-optimal run: trial, objective values, sampled values, run id.
+    The trials that ``reused`` an earlier run count as that run's trial did (its tag ``axoexp.trial.state``)."""
+    trials = [*runs, *reused]
+    complete = sum(run.data.tags.get(names.TRIAL_STATE) == COMPLETE for run in trials)
     goals = ", ".join(f"{direction} {metric}" for metric, direction in objectives)
     lines = [
         f"Pareto front of study {parent.data.tags[names.STUDY]} ({goals}): "
-        f"{len(front)} of {complete} complete trials ({len(runs)} in all)"
+        f"{len(front)} of {complete} complete trials ({len(trials)} in all)"
     ]
-    failed = len(runs) - complete
+    if reused:
+        lines.append(f"  {len(reused)} trials reused an earlier run (sweep.resume): counted as its trial, drawn once")
+    failed = len(trials) - complete
     if failed:
         lines.append(f"  {failed} trials were told FAIL; tag {names.TRIAL_FAILURE} on their runs says why")
     for run in front:

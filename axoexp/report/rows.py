@@ -17,7 +17,6 @@ from axoexp.statistics import HIGH, LOW, MIN_RUNS, LatencySummary, disturbance, 
 from axoexp.tracking import child_runs
 
 EXECUTOR_KEY = f"{names.EXECUTOR_PARAM_PREFIX}name"
-IGNORED_FOR_PAIRING = (names.EXECUTOR_PARAM_PREFIX, *names.NOT_MEASUREMENT_PARAM_PREFIXES)
 POPULATION_PREFIX = "population."
 LENGTHS_KEY = f"{POPULATION_PREFIX}lengths"
 BASELINE = "eager"
@@ -82,31 +81,43 @@ def setting_label(key: str) -> str:
 
 
 def _measured_params(run: Run) -> dict[str, str]:
-    """Everything that says what was measured, the executor aside."""
-    return {key: value for key, value in run.data.params.items() if not key.startswith(IGNORED_FOR_PAIRING)}
+    """Everything that says what was measured, the executor and its settings included: every param
+    but those that say where results went or how the run was watched."""
+    return {
+        key: value for key, value in run.data.params.items() if not key.startswith(names.NOT_MEASUREMENT_PARAM_PREFIXES)
+    }
 
 
-def _pairing_key(run: Run) -> tuple[tuple[str, str], ...]:
-    """Everything but the executor: runs with equal keys differ only in how they execute."""
+def config_key(run: Run) -> tuple[tuple[str, str], ...]:
+    """What a run measured: runs with equal keys are repeats of one config (one row)."""
     return tuple(sorted(_measured_params(run).items()))
 
 
+def _pairing_key(run: Run) -> tuple[tuple[str, str], ...]:
+    """Everything but the executor and its settings: runs with equal keys differ only in how they
+    execute, so an eager run of the same key is the run's baseline."""
+    return tuple((key, value) for key, value in config_key(run) if not key.startswith(names.EXECUTOR_PARAM_PREFIX))
+
+
 def swept_keys(runs: Sequence[Run]) -> list[str]:
-    """The measurement params whose values differ between ``runs``: what the sweep varied."""
-    values: dict[str, set[str | None]] = {}
+    """The measurement params the runs that log them logged with different values: what the sweep
+    varied, the executor's settings included. A param only some runs have (clip_norm's max_norm, an
+    executor's own setting) follows from their option unless it varies among them."""
+    values: dict[str, set[str]] = defaultdict(set)
     for run in runs:
-        for key in set(values) | set(_measured_params(run)):
-            values.setdefault(key, set()).add(_measured_params(run).get(key))
+        for key, value in _measured_params(run).items():
+            values[key].add(value)
     keys = [key for key, seen in values.items() if len(seen) > 1]
-    # a parameter only some options of a group have (clip_norm's max_norm) follows from the option
-    keys = [key for key in keys if None not in values[key] or f"{key.partition('.')[0]}.name" not in keys]
     return sorted(keys, key=lambda key: (not key.startswith(POPULATION_PREFIX), key))  # the population's own first
 
 
 def sweep_runs(client: MlflowClient, parent: Run) -> list[Run]:
-    """The parent's children and the earlier runs its jobs reused."""
-    reused = [client.get_run(run_id) for key, run_id in parent.data.tags.items() if key.startswith(names.REUSED_PREFIX)]
-    return child_runs(client, parent) + reused
+    """The parent's children and the earlier runs its jobs reused, each run once (several jobs of an
+    Optuna search can reuse one run)."""
+    reused = {run_id for key, run_id in parent.data.tags.items() if key.startswith(names.REUSED_PREFIX)}
+    children = child_runs(client, parent)
+    known = {run.info.run_id for run in children}
+    return children + [client.get_run(run_id) for run_id in sorted(reused - known)]
 
 
 def measured_series(client: MlflowClient, run: Run) -> list[float]:
@@ -166,7 +177,7 @@ def _group(runs: list[Run], client: MlflowClient | None, include_contended: bool
     for run in runs:
         if run.info.status == "FINISHED":
             contended = not include_contended and bool(disturbance(run.data.tags))
-            pooled[(_pairing_key(run), run.data.tags.get(executor_tag), contended)].append(run)
+            pooled[(config_key(run), run.data.tags.get(executor_tag), contended)].append(run)
         else:
             single.append([run])
     groups = []
@@ -192,16 +203,16 @@ def build_rows(
     parent_id: str | None = None,
     include_contended: bool = False,
 ) -> list[ReportRow]:
-    """One row per config and executor, with its speedup over the FINISHED eager runs of the same
-    parameters. FINISHED repeats of a config (``sweep.repeats``) are pooled into one row; other
-    runs stand alone. Runs measured under contention or with high noise
-    (:func:`axoexp.statistics.disturbance`) form rows of their own, marked, without a speedup,
-    and are no eager baseline, unless ``include_contended`` pools them with the rest. With
-    ``client``, each speedup of a row and a baseline of :data:`~axoexp.statistics.MIN_RUNS` runs
-    or more (``sweep.repeats``) carries a 95% bootstrap interval from the per-update series
-    (:func:`axoexp.statistics.median_ratio_interval`, seeded); a single run's interval would hold
-    only its own spread, so it has none. With ``parent_id``, a run that is
-    not that parent's child is marked ``reused``."""
+    """One row per config and executor (runs that differ in an executor setting are rows apart),
+    with its speedup over the FINISHED eager runs of the same parameters, the executor's aside.
+    FINISHED repeats of a config (``sweep.repeats``) are pooled into one row; other runs stand
+    alone. Runs measured under contention or with high noise (:func:`axoexp.statistics.disturbance`)
+    form rows of their own, marked, without a speedup, and are no eager baseline, unless
+    ``include_contended`` pools them with the rest. With ``client``, each speedup of a row and a
+    baseline of :data:`~axoexp.statistics.MIN_RUNS` runs or more (``sweep.repeats``) carries a 95%
+    bootstrap interval from the per-update series (:func:`axoexp.statistics.median_ratio_interval`,
+    seeded); a single run's interval would hold only its own spread, so it has none. With
+    ``parent_id``, a run that is not that parent's child is marked ``reused``."""
     executor_tag = names.component_tag("executor")
     groups = _group(runs, client, include_contended)
     quiet = {
