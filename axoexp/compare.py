@@ -25,8 +25,6 @@ cannot be read.
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import math
 import sys
@@ -51,7 +49,7 @@ from axoexp.report.rows import (
     sweep_runs,
     swept_keys,
 )
-from axoexp.report.table import FORMATS, grid
+from axoexp.report.table import FORMATS, csv_text, grid
 from axoexp.statistics import CONFIDENCE, HIGH, MIN_RUNS, median_ratio_interval
 from axoexp.tracking import SQLITE_PREFIX, UNREACHABLE, bound_http_retries, resolve_tracking_uri, store_problem
 
@@ -79,8 +77,8 @@ class Comparison:
     regression: bool  # slower, with no caution
     base_runs: int
     new_runs: int
-    base_run_id: str
-    new_run_id: str
+    base_run_ids: tuple[str, ...]  # every run pooled on the side
+    new_run_ids: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -206,8 +204,8 @@ def compare(client: MlflowClient, base: Side, new: Side, threshold: float) -> li
                 regression=outcome == SLOWER and not caution,
                 base_runs=before.repeats,
                 new_runs=row.repeats,
-                base_run_id=before.run_id,
-                new_run_id=row.run_id,
+                base_run_ids=before.run_ids,
+                new_run_ids=row.run_ids,
             )
         )
     return comparisons
@@ -280,11 +278,7 @@ def format_comparison(comparisons: list[Comparison], base: Side, new: Side, styl
         }
         return json.dumps({**sides, "threshold": threshold, "rows": [_record(c) for c in comparisons]}, indent=2)
     if style == "csv":
-        out = io.StringIO()
-        writer = csv.writer(out, lineterminator="\n")
-        writer.writerow([field.name for field in fields(Comparison)])
-        writer.writerows([_record(c).values() for c in comparisons])
-        return out.getvalue().rstrip("\n")
+        return csv_text([field.name for field in fields(Comparison)], [list(_record(c).values()) for c in comparisons])
     lines = [
         f"{side.label}: {len(side.runs)} runs; "
         + ", ".join(f"{tag} {value[:12] if tag.endswith('sha256') else value}" for tag, value in side.code().items())
@@ -292,7 +286,7 @@ def format_comparison(comparisons: list[Comparison], base: Side, new: Side, styl
     ]
     lines.append(
         f"{len(comparisons)} rows matched; verdict from the {CONFIDENCE:.0%} interval of new/base "
-        f"against 1 ± {threshold:.0%}, given {MIN_RUNS} or more runs per side; regressions in capitals"
+        f"against 1 ± {threshold * 100:.3g}%, given {MIN_RUNS} or more runs per side; regressions in capitals"
     )
     table = grid([COLUMNS, *(_cells(c) for c in comparisons)], NUMERIC_COLUMNS, markdown=style == "markdown")
     if style == "markdown":

@@ -122,6 +122,9 @@ def test_verdicts_of_known_medians_and_a_contended_slowdown_is_no_regression(
     assert rows["optimizer.lr=0.4"]["caution"] == "noisy" and not rows["optimizer.lr=0.4"]["regression"]
     assert rows["optimizer.lr=0.5"]["caution"] == "new FAILED" and rows["optimizer.lr=0.5"]["ratio_low"] is None
     assert report["base"]["code"][names.GIT_COMMIT] == "aaaa" and report["new"]["code"][names.GIT_COMMIT] == "bbbb"
+    pooled = rows["optimizer.lr=0.2"]
+    assert len(pooled["base_run_ids"]) == pooled["base_runs"] == 2 and len(set(pooled["new_run_ids"])) == 2
+    assert set(pooled["base_run_ids"]) <= set(report["base"]["run_ids"])
 
 
 def test_a_regression_exits_1_and_is_shown_in_capitals(
@@ -136,9 +139,11 @@ def test_a_regression_exits_1_and_is_shown_in_capitals(
     slower = next(line for line in text.splitlines() if "optimizer.lr=0.2" in line)
     assert "SLOWER" in slower and " 1.200 " in slower
     assert "no change" in next(line for line in text.splitlines() if "optimizer.lr=0.1" in line)
-    # a 25% threshold tolerates it
+    # a 25% threshold tolerates it; a threshold is shown as given
     assert _compare(tracking_uri, base, new, "--threshold", "25%", "--format", "markdown") == 0
     assert "| slower |" not in capsys.readouterr().out
+    assert _compare(tracking_uri, base, new, "--threshold", "2.5%") == 1
+    assert "against 1 ± 2.5%, given" in capsys.readouterr().out
 
 
 def test_configs_that_differ_only_in_an_executor_setting_are_compared_apart(

@@ -154,7 +154,18 @@ def _row(executor: str, neurons: int, time_steps: int, median: float, speedup: f
 
 ROWS = [
     _row("eager", 3, 12, 4.0, 1.0, contention="none", noise="low"),
-    _row("cudagraph", 3, 12, 0.4, 10.0, speedup_low=9.0, speedup_high=11.0, contention="none", noise="low"),
+    _row(
+        "cudagraph",
+        3,
+        12,
+        0.4,
+        10.0,
+        speedup_low=9.0,
+        speedup_high=11.0,
+        contention="none",
+        noise="low",
+        run_ids=("cudagraph312", "cudagraph312-b"),
+    ),
     _row("eager", 64, 12, 8.0, 1.0, contention="none", noise="low"),
     _row("cudagraph", 64, 12, 1.0, 8.0, reused=True, contention="none", noise="low"),
     _row("cudagraph", 64, 12, 9.0, math.nan, contention="cpu", noise="high"),
@@ -178,6 +189,8 @@ def test_the_table_prints_as_text_markdown_csv_and_json() -> None:
     records = list(csv.DictReader(io.StringIO(format_table(ROWS, "csv"))))
     assert records[1]["speedup_low"] == "9.0" and records[0]["capture_ms"] == "" and records[3]["reused"] == "True"
     assert (records[4]["contention"], records[4]["noise"]) == ("cpu", "high")
+    assert records[1]["settings"] == "neurons=3 time_steps=12", "readable, not a Python repr"
+    assert records[1]["run_ids"] == " ".join(ROWS[1].run_ids)
     parsed = json.loads(format_table(ROWS, "json"))
     assert parsed[0]["capture_ms"] is None and parsed[1]["settings"] == {"neurons": "3", "time_steps": "12"}
     assert (parsed[4]["contention"], parsed[4]["noise"]) == ("cpu", "high")

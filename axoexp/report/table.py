@@ -110,11 +110,20 @@ BUCKETS_HEADING = (
 NOT_IN_CSV = ("length_buckets",)  # a CSV row has no room for a list: the per-bucket rows are a CSV of their own
 
 
-def _csv(header: Sequence[str], lines: Sequence[Sequence[object]]) -> str:
+def csv_text(header: Sequence[str], lines: Sequence[Sequence[object]]) -> str:
+    """CSV with a mapping as ``key=value`` pairs and a sequence as its items, space-separated."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerows([header, *lines])
+    writer.writerows([header, *([_csv_value(value) for value in line] for line in lines)])
     return out.getvalue().rstrip("\n")
+
+
+def _csv_value(value: object) -> object:
+    if isinstance(value, dict):
+        return " ".join(f"{key}={item}" for key, item in value.items())
+    if isinstance(value, (list, tuple)):
+        return " ".join(map(str, value))
+    return value
 
 
 def format_table(rows: list[ReportRow], style: str = "text") -> str:
@@ -125,7 +134,7 @@ def format_table(rows: list[ReportRow], style: str = "text") -> str:
         return json.dumps([_json_row(row) for row in rows], indent=2)
     if style == "csv":
         header = [field.name for field in fields(ReportRow) if field.name not in NOT_IN_CSV]
-        return _csv(header, [[_json_row(row)[name] for name in header] for row in rows])
+        return csv_text(header, [[_json_row(row)[name] for name in header] for row in rows])
     table = grid([COLUMNS, *(_cells(row) for row in rows)], NUMERIC_COLUMNS, markdown=style == "markdown")
     buckets = format_buckets(rows, style)
     if not buckets:
@@ -179,7 +188,7 @@ def format_buckets(rows: list[ReportRow], style: str = "text") -> str:
             + [row.run_id]
             for row, index, bucket in buckets
         ]
-        return _csv(BUCKET_CSV_COLUMNS, lines)
+        return csv_text(BUCKET_CSV_COLUMNS, lines)
     cells = [_bucket_cells(row, index, bucket) for row, index, bucket in buckets]
     return grid([BUCKET_COLUMNS, *cells], NUMERIC_BUCKET_COLUMNS, markdown=style == "markdown")
 
