@@ -166,6 +166,7 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
     components: dict[str, Component] = {}
     params: dict[str, dict[str, Any]] = {}
     settings: dict[str, dict[str, Any]] = {}
+    settings_refused: set[str] = set()  # groups whose parameters were refused: not asked about more
     for group, spec in GROUPS.items():
         node = cast(dict[str, Any], OmegaConf.to_container(config[group], resolve=True))
         unset = [key for key in node if OmegaConf.is_missing(config[group], key)]
@@ -181,8 +182,10 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
         except RegistryError as error:
             problems.append(str(error))
             continue
-        problems += components[group].value_problems(node)
-        problems += factory_problems(components[group], node, config)
+        refused = components[group].value_problems(node) + factory_problems(components[group], node, config)
+        problems += refused
+        if refused:
+            settings_refused.add(group)
 
     problems += added_keys(config)
     for key, bounds in bounded_keys().items():
@@ -213,7 +216,7 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
     if "population" in components and device is not None and dtype is not None and not problems:
         problems += memory_problems(components["population"], params["population"], device, dtype)
         if not problems:  # it fits: build it, to see what it is
-            probe, refused = probe_population(
+            probe, unbuildable = probe_population(
                 components["population"],
                 params["population"],
                 probe_device(device, components["population"], params["population"], dtype),
@@ -221,7 +224,7 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
                 int(config.seed),
                 device,
             )
-            problems += filter(None, [refused])
+            problems += filter(None, [unbuildable])
     store = store_problem(resolve_tracking_uri(config.tracking.uri), tracking_uri_key(config.tracking.uri))
     if store:
         problems.append(store)
@@ -259,9 +262,9 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
         problems += loss_problems(components["loss"], params["loss"], probe, device)
     if probe is not None and not problems:
         assert device is not None
-        problems += update_problems(components, params, probe, device)
+        problems += update_problems(components, params, probe, device, capturable)
     lengths = [int(inputs.shape[-2]) for inputs, _ in probe.batches] if probe is not None else []
-    if executor is not None and "loss" in components and len(set(lengths)) > 1:
+    if executor is not None and "loss" in components and len(set(lengths)) > 1 and "executor" not in settings_refused:
         refusal = executor_class(executor).length_refusal(
             params={**executor.defaults(), **params["executor"]},
             lengths=lengths,
@@ -448,18 +451,22 @@ def setup_problem(population: Component, setup: object) -> str | None:
 
 
 def update_problems(
-    components: dict[str, Component], params: dict[str, dict[str, Any]], probe: PopulationSetup, device: torch.device
+    components: dict[str, Component],
+    params: dict[str, dict[str, Any]],
+    probe: PopulationSetup,
+    device: torch.device,
+    capturable: bool,
 ) -> list[str]:
     """What the optimizer or the gradient transform refuses of its settings, found by building each
-    over the probe's adaptation parameters (not capturable: they are not on CUDA here), as the run
-    builds them over its own (e.g. torch.optim.Adam refuses a beta of 1, SGD Nesterov momentum
-    without momentum). A ``ValueError`` (how torch.optim refuses a setting) refuses the config
-    wherever the probe was built; any other exception only where it was built on the CPU for a run
-    on the CPU, as in :func:`loss_problems`."""
+    over the probe's adaptation parameters as the run builds them over its own, ``capturable`` as
+    resolved (torch's optimizers check devices only when they step; e.g. Adam refuses a beta of 1).
+    A ``ValueError`` (how torch.optim refuses a setting) refuses the config wherever the probe was
+    built; any other exception only where it was built on the CPU for a run on the CPU, as in
+    :func:`loss_problems`."""
     parameters = adaptation_parameters(probe.module)
     where = parameters[0].device
     problems = []
-    for group, context in (("optimizer", {"capturable": False}), ("gradient_transform", {})):
+    for group, context in (("optimizer", {"capturable": capturable}), ("gradient_transform", {})):
         try:
             with optimizer_calls.constructing():
                 components[group].build(params[group], parameters=parameters, **context)

@@ -362,7 +362,7 @@ class Component:
             value, choices = params[parameter.name], literal_choices(parameter.annotation)
             problem = parameter.bounds and parameter.bounds.problem(value)
             if choices is not None and value not in choices:
-                problem = f"must be one of {', '.join(map(str, choices))}"
+                problem = f"must be one of {', '.join('null' if choice is None else str(choice) for choice in choices)}"
             if problem:
                 problems.append(f"{self.group}.{parameter.name}={value!r}: {problem}")
         return problems

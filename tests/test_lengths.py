@@ -220,6 +220,14 @@ def padded_registry(loaded_registry):
 VARIED = ("population.lengths=[9,13,16,24,30]", "population.batches=6", "population.batch_size=2")
 
 
+def test_an_executor_asking_cudagraphs_length_refusal_refuses_a_buckets_rule_it_cannot_read(
+    make_config, padded_registry
+) -> None:
+    """``padded_eager`` is no CUDA-graph executor: only its length refusal judges the rule."""
+    with pytest.raises(ConfigError, match=r"cannot run batches of these lengths: executor.buckets='fast' is not"):
+        plan_experiment(make_config("executor=padded_eager", "executor.buckets=fast", *VARIED), padded_registry)
+
+
 @pytest.mark.parametrize("lazy", [False, True], ids=["buckets_set_up_in_prepare", "buckets_set_up_on_first_use"])
 def test_graphs_captured_after_prepare_are_logged_as_recaptures(make_config, padded_registry, lazy: bool) -> None:
     config = make_config(

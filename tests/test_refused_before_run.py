@@ -23,7 +23,7 @@ from axoexp.config import register_configs, unchosen_group
 from axoexp.errors import ConfigError, IncompatibleComponentsError
 from axoexp.experiment import run_experiment
 from axoexp.interfaces import LossFn, PopulationSetup
-from axoexp.plan import plan_experiment
+from axoexp.plan import plan_experiment, update_problems
 from axoexp.registry import Registry
 from axoexp.tracking import store_problem
 
@@ -242,6 +242,10 @@ def _strict_sgd(*, parameters: list[torch.nn.Parameter], capturable: bool, lr: f
     return torch.optim.SGD(parameters, lr=lr)
 
 
+def _tensor_lr(*, parameters: list[torch.nn.Parameter], capturable: bool) -> torch.optim.Optimizer:
+    return torch.optim.Adam(parameters, lr=torch.tensor(1e-3), foreach=True, capturable=capturable)
+
+
 @pytest.fixture
 def wrapped(registry: Registry) -> Registry:
     registry.register("population", "bare_lite", _bare_lite, source=__file__)
@@ -253,6 +257,7 @@ def wrapped(registry: Registry) -> Registry:
     registry.register("loss", "unreduced", _unreduced, source=__file__)
     registry.register("loss", "after_warmup", _after_warmup, source=__file__)
     registry.register("optimizer", "strict_sgd", _strict_sgd, source=__file__)
+    registry.register("optimizer", "tensor_lr", _tensor_lr, source=__file__)
     register_configs(registry)
     return registry
 
@@ -292,6 +297,21 @@ def test_an_optimizer_that_refuses_its_settings_is_refused_while_planning(
     ):
         plan_experiment(make_config("optimizer=strict_sgd", "optimizer.lr=2"), wrapped)
     assert plan_experiment(make_config("optimizer=strict_sgd"), wrapped).shape == "3x12x4"
+
+
+def test_the_optimizer_is_built_while_planning_as_capturable_as_the_run_builds_it(
+    make_config: Callable, wrapped: Registry
+) -> None:
+    """A tensor learning rate with foreach is torch's ValueError unless capturable (a CUDA graph's):
+    planning builds over the probe's parameters with the capturable the run resolves."""
+    plan = plan_experiment(make_config(), wrapped)
+    probe = plan.probe  # on the meta device, as planning leaves it
+    assert probe is not None
+    components, params = {**plan.components, "optimizer": wrapped.get("optimizer", "tensor_lr")}, dict(plan.params)
+    params["optimizer"] = {}
+    assert update_problems(components, params, probe, torch.device("cpu"), capturable=True) == []
+    (refusal,) = update_problems(components, params, probe, torch.device("cpu"), capturable=False)
+    assert refusal.startswith("optimizer=tensor_lr refuses its settings: ValueError: lr as a Tensor is not supported")
 
 
 def test_a_checkpoint_that_is_not_one_is_refused_while_planning(

@@ -17,7 +17,7 @@ from axoexp.executors.eager import EagerExecutor
 from axoexp.interfaces import PopulationSetup
 from axoexp.plan import plan_experiment
 from axoexp.plugins import load_plugins
-from axoexp.registry import BUILTIN, GROUPS, POSITIVE, Registry
+from axoexp.registry import BUILTIN, GROUPS, POSITIVE, Bounds, Registry
 
 
 def test_unknown_name_lists_valid_choices(registry: Registry) -> None:
@@ -107,6 +107,28 @@ def test_declared_bounds_are_checked_with_key_value_and_expectation() -> None:
     assert entry.value_problems({"scale": -1.0}) == ["loss.scale=-1.0: must be greater than 0"]
     (documented,) = entry.documented_parameters()
     assert documented.help == "multiplies the error" and documented.annotation is float
+
+
+def test_literal_choices_and_infinite_values_are_checked_with_key_value_and_choices() -> None:
+    def reduced(
+        *,
+        mode: Annotated[typing.Literal["mean", "sum"] | None, "reduction"] = "mean",
+        norm: Annotated[float, "p", Bounds(low=0, low_inclusive=False, infinite=True)] = 2.0,
+        beta: Annotated[float, "decay", Bounds(0, 1, high_inclusive=False)] = 0.9,
+    ):
+        return lambda prediction, target: (prediction - target).abs().mean()
+
+    registry = Registry()
+    registry.register("loss", "reduced", reduced, source="test")
+    entry = registry.get("loss", "reduced")
+    assert entry.value_problems({"mode": "sum", "norm": float("inf"), "beta": 0.0}) == []
+    assert entry.value_problems({"mode": None}) == []
+    assert entry.value_problems({"mode": "max", "norm": float("nan"), "beta": 1.0}) == [
+        "loss.mode='max': must be one of mean, sum, null",
+        "loss.norm=nan: must be a finite number, not nan",
+        "loss.beta=1.0: must lie in [0, 1)",
+    ]
+    assert POSITIVE.problem(float("inf")) == "must be a finite number, not inf"
 
 
 @pytest.mark.parametrize("group", GROUPS)

@@ -154,12 +154,16 @@ def test_trials_that_reused_one_run_count_as_trials_and_the_run_as_one_row(
         measured.append(run.info.run_id)
     for job in range(2, 6):
         client.set_tag(second, f"{names.REUSED_PREFIX}job{job}", measured[job % 2])
+    single = _trial_run(client, experiment, **{names.component_tag("executor"): "eager"})  # no trial: sweep.resume=any
+    client.log_param(single.info.run_id, "population.neurons", "5")
+    client.set_tag(second, f"{names.REUSED_PREFIX}job6", single.info.run_id)
 
     report_main(["--tracking-uri", client.tracking_uri, "--parent", second, "--format", "json", "--out", str(tmp_path)])
     out, err = capsys.readouterr()
-    assert sorted((row["run_id"], row["repeats"]) for row in json.loads(out)) == sorted((run, 1) for run in measured)
-    assert err.splitlines()[0].endswith(": 2 of 6 complete trials (6 in all)"), "equal latencies: both on the front"
-    assert "4 trials reused an earlier run (sweep.resume)" in err
+    rows = sorted((row["run_id"], row["repeats"]) for row in json.loads(out))
+    assert rows == sorted((run, 1) for run in [*measured, single.info.run_id])
+    assert err.splitlines()[0].endswith(": 2 of 7 complete trials (7 in all)"), "equal latencies: both on the front"
+    assert "5 trials reused an earlier run (sweep.resume)" in err and "told FAIL" not in err
 
 
 def test_a_study_name_reused_with_other_objectives_is_refused(tracking_uri: str, tmp_path: Path) -> None:

@@ -98,9 +98,13 @@ def format_front(
     parent: Run, runs: list[Run], front: list[Run], objectives: list[tuple[str, str]], reused: Sequence[Run] = ()
 ) -> str:
     """Lines naming the study and each Pareto-optimal run: trial, objective values, sampled values, run id.
-    The trials that ``reused`` an earlier run count as that run's trial did (its tag ``axoexp.trial.state``)."""
+    The trials that ``reused`` an earlier run count as that run's trial did (its tag ``axoexp.trial.state``),
+    and as complete where that run was no trial (a grid sweep's job or a single run: resume reuses only FINISHED
+    runs with every metric finite)."""
     trials = [*runs, *reused]
-    complete = sum(run.data.tags.get(names.TRIAL_STATE) == COMPLETE for run in trials)
+    complete = sum(run.data.tags.get(names.TRIAL_STATE) == COMPLETE for run in runs) + sum(
+        run.data.tags.get(names.TRIAL_STATE, COMPLETE) == COMPLETE for run in reused
+    )
     goals = ", ".join(f"{direction} {metric}" for metric, direction in objectives)
     lines = [
         f"Pareto front of study {parent.data.tags[names.STUDY]} ({goals}): "
