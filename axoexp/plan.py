@@ -212,6 +212,9 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
     elif dtype is None:
         choices = ", ".join(name for name in DTYPES if name not in REFUSED_DTYPES)
         problems.append(f"dtype={config.dtype!r} is not supported; choose one of: {choices}")
+    if "population" in components:  # found here rather than once the MLflow run exists, nor by the probe's build
+        checkpoint = params["population"].get("checkpoint")
+        problems += filter(None, [checkpoint_problem(checkpoint, params["population"].get("checkpoint_sha256"))])
     probe = None
     if "population" in components and device is not None and dtype is not None and not problems:
         problems += memory_problems(components["population"], params["population"], device, dtype)
@@ -232,9 +235,6 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
         problems.append(
             f"tracking.experiment={config.tracking.experiment!r}: name an MLflow experiment (default axoexp)"
         )
-    if "population" in components:  # found here rather than once the MLflow run exists
-        checkpoint = params["population"].get("checkpoint")
-        problems += filter(None, [checkpoint_problem(checkpoint, params["population"].get("checkpoint_sha256"))])
     executor = components.get("executor")
     capturable = False
     if executor is not None and device is not None:
