@@ -149,10 +149,7 @@ def _main() -> None:
             hydra_app()
         _exit_without_teardown()
     except Interrupted as interrupted:  # the run ended KILLED with what was measured
-        _exit_with(
-            f"{interrupted}; what was measured is logged (see the journal in the output directory)",
-            interrupted.exit_code,
-        )
+        _exit_with(f"{interrupted}; {interrupted.run_outcome}", interrupted.exit_code)
     except (AxoexpError, *CONFIG_ERRORS) as error:
         if _tracebacks_wanted:
             raise

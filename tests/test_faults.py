@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -37,6 +38,11 @@ def unrelated():
     return lambda prediction, target: (prediction - target).abs().mean()
 """
 LONG_RUN = ("executor=sleepy", "run.warmup_updates=2", "run.measured_updates=100000")
+
+
+def own_leases(folder: Path) -> dict[str, str]:
+    """A lease folder of the run's own: runs of other tests side by side do not wait for its CPU lease."""
+    return {lease.LEASE_DIR_ENV: str(folder / "leases")}
 
 
 # --- helpers --------------------------------------------------------------------------------
@@ -183,6 +189,40 @@ def test_a_stop_signal_inside_a_deferred_block_acts_as_the_block_ends() -> None:
         [sys.executable, "-c", DEFERRED_STOP], capture_output=True, text=True, timeout=60, cwd=REPO, check=False
     )
     assert done.stdout.strip() == str(["inner block went on", "outer block went on", "then interrupted by SIGTERM"])
+
+
+@pytest.mark.slow
+def test_a_stop_signal_during_the_last_upload_waits_for_it(tmp_path: Path, migrated_store: Path) -> None:
+    """The run holds its params, tags and metrics for one upload as it ends; a SIGTERM while that
+    upload waited for the store (here a sqlite lock that another process holds) once broke it off,
+    leaving the run RUNNING and empty in MLflow under a line saying what was measured is logged.
+    The signal now acts once the upload is done: the run, which had finished measuring, ends FINISHED."""
+    process = start_cli(
+        "executor=sleepy", "run.warmup_updates=2", "run.measured_updates=60", cwd=tmp_path, env=own_leases(tmp_path)
+    )
+    (journal,) = wait_for_updates(tmp_path / "outputs", 5, process)
+    store = sqlite3.connect(migrated_store, isolation_level=None)
+    try:
+        store.execute("BEGIN EXCLUSIVE")  # the run's last upload waits for it (MLflow's busy timeout: 20 s)
+        deadline = time.monotonic() + 120
+        while read_journal(journal)[-1]["kind"] != "end":
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            time.sleep(0.1)
+        time.sleep(0.5)
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+    finally:
+        store.close()  # the lock goes with it
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM, stderr
+    assert stderr.splitlines() == [
+        "axoexp: interrupted by SIGTERM; it came after the run had finished measuring: "
+        "the run ended FINISHED in MLflow with all it measured"
+    ]
+    client, run = only_run(f"sqlite:///{migrated_store}")
+    assert run.info.status == "FINISHED" and names.FAILURE not in run.data.tags
+    assert run.data.params["run.measured_updates"] == "60"
+    assert_everything_measured_is_in(client, run, journal)
 
 
 @pytest.mark.slow
