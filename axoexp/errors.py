@@ -62,6 +62,11 @@ class StoreError(AxoexpError):
     not be created (e.g. its disk is full). The message names the file and what to do."""
 
 
+class StoreLockedError(StoreError):
+    """Another process holds the sqlite store locked for longer than a write takes: the store is
+    healthy and the config fine; retry once that process is done with it."""
+
+
 class SweepRefusedError(ConfigError):
     """A sweep that cannot start: its launcher cannot run here, or no job passed planning; no run exists."""
 

@@ -31,6 +31,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.time import get_current_time_millis
 
 from axoexp import names, processes
+from axoexp.errors import StoreLockedError
 from axoexp.journal import (
     ARTIFACT,
     DATASET,
@@ -381,6 +382,15 @@ def _target(path: Path, explicit: str | None, default: str) -> tuple[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command; its status: 0 done, 1 a store could not be reached or was locked, 2 a usage or store problem."""
+    try:
+        return _main(argv)
+    except StoreLockedError as error:
+        print(f"axoexp.sync: {error}", file=sys.stderr)
+        return 1
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m axoexp.sync", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -35,7 +35,7 @@ from mlflow.utils.uri import get_uri_scheme
 from omegaconf import DictConfig
 
 from axoexp import names
-from axoexp.errors import StoreError
+from axoexp.errors import StoreError, StoreLockedError
 
 _REVISION = re.compile(r"""^revision\s*=\s*["']([0-9A-Za-z_]+)["']\s*$""", re.MULTILINE)
 _DOWN_REVISION = re.compile(r"""^down_revision\s*=\s*(?:["']([0-9A-Za-z_]+)["']|(None))\s*$""", re.MULTILINE)
@@ -47,6 +47,8 @@ SQLITE_COMPANIONS = ("-journal", "-wal", "-shm")  # files sqlite keeps beside a 
 SQLITE_PREFIX = "sqlite:///"
 MAX_BATCH = 1000  # MLflow's limit on metrics per log_batch call
 MAX_PARAM_LENGTH = 500
+STORE_LOCK_WAIT_S = 20
+"""Seconds a check waits for a sqlite store another process holds locked (MLflow's own busy timeout)."""
 UNREACHABLE = (MlflowException, requests.exceptions.RequestException, OSError)
 """What a client raises when its tracking store cannot be reached."""
 
@@ -212,7 +214,8 @@ def sqlite_path(tracking_uri: str) -> Path | None:
 def store_problem(tracking_uri: str, key: str = "tracking.uri") -> str | None:
     """Why the store cannot be used, found in a moment (MLflow itself retries ~100 s): a file store
     (:func:`file_store_problem`), or a sqlite file that cannot be written; ``key`` says where the URI
-    was set."""
+    was set. A sqlite file another process holds locked raises :class:`StoreLockedError` (not a
+    problem of the config: the same command works once the lock is gone)."""
     file_store = file_store_problem(tracking_uri)
     if file_store:
         return f"{key}={tracking_uri}: {file_store}"
@@ -231,7 +234,10 @@ def store_problem(tracking_uri: str, key: str = "tracking.uri") -> str | None:
         return f"{key}={tracking_uri}: {path} is not writable; choose a writable path"
     if not _can_create_files_in(directory):  # sqlite writes its journal beside the database
         return f"{key}={tracking_uri}: no file can be created in {directory}; choose a writable path"
-    damage = store_damage(path) if _holds_data(path) else None
+    try:
+        damage = store_damage(path) if _holds_data(path) else None
+    except StoreLockedError as error:
+        raise StoreLockedError(f"{key}={tracking_uri}: {error}") from None
     return f"{key}={tracking_uri}: {damage}" if damage else None
 
 
@@ -261,16 +267,25 @@ def _holds_data(path: Path) -> bool:
 
 def store_damage(path: Path) -> str | None:
     """Why the sqlite file at ``path`` is not a usable MLflow store, with the command that
-    repairs it or moves it aside; ``None`` when it is one. Reads only its schema (milliseconds)."""
+    repairs it or moves it aside; ``None`` when it is one. Reads only its schema (milliseconds);
+    raises :class:`StoreLockedError` where another process holds it locked for
+    :data:`STORE_LOCK_WAIT_S`."""
     aside = f"mv {path} {path}.broken"
     try:
-        with closing(sqlite3.connect(path, timeout=30)) as database:
+        with closing(sqlite3.connect(path, timeout=STORE_LOCK_WAIT_S)) as database:
             tables = {row[0] for row in database.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             version = None
             if "alembic_version" in tables:
                 row = database.execute("SELECT version_num FROM alembic_version").fetchone()
                 version = row[0] if row else None
             runs = database.execute("SELECT count(*) FROM runs").fetchone()[0] if "runs" in tables else 0
+    except sqlite3.OperationalError as error:
+        if not sqlite_busy(error):
+            return f"{path} is damaged, not a readable MLflow store ({error}); move it aside: {aside}"
+        raise StoreLockedError(
+            f"{path} is locked by another process ({error} for {STORE_LOCK_WAIT_S} s); the store is not damaged: "
+            "retry once that process is done with it"
+        ) from None
     except sqlite3.DatabaseError as error:
         return f"{path} is damaged, not a readable MLflow store ({error}); move it aside: {aside}"
     head = latest_schema_revision()
@@ -287,6 +302,12 @@ def store_damage(path: Path) -> str | None:
             f"mlflow db upgrade {SQLITE_PREFIX}{path}"
         )
     return None
+
+
+def sqlite_busy(error: BaseException) -> bool:
+    """Whether ``error`` (sqlite's, or one wrapping it) says the database is locked by another connection."""
+    text = str(error).lower()
+    return "database is locked" in text or "database table is locked" in text or "busy" in text
 
 
 def latest_schema_revision() -> str:
