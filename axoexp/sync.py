@@ -47,10 +47,12 @@ from axoexp.journal import (
     WINDOW,
     read_journal_lines,
 )
+from axoexp.signals import OUTSIDE_A_RUN_EXIT
 from axoexp.tracking import (
     SQLITE_PREFIX,
     UNREACHABLE,
     Tracker,
+    bound_http_retries,
     experiment_id,
     open_client,
     resolve_tracking_uri,
@@ -60,6 +62,10 @@ from axoexp.tracking import (
 from axoexp.windows import MEASURED, WARMUP, UpdateTrace, log_traces
 
 RUNNING = "RUNNING"
+INTERRUPTED = (
+    "interrupted (SIGINT); what was uploaded stays, and running the same command again completes the rest "
+    "(nothing is logged twice)"
+)
 MEASURED_PARAM = "run.measured_updates"
 
 
@@ -382,12 +388,16 @@ def _target(path: Path, explicit: str | None, default: str) -> tuple[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command; its status: 0 done, 1 a store could not be reached or was locked, 2 a usage or store problem."""
+    """The command; its status: 0 done, 1 a store could not be reached or was locked, 2 a usage or store
+    problem, 130 Ctrl-C (one line: a journal cut off mid-upload is completed by the same command again)."""
     try:
         return _main(argv)
     except StoreLockedError as error:
         print(f"axoexp.sync: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"axoexp.sync: {INTERRUPTED}", file=sys.stderr)
+        return OUTSIDE_A_RUN_EXIT
 
 
 def _main(argv: list[str] | None) -> int:
@@ -403,6 +413,7 @@ def _main(argv: list[str] | None) -> int:
         "sqlite:///mlflow.db)",
     )
     args = parser.parse_args(argv)
+    bound_http_retries()
     missing = [str(path) for path in args.paths if not path.exists()]
     if missing:
         print(f"axoexp.sync: no such journal or directory: {', '.join(missing)}", file=sys.stderr)

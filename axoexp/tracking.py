@@ -66,13 +66,23 @@ def metric_value(name: str, value: float) -> float:
 
 
 def configure_tracking(tracking: DictConfig) -> str:
-    """Bound MLflow's HTTP retries as ``tracking.*`` says (a dead server then fails in seconds,
-    not ~4 minutes); return the tracking URI to use."""
-    os.environ[names.HTTP_MAX_RETRIES_ENV] = str(tracking.http_max_retries)
-    os.environ[names.HTTP_TIMEOUT_ENV] = str(tracking.http_timeout_s)
-    os.environ[names.HTTP_BACKOFF_FACTOR_ENV] = str(tracking.http_backoff_factor)
-    os.environ[names.HTTP_BACKOFF_JITTER_ENV] = "0"
+    """Bound MLflow's HTTP retries as ``tracking.*`` says; return the tracking URI to use."""
+    bound_http_retries(tracking.http_max_retries, tracking.http_timeout_s, tracking.http_backoff_factor)
     return resolve_tracking_uri(tracking.uri)
+
+
+def bound_http_retries(
+    max_retries: int = names.HTTP_MAX_RETRIES,
+    timeout_s: int = names.HTTP_TIMEOUT_S,
+    backoff_factor: int = names.HTTP_BACKOFF_FACTOR,
+) -> None:
+    """Bound MLflow's HTTP retries to a tracking server, by default as ``tracking.*``'s defaults do,
+    so a dead server fails in seconds, not after MLflow's minutes; for runs and for commands without a
+    run config (sync, report, compare). Call it before the first request."""
+    os.environ[names.HTTP_MAX_RETRIES_ENV] = str(max_retries)
+    os.environ[names.HTTP_TIMEOUT_ENV] = str(timeout_s)
+    os.environ[names.HTTP_BACKOFF_FACTOR_ENV] = str(backoff_factor)
+    os.environ[names.HTTP_BACKOFF_JITTER_ENV] = "0"
 
 
 def config_digest(config: Mapping[str, Any]) -> str:
