@@ -35,7 +35,15 @@ from axoexp import names, processes, signals
 from axoexp.errors import TrackingUnavailableError
 from axoexp.outputs import write_atomically
 from axoexp.signals import Interrupted
-from axoexp.tracking import UNREACHABLE, StoreOpening, Tracker, metric_value, store_lock, with_mlflow_context
+from axoexp.tracking import (
+    UNREACHABLE,
+    StoreOpening,
+    Tracker,
+    metric_value,
+    store_failure,
+    store_lock,
+    with_mlflow_context,
+)
 from axoexp.windows import Observer
 
 JOURNAL_FILE = "journal.jsonl"
@@ -361,7 +369,7 @@ def journaled_run(
     else:
         _end(log, "FINISHED", None, tracking_uri)
     if log.remote_lost is not None:
-        raise TrackingUnavailableError(_not_updated(log, tracking_uri, "is unreachable"))
+        raise TrackingUnavailableError(_not_updated(log, tracking_uri, ""))
 
 
 def _end(
@@ -382,16 +390,18 @@ def _end(
 
 def _run_outcome(log: JournaledLog, status: str, tracking_uri: str) -> str:
     if log.remote_lost is not None:
-        return _not_updated(log, tracking_uri, "was not updated, so the run there is not ended")
+        return _not_updated(log, tracking_uri, ", so it was not updated and the run there is not ended")
     if status == "FINISHED":
         return "it came after the run had finished measuring: the run ended FINISHED in MLflow with all it measured"
     return f"the run ended {status} in MLflow with what was measured"
 
 
-def _not_updated(log: JournaledLog, tracking_uri: str, state: str) -> str:
-    """The store could not be written: why, where the run's results are, and the command that uploads them."""
+def _not_updated(log: JournaledLog, tracking_uri: str, then: str) -> str:
+    """The store could not be written: why (locked, a full disk, unreachable), ``then`` what it meant,
+    where the run's results are, and the command that uploads them."""
     assert log.remote_lost is not None
     reason = log.remote_lost.splitlines()[0][:300]
+    state = f"{store_failure(reason)}{then}"
     journal = log.journal
     if journal is None:
         return (

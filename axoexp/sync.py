@@ -31,7 +31,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.time import get_current_time_millis
 
 from axoexp import names, processes
-from axoexp.errors import StoreLockedError
+from axoexp.errors import StoreLockedError, quiet_store_errors
 from axoexp.journal import (
     ARTIFACT,
     DATASET,
@@ -57,6 +57,7 @@ from axoexp.tracking import (
     open_client,
     resolve_tracking_uri,
     sqlite_path,
+    store_failure,
     store_problem,
 )
 from axoexp.windows import MEASURED, WARMUP, UpdateTrace, log_traces
@@ -414,6 +415,7 @@ def _main(argv: list[str] | None) -> int:
     )
     args = parser.parse_args(argv)
     bound_http_retries()
+    quiet_store_errors()
     missing = [str(path) for path in args.paths if not path.exists()]
     if missing:
         print(f"axoexp.sync: no such journal or directory: {', '.join(missing)}", file=sys.stderr)
@@ -460,7 +462,8 @@ def _main(argv: list[str] | None) -> int:
 
 
 def _unreachable(uri: str, error: BaseException) -> str:
-    return f"MLflow tracking at {uri} is unreachable: {str(error).splitlines()[0][:300]}"
+    reason = str(error).splitlines()[0][:300]
+    return f"MLflow tracking at {uri} {store_failure(reason)}: {reason}"
 
 
 if __name__ == "__main__":

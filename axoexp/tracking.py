@@ -314,6 +314,17 @@ def store_damage(path: Path) -> str | None:
     return None
 
 
+def store_failure(reason: str) -> str:
+    """What a store error's text says of the store, as a message's verb: locked, on a full disk, or
+    (anything else: a dead server, a refused connection) unreachable."""
+    text = reason.lower()
+    if "database is locked" in text or "database table is locked" in text:
+        return "is locked by another process"
+    if "database or disk is full" in text or "no space left on device" in text:
+        return "is on a full disk"
+    return "is unreachable"
+
+
 def sqlite_busy(error: BaseException) -> bool:
     """Whether ``error`` (sqlite's, or one wrapping it) says the database is locked by another connection."""
     text = str(error).lower()

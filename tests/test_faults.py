@@ -459,7 +459,11 @@ def test_a_store_on_a_full_disk_loses_nothing(tmp_path: Path, small_filesystem: 
     filler = _fill(small_filesystem)
     _, stderr = process.communicate(timeout=300)
     assert process.returncode == 1 and f"python -m axoexp.sync {journal.parent}" in stderr, stderr
+    assert "Traceback" not in stderr and f"axoexp: MLflow tracking at {uri} is on a full disk (" in stderr, stderr
     assert len(updates_in(journal)) == 3000
+    full = sync(str(journal), "--tracking-uri", uri, cwd=tmp_path)
+    assert full.returncode == 1 and "Traceback" not in full.stderr, full.stderr
+    assert f"MLflow tracking at {uri} is on a full disk: " in full.stderr
     filler.unlink()
     synced = sync(str(journal), "--tracking-uri", uri, cwd=tmp_path)
     assert "(FINISHED, 3000 updates: 0 warm-up, 3000 measured)" in synced.stdout, synced.stdout + synced.stderr
