@@ -50,6 +50,8 @@ JOURNAL_FILE = "journal.jsonl"
 START, PARAMS, TAGS, METRICS, SERIES, ARTIFACT = "start", "params", "tags", "metrics", "series", "artifact"
 DATASET = "dataset"
 WINDOW, WINDOW_END, UPDATE, TRACKING_LOST, END = "window", "window_end", "update", "tracking_lost", "end"
+NO_RUN_YET = "no run was created yet, so none was left unfinished"
+"""What a stop signal while the store is still being opened left behind, as the CLI's line says."""
 
 
 @dataclass
@@ -327,6 +329,11 @@ def journaled_run(
         opened: tuple[Any, str] | BaseException = store.result()
     except UNREACHABLE as error:
         opened = error
+    except Interrupted as interrupted:  # e.g. Ctrl-C while a fresh store is created
+        if journal is not None:
+            journal.close()
+        interrupted.run_outcome = NO_RUN_YET
+        raise
     tags = with_mlflow_context({**tags, **process_tags()})
     if journal is not None:
         tags.update({names.JOURNAL_ID: journal.id, names.JOURNAL: str(journal.path.resolve())})

@@ -4,6 +4,7 @@ final state in MLflow is truthful."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -25,7 +26,7 @@ from mlflow.tracking import MlflowClient
 from axoexp import lease, metadata, names, processes
 from axoexp.errors import CheckpointError, ConfigError, NonFiniteResultError
 from axoexp.experiment import run_experiment
-from axoexp.journal import JOURNAL_FILE, read_journal
+from axoexp.journal import JOURNAL_FILE, NO_RUN_YET, read_journal
 from axoexp.plan import plan_experiment
 from axoexp.sync import main as sync_main
 
@@ -223,6 +224,26 @@ def test_a_stop_signal_during_the_last_upload_waits_for_it(tmp_path: Path, migra
     assert run.info.status == "FINISHED" and names.FAILURE not in run.data.tags
     assert run.data.params["run.measured_updates"] == "60"
     assert_everything_measured_is_in(client, run, journal)
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_the_store_opens_says_no_run_was_created(tmp_path: Path, migrated_store: Path) -> None:
+    """Ctrl-C while the run waits for its store (here for the lock file that serializes store creation,
+    which this test holds) once said 'what was measured is logged' though no run and no measurement existed."""
+    with open(migrated_store.with_name("mlflow.db.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        process = start_cli("run.measured_updates=5", "hydra.run.dir=run", cwd=tmp_path, env=own_leases(tmp_path))
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "run" / JOURNAL_FILE).exists():  # created just before the run waits for its store
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            time.sleep(0.1)
+        time.sleep(0.5)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGINT, stderr
+    assert stderr.splitlines()[-1] == f"axoexp: interrupted by SIGINT; {NO_RUN_YET}" and "Traceback" not in stderr
+    client = MlflowClient(tracking_uri=f"sqlite:///{migrated_store}")
+    assert not client.search_runs([experiment.experiment_id for experiment in client.search_experiments()])
 
 
 @pytest.mark.slow
