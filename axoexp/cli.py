@@ -28,7 +28,7 @@ from omegaconf.errors import OmegaConfBaseException
 from axoexp import collector, targets, wallclock
 from axoexp.compose_once import composed_once
 from axoexp.config import describe, one_line, register_configs, unchosen_group
-from axoexp.errors import AxoexpError, ConfigError, RefusedTargetError, shown
+from axoexp.errors import AxoexpError, ConfigError, RefusedTargetError, quiet_store_errors, shown
 from axoexp.plugins import load_plugins
 from axoexp.signals import OUTSIDE_A_RUN, OUTSIDE_A_RUN_EXIT, Interrupted
 
@@ -144,15 +144,14 @@ def _main() -> None:
         return
     os.environ[FULL_ERROR_ENV] = "1"  # Hydra then raises instead of printing; we report below
     targets.install()
+    if not _tracebacks_wanted:
+        quiet_store_errors()
     try:
         with nullcontext() if multirun else composed_once():
             hydra_app()
         _exit_without_teardown()
     except Interrupted as interrupted:  # the run ended KILLED with what was measured
-        _exit_with(
-            f"{interrupted}; what was measured is logged (see the journal in the output directory)",
-            interrupted.exit_code,
-        )
+        _exit_with(f"{interrupted}; {interrupted.run_outcome}", interrupted.exit_code)
     except (AxoexpError, *CONFIG_ERRORS) as error:
         if _tracebacks_wanted:
             raise

@@ -22,6 +22,7 @@ from typing import Any, Literal
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
+from axoexp import names
 from axoexp.registry import (
     AT_LEAST_ONE,
     GROUPS,
@@ -111,10 +112,14 @@ class TrackingConfig:
         None, "null: the job's overrides in a sweep, else executor, shape, loss, optimizer, device"
     )
     http_max_retries: int = setting(
-        2, "HTTP retries to a tracking server (bounded, so a dead one fails in seconds)", NON_NEGATIVE
+        names.HTTP_MAX_RETRIES,
+        "HTTP retries to a tracking server (bounded, so a dead one fails in seconds)",
+        NON_NEGATIVE,
     )
-    http_timeout_s: int = setting(10, "seconds per HTTP request to a tracking server", AT_LEAST_ONE)
-    http_backoff_factor: int = setting(1, "seconds between HTTP retries, doubling per retry", NON_NEGATIVE)
+    http_timeout_s: int = setting(names.HTTP_TIMEOUT_S, "seconds per HTTP request to a tracking server", AT_LEAST_ONE)
+    http_backoff_factor: int = setting(
+        names.HTTP_BACKOFF_FACTOR, "seconds between HTTP retries, doubling per retry", NON_NEGATIVE
+    )
 
 
 @dataclass

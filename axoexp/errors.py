@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+
+STORE_LOGGER = "mlflow.store.db.utils"
+"""MLflow's logger that prints a traceback of each database error before raising it."""
+
 
 def shown(path: str, limit: int = 200) -> str:
     """A path as a message shows it: quoted, and cut to ``limit`` characters if longer."""
@@ -62,6 +67,11 @@ class StoreError(AxoexpError):
     not be created (e.g. its disk is full). The message names the file and what to do."""
 
 
+class StoreLockedError(StoreError):
+    """Another process holds the sqlite store locked for longer than a write takes: the store is
+    healthy and the config fine; retry once that process is done with it."""
+
+
 class SweepRefusedError(ConfigError):
     """A sweep that cannot start: its launcher cannot run here, or no job passed planning; no run exists."""
 
@@ -117,3 +127,19 @@ class ComparisonError(AxoexpError):
 
 class SearchError(AxoexpError):
     """An Optuna search (``hydra/sweeper=optuna``) in which trials failed; the study keeps them as FAIL."""
+
+
+class _RaisedStoreErrors(logging.Filter):
+    """Drops MLflow's traceback of a database error it raises again (as an ``MlflowException``):
+    axoexp reports that error itself, in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.exc_info is None
+
+
+def quiet_store_errors() -> None:
+    """Keep MLflow's SQLAlchemy store from printing a traceback of each database error it raises
+    (a locked store, a full disk): for the command lines, whose own line names the cause."""
+    logger = logging.getLogger(STORE_LOGGER)
+    if not any(isinstance(existing, _RaisedStoreErrors) for existing in logger.filters):
+        logger.addFilter(_RaisedStoreErrors())

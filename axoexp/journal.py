@@ -31,16 +31,27 @@ from mlflow.data.dataset import Dataset
 from mlflow.entities import Metric
 from mlflow.utils.time import get_current_time_millis
 
-from axoexp import names, processes
+from axoexp import names, processes, signals
 from axoexp.errors import TrackingUnavailableError
 from axoexp.outputs import write_atomically
-from axoexp.tracking import UNREACHABLE, StoreOpening, Tracker, metric_value, store_lock, with_mlflow_context
+from axoexp.signals import Interrupted
+from axoexp.tracking import (
+    UNREACHABLE,
+    StoreOpening,
+    Tracker,
+    metric_value,
+    store_failure,
+    store_lock,
+    with_mlflow_context,
+)
 from axoexp.windows import Observer
 
 JOURNAL_FILE = "journal.jsonl"
 START, PARAMS, TAGS, METRICS, SERIES, ARTIFACT = "start", "params", "tags", "metrics", "series", "artifact"
 DATASET = "dataset"
 WINDOW, WINDOW_END, UPDATE, TRACKING_LOST, END = "window", "window_end", "update", "tracking_lost", "end"
+NO_RUN_YET = "no run was created yet, so none was left unfinished"
+"""What a stop signal while the store is still being opened left behind, as the CLI's line says."""
 
 
 @dataclass
@@ -318,6 +329,11 @@ def journaled_run(
         opened: tuple[Any, str] | BaseException = store.result()
     except UNREACHABLE as error:
         opened = error
+    except Interrupted as interrupted:  # e.g. Ctrl-C while a fresh store is created
+        if journal is not None:
+            journal.close()
+        interrupted.run_outcome = NO_RUN_YET
+        raise
     tags = with_mlflow_context({**tags, **process_tags()})
     if journal is not None:
         tags.update({names.JOURNAL_ID: journal.id, names.JOURNAL: str(journal.path.resolve())})
@@ -352,26 +368,59 @@ def journaled_run(
     try:
         yield log
     except KeyboardInterrupt as error:
-        log.end("KILLED", str(error) or "interrupted (KeyboardInterrupt)")
+        _end(log, "KILLED", str(error) or "interrupted (KeyboardInterrupt)", tracking_uri, error)
         raise
     except BaseException as error:
-        log.end("FAILED", f"{type(error).__name__}: {error}")
+        _end(log, "FAILED", f"{type(error).__name__}: {error}", tracking_uri)
         raise
     else:
-        log.end("FINISHED", None)
+        _end(log, "FINISHED", None, tracking_uri)
     if log.remote_lost is not None:
-        if journal is None:
-            raise TrackingUnavailableError(
-                f"MLflow tracking at {tracking_uri} stopped answering during the run ({log.remote_lost[:300]}); "
-                "no output directory was given, so only the returned result holds what was measured"
-            )
-        kept = (
-            f"the run's results are in {journal.path}"
-            if journal.lost is None
-            else (f"and the local journal failed too ({journal.lost})")
+        raise TrackingUnavailableError(_not_updated(log, tracking_uri, ""))
+
+
+def _end(
+    log: JournaledLog, status: str, reason: str | None, tracking_uri: str, stopped: BaseException | None = None
+) -> None:
+    """End the run with any stop signal held off until its last upload is done, or given up on within
+    the store's bounded timeouts; the signal that came meanwhile, or ``stopped`` (the one that ended
+    the run), then says what became of the run in MLflow."""
+    try:
+        with signals.deferred():
+            log.end(status, reason)
+    except Interrupted as interrupted:  # it came during the last upload
+        interrupted.run_outcome = _run_outcome(log, status, tracking_uri)
+        raise
+    if isinstance(stopped, Interrupted):
+        stopped.run_outcome = _run_outcome(log, status, tracking_uri)
+
+
+def _run_outcome(log: JournaledLog, status: str, tracking_uri: str) -> str:
+    if log.remote_lost is not None:
+        return _not_updated(log, tracking_uri, ", so it was not updated and the run there is not ended")
+    if status == "FINISHED":
+        return "it came after the run had finished measuring: the run ended FINISHED in MLflow with all it measured"
+    return f"the run ended {status} in MLflow with what was measured"
+
+
+def _not_updated(log: JournaledLog, tracking_uri: str, then: str) -> str:
+    """The store could not be written: why (locked, a full disk, unreachable), ``then`` what it meant,
+    where the run's results are, and the command that uploads them."""
+    assert log.remote_lost is not None
+    reason = log.remote_lost.splitlines()[0][:300]
+    state = f"{store_failure(reason)}{then}"
+    journal = log.journal
+    if journal is None:
+        return (
+            f"MLflow tracking at {tracking_uri} {state} ({reason}); no output directory was given, "
+            "so only the returned result holds what was measured"
         )
-        raise TrackingUnavailableError(
-            f"MLflow tracking at {tracking_uri} is unreachable ({log.remote_lost.splitlines()[0][:300]}); "
-            f"{kept}; upload them with: python -m axoexp.sync {journal.path.parent} "
-            f"--tracking-uri {tracking_uri}"
-        )
+    kept = (
+        f"the run's results are in {journal.path}"
+        if journal.lost is None
+        else f"and the local journal failed too ({journal.lost})"
+    )
+    return (
+        f"MLflow tracking at {tracking_uri} {state} ({reason}); {kept}; upload them with: "
+        f"python -m axoexp.sync {journal.path.parent} --tracking-uri {tracking_uri}"
+    )

@@ -17,6 +17,9 @@ HTTP_MAX_RETRIES_ENV = "MLFLOW_HTTP_REQUEST_MAX_RETRIES"
 HTTP_TIMEOUT_ENV = "MLFLOW_HTTP_REQUEST_TIMEOUT"
 HTTP_BACKOFF_FACTOR_ENV = "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"
 HTTP_BACKOFF_JITTER_ENV = "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER"
+HTTP_MAX_RETRIES, HTTP_TIMEOUT_S, HTTP_BACKOFF_FACTOR = 2, 10, 1
+"""The defaults of tracking.http_max_retries, http_timeout_s and http_backoff_factor: a dead
+server fails in seconds, not MLflow's minutes (also for commands without a run config)."""
 ARTIFACTS_PROGRESS_BAR_ENV = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 SOURCE_NAME = "mlflow.source.name"
 SOURCE_GIT_COMMIT = "mlflow.source.git.commit"

@@ -37,12 +37,17 @@ _deferred: list[Callable[[], None]] = []
 """The stop a signal asked for inside them, run as the outermost block ends."""
 
 
+MEASURED_IS_LOGGED = "what was measured is logged (see the journal in the output directory)"
+
+
 class Interrupted(KeyboardInterrupt):
     """A signal asked this process to stop; what was measured is kept and the run ends KILLED."""
 
     def __init__(self, signal_name: str) -> None:
         super().__init__(f"interrupted by {signal_name}")
         self.signal_name = signal_name
+        self.run_outcome = MEASURED_IS_LOGGED
+        """What became of the run, as the CLI's line says after the signal's name."""
 
     @property
     def exit_code(self) -> int:

@@ -31,6 +31,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.time import get_current_time_millis
 
 from axoexp import names, processes
+from axoexp.errors import StoreLockedError, quiet_store_errors
 from axoexp.journal import (
     ARTIFACT,
     DATASET,
@@ -46,19 +47,26 @@ from axoexp.journal import (
     WINDOW,
     read_journal_lines,
 )
+from axoexp.signals import OUTSIDE_A_RUN_EXIT
 from axoexp.tracking import (
     SQLITE_PREFIX,
     UNREACHABLE,
     Tracker,
+    bound_http_retries,
     experiment_id,
     open_client,
     resolve_tracking_uri,
     sqlite_path,
+    store_failure,
     store_problem,
 )
 from axoexp.windows import MEASURED, WARMUP, UpdateTrace, log_traces
 
 RUNNING = "RUNNING"
+INTERRUPTED = (
+    "interrupted (SIGINT); what was uploaded stays, and running the same command again completes the rest "
+    "(nothing is logged twice)"
+)
 MEASURED_PARAM = "run.measured_updates"
 
 
@@ -381,6 +389,19 @@ def _target(path: Path, explicit: str | None, default: str) -> tuple[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command; its status: 0 done, 1 a store could not be reached or was locked, 2 a usage or store
+    problem, 130 Ctrl-C (one line: a journal cut off mid-upload is completed by the same command again)."""
+    try:
+        return _main(argv)
+    except StoreLockedError as error:
+        print(f"axoexp.sync: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"axoexp.sync: {INTERRUPTED}", file=sys.stderr)
+        return OUTSIDE_A_RUN_EXIT
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m axoexp.sync", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -393,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
         "sqlite:///mlflow.db)",
     )
     args = parser.parse_args(argv)
+    bound_http_retries()
+    quiet_store_errors()
     missing = [str(path) for path in args.paths if not path.exists()]
     if missing:
         print(f"axoexp.sync: no such journal or directory: {', '.join(missing)}", file=sys.stderr)
@@ -439,7 +462,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _unreachable(uri: str, error: BaseException) -> str:
-    return f"MLflow tracking at {uri} is unreachable: {str(error).splitlines()[0][:300]}"
+    reason = str(error).splitlines()[0][:300]
+    return f"MLflow tracking at {uri} {store_failure(reason)}: {reason}"
 
 
 if __name__ == "__main__":

@@ -35,8 +35,7 @@ from mlflow.utils.uri import get_uri_scheme
 from omegaconf import DictConfig
 
 from axoexp import names
-from axoexp.config import TrackingConfig
-from axoexp.errors import StoreError
+from axoexp.errors import StoreError, StoreLockedError
 
 _REVISION = re.compile(r"""^revision\s*=\s*["']([0-9A-Za-z_]+)["']\s*$""", re.MULTILINE)
 _DOWN_REVISION = re.compile(r"""^down_revision\s*=\s*(?:["']([0-9A-Za-z_]+)["']|(None))\s*$""", re.MULTILINE)
@@ -48,6 +47,8 @@ SQLITE_COMPANIONS = ("-journal", "-wal", "-shm")  # files sqlite keeps beside a 
 SQLITE_PREFIX = "sqlite:///"
 MAX_BATCH = 1000  # MLflow's limit on metrics per log_batch call
 MAX_PARAM_LENGTH = 500
+STORE_LOCK_WAIT_S = 20
+"""Seconds a check waits for a sqlite store another process holds locked (MLflow's own busy timeout)."""
 UNREACHABLE = (MlflowException, requests.exceptions.RequestException, OSError)
 """What a client raises when its tracking store cannot be reached."""
 
@@ -65,27 +66,28 @@ def metric_value(name: str, value: float) -> float:
 
 
 def configure_tracking(tracking: DictConfig) -> str:
-    """Bound MLflow's HTTP retries as ``tracking.*`` says (a dead server then fails in seconds,
-    not ~4 minutes); return the tracking URI to use."""
-    os.environ[names.HTTP_MAX_RETRIES_ENV] = str(tracking.http_max_retries)
-    os.environ[names.HTTP_TIMEOUT_ENV] = str(tracking.http_timeout_s)
-    os.environ[names.HTTP_BACKOFF_FACTOR_ENV] = str(tracking.http_backoff_factor)
-    os.environ[names.HTTP_BACKOFF_JITTER_ENV] = "0"
+    """Bound MLflow's HTTP retries as ``tracking.*`` says; return the tracking URI to use."""
+    bound_http_retries(tracking.http_max_retries, tracking.http_timeout_s, tracking.http_backoff_factor)
     return resolve_tracking_uri(tracking.uri)
 
 
-def bound_http_retries() -> None:
-    """For a command without a config (report, compare): bound MLflow's HTTP retries with
-    ``tracking.*``'s defaults where the environment does not set them, as :func:`configure_tracking`
-    does for a run."""
-    defaults = TrackingConfig()
-    for variable, value in (
-        (names.HTTP_MAX_RETRIES_ENV, defaults.http_max_retries),
-        (names.HTTP_TIMEOUT_ENV, defaults.http_timeout_s),
-        (names.HTTP_BACKOFF_FACTOR_ENV, defaults.http_backoff_factor),
-        (names.HTTP_BACKOFF_JITTER_ENV, 0),
+def bound_http_retries(
+    max_retries: int | None = None, timeout_s: int | None = None, backoff_factor: int | None = None
+) -> None:
+    """Bound MLflow's HTTP retries to a tracking server, so a dead server fails in seconds, not after
+    MLflow's minutes: as given (a run's ``tracking.*``); where not given (sync, report, compare: no
+    run config), as the environment sets them, else as ``tracking.*``'s defaults. Call it before the
+    first request."""
+    for variable, value, default in (
+        (names.HTTP_MAX_RETRIES_ENV, max_retries, names.HTTP_MAX_RETRIES),
+        (names.HTTP_TIMEOUT_ENV, timeout_s, names.HTTP_TIMEOUT_S),
+        (names.HTTP_BACKOFF_FACTOR_ENV, backoff_factor, names.HTTP_BACKOFF_FACTOR),
     ):
-        os.environ.setdefault(variable, str(value))
+        if value is None:
+            os.environ.setdefault(variable, str(default))
+        else:
+            os.environ[variable] = str(value)
+    os.environ.setdefault(names.HTTP_BACKOFF_JITTER_ENV, "0")
 
 
 def config_digest(config: Mapping[str, Any]) -> str:
@@ -227,7 +229,8 @@ def sqlite_path(tracking_uri: str) -> Path | None:
 def store_problem(tracking_uri: str, key: str = "tracking.uri") -> str | None:
     """Why the store cannot be used, found in a moment (MLflow itself retries ~100 s): a file store
     (:func:`file_store_problem`), or a sqlite file that cannot be written; ``key`` says where the URI
-    was set."""
+    was set. A sqlite file another process holds locked raises :class:`StoreLockedError` (not a
+    problem of the config: the same command works once the lock is gone)."""
     file_store = file_store_problem(tracking_uri)
     if file_store:
         return f"{key}={tracking_uri}: {file_store}"
@@ -246,7 +249,10 @@ def store_problem(tracking_uri: str, key: str = "tracking.uri") -> str | None:
         return f"{key}={tracking_uri}: {path} is not writable; choose a writable path"
     if not _can_create_files_in(directory):  # sqlite writes its journal beside the database
         return f"{key}={tracking_uri}: no file can be created in {directory}; choose a writable path"
-    damage = store_damage(path) if _holds_data(path) else None
+    try:
+        damage = store_damage(path) if _holds_data(path) else None
+    except StoreLockedError as error:
+        raise StoreLockedError(f"{key}={tracking_uri}: {error}") from None
     return f"{key}={tracking_uri}: {damage}" if damage else None
 
 
@@ -276,16 +282,25 @@ def _holds_data(path: Path) -> bool:
 
 def store_damage(path: Path) -> str | None:
     """Why the sqlite file at ``path`` is not a usable MLflow store, with the command that
-    repairs it or moves it aside; ``None`` when it is one. Reads only its schema (milliseconds)."""
+    repairs it or moves it aside; ``None`` when it is one. Reads only its schema (milliseconds);
+    raises :class:`StoreLockedError` where another process holds it locked for
+    :data:`STORE_LOCK_WAIT_S`."""
     aside = f"mv {path} {path}.broken"
     try:
-        with closing(sqlite3.connect(path, timeout=30)) as database:
+        with closing(sqlite3.connect(path, timeout=STORE_LOCK_WAIT_S)) as database:
             tables = {row[0] for row in database.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             version = None
             if "alembic_version" in tables:
                 row = database.execute("SELECT version_num FROM alembic_version").fetchone()
                 version = row[0] if row else None
             runs = database.execute("SELECT count(*) FROM runs").fetchone()[0] if "runs" in tables else 0
+    except sqlite3.OperationalError as error:
+        if not sqlite_busy(error):
+            return f"{path} is damaged, not a readable MLflow store ({error}); move it aside: {aside}"
+        raise StoreLockedError(
+            f"{path} is locked by another process ({error} for {STORE_LOCK_WAIT_S} s); the store is not damaged: "
+            "retry once that process is done with it"
+        ) from None
     except sqlite3.DatabaseError as error:
         return f"{path} is damaged, not a readable MLflow store ({error}); move it aside: {aside}"
     head = latest_schema_revision()
@@ -302,6 +317,23 @@ def store_damage(path: Path) -> str | None:
             f"mlflow db upgrade {SQLITE_PREFIX}{path}"
         )
     return None
+
+
+def store_failure(reason: str) -> str:
+    """What a store error's text says of the store, as a message's verb: locked, on a full disk, or
+    (anything else: a dead server, a refused connection) unreachable."""
+    text = reason.lower()
+    if "database is locked" in text or "database table is locked" in text:
+        return "is locked by another process"
+    if "database or disk is full" in text or "no space left on device" in text:
+        return "is on a full disk"
+    return "is unreachable"
+
+
+def sqlite_busy(error: BaseException) -> bool:
+    """Whether ``error`` (sqlite's, or one wrapping it) says the database is locked by another connection."""
+    text = str(error).lower()
+    return "database is locked" in text or "database table is locked" in text or "busy" in text
 
 
 def latest_schema_revision() -> str:

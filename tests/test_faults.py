@@ -4,10 +4,12 @@ final state in MLflow is truthful."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -24,7 +26,7 @@ from mlflow.tracking import MlflowClient
 from axoexp import lease, metadata, names, processes
 from axoexp.errors import CheckpointError, ConfigError, NonFiniteResultError
 from axoexp.experiment import run_experiment
-from axoexp.journal import JOURNAL_FILE, read_journal
+from axoexp.journal import JOURNAL_FILE, NO_RUN_YET, read_journal
 from axoexp.plan import plan_experiment
 from axoexp.sync import main as sync_main
 
@@ -37,6 +39,11 @@ def unrelated():
     return lambda prediction, target: (prediction - target).abs().mean()
 """
 LONG_RUN = ("executor=sleepy", "run.warmup_updates=2", "run.measured_updates=100000")
+
+
+def own_leases(folder: Path) -> dict[str, str]:
+    """A lease folder of the run's own: runs of other tests side by side do not wait for its CPU lease."""
+    return {lease.LEASE_DIR_ENV: str(folder / "leases")}
 
 
 # --- helpers --------------------------------------------------------------------------------
@@ -183,6 +190,60 @@ def test_a_stop_signal_inside_a_deferred_block_acts_as_the_block_ends() -> None:
         [sys.executable, "-c", DEFERRED_STOP], capture_output=True, text=True, timeout=60, cwd=REPO, check=False
     )
     assert done.stdout.strip() == str(["inner block went on", "outer block went on", "then interrupted by SIGTERM"])
+
+
+@pytest.mark.slow
+def test_a_stop_signal_during_the_last_upload_waits_for_it(tmp_path: Path, migrated_store: Path) -> None:
+    """The run holds its params, tags and metrics for one upload as it ends; a SIGTERM while that
+    upload waited for the store (here a sqlite lock that another process holds) once broke it off,
+    leaving the run RUNNING and empty in MLflow under a line saying what was measured is logged.
+    The signal now acts once the upload is done: the run, which had finished measuring, ends FINISHED."""
+    process = start_cli(
+        "executor=sleepy", "run.warmup_updates=2", "run.measured_updates=60", cwd=tmp_path, env=own_leases(tmp_path)
+    )
+    (journal,) = wait_for_updates(tmp_path / "outputs", 5, process)
+    store = sqlite3.connect(migrated_store, isolation_level=None)
+    try:
+        store.execute("BEGIN EXCLUSIVE")  # the run's last upload waits for it (MLflow's busy timeout: 20 s)
+        deadline = time.monotonic() + 120
+        while read_journal(journal)[-1]["kind"] != "end":
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            time.sleep(0.1)
+        time.sleep(0.5)
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+    finally:
+        store.close()  # the lock goes with it
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM, stderr
+    assert stderr.splitlines() == [
+        "axoexp: interrupted by SIGTERM; it came after the run had finished measuring: "
+        "the run ended FINISHED in MLflow with all it measured"
+    ]
+    client, run = only_run(f"sqlite:///{migrated_store}")
+    assert run.info.status == "FINISHED" and names.FAILURE not in run.data.tags
+    assert run.data.params["run.measured_updates"] == "60"
+    assert_everything_measured_is_in(client, run, journal)
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_the_store_opens_says_no_run_was_created(tmp_path: Path, migrated_store: Path) -> None:
+    """Ctrl-C while the run waits for its store (here for the lock file that serializes store creation,
+    which this test holds) once said 'what was measured is logged' though no run and no measurement existed."""
+    with open(migrated_store.with_name("mlflow.db.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        process = start_cli("run.measured_updates=5", "hydra.run.dir=run", cwd=tmp_path, env=own_leases(tmp_path))
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "run" / JOURNAL_FILE).exists():  # created just before the run waits for its store
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            time.sleep(0.1)
+        time.sleep(0.5)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGINT, stderr
+    assert stderr.splitlines()[-1] == f"axoexp: interrupted by SIGINT; {NO_RUN_YET}" and "Traceback" not in stderr
+    client = MlflowClient(tracking_uri=f"sqlite:///{migrated_store}")
+    assert not client.search_runs([experiment.experiment_id for experiment in client.search_experiments()])
 
 
 @pytest.mark.slow
@@ -419,7 +480,11 @@ def test_a_store_on_a_full_disk_loses_nothing(tmp_path: Path, small_filesystem: 
     filler = _fill(small_filesystem)
     _, stderr = process.communicate(timeout=300)
     assert process.returncode == 1 and f"python -m axoexp.sync {journal.parent}" in stderr, stderr
+    assert "Traceback" not in stderr and f"axoexp: MLflow tracking at {uri} is on a full disk (" in stderr, stderr
     assert len(updates_in(journal)) == 3000
+    full = sync(str(journal), "--tracking-uri", uri, cwd=tmp_path)
+    assert full.returncode == 1 and "Traceback" not in full.stderr, full.stderr
+    assert f"MLflow tracking at {uri} is on a full disk: " in full.stderr
     filler.unlink()
     synced = sync(str(journal), "--tracking-uri", uri, cwd=tmp_path)
     assert "(FINISHED, 3000 updates: 0 warm-up, 3000 measured)" in synced.stdout, synced.stdout + synced.stderr

@@ -12,6 +12,7 @@ import random
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,13 +32,14 @@ from test_faults import (
     wait_for_updates,
 )
 
-from axoexp import lease, names
+from axoexp import lease, names, tracking
 from axoexp.components.population import CheckpointError
-from axoexp.errors import ConfigError
+from axoexp.errors import ConfigError, StoreLockedError
 from axoexp.experiment import RESULT_FILE, run_experiment
 from axoexp.journal import JOURNAL_FILE, read_journal_lines
 from axoexp.plan import plan_experiment
 from axoexp.sync import end_dead_run, end_dead_runs, stored_updates, sync_journal
+from axoexp.sync import main as sync_main
 from axoexp.tracking import CREATING_SUFFIX, open_client, store_problem
 
 TRACEBACK = "Traceback (most recent call last)"
@@ -107,6 +109,43 @@ def test_a_store_that_is_not_a_database_is_named_in_one_line(tmp_path: Path) -> 
     problem = store_problem(f"sqlite:///{store}")
     assert problem is not None and "is damaged, not a readable MLflow store (file is not a database)" in problem
     assert f"mv {store} {store}.broken" in problem and "\n" not in problem
+
+
+HOLD_LOCK = """
+import sqlite3, sys, time
+store = sqlite3.connect(sys.argv[1], isolation_level=None)
+store.execute("BEGIN EXCLUSIVE")
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_store_another_process_holds_locked_is_called_locked_not_damaged(
+    make_config, tmp_path: Path, empty_store: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A healthy store locked by another process was once called damaged, with advice to move it
+    aside (which would hide every run in it), exit 2. It is a passing state, not a config error:
+    exit 1, with the advice to retry."""
+    store = tmp_path / "mlflow.db"
+    shutil.copyfile(empty_store, store)
+    uri = f"sqlite:///{store}"
+    monkeypatch.setattr(tracking, "STORE_LOCK_WAIT_S", 0.2)  # MLflow's 20 s, shortened for the test
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(store)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        with pytest.raises(StoreLockedError) as raised:
+            plan_experiment(make_config("run.measured_updates=5", f"tracking.uri={uri}"))
+        assert raised.value.exit_code == 1 and "is damaged" not in str(raised.value) and "mv " not in str(raised.value)
+        assert str(raised.value).startswith(
+            f"tracking.uri={uri}: {store} is locked by another process (database is locked"
+        )
+        assert str(raised.value).endswith("the store is not damaged: retry once that process is done with it")
+        assert sync_main(["--tracking-uri", uri]) == 1
+        assert_one_line(capsys.readouterr().err, f"{store} is locked by another process")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert store_problem(uri) is None  # the lock gone, the same store is fine
 
 
 def _signalled_during_store_creation(directories: list[Path], delays: list[float], signums: list[int]) -> list[str]:

@@ -5,13 +5,21 @@ own store has."""
 from __future__ import annotations
 
 import shutil
+import signal
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from helpers import free_port, start_cli
 from mlflow.tracking import MlflowClient
+from test_faults_store import TRACEBACK
 
+from axoexp import names
 from axoexp.experiment import run_experiment
-from axoexp.journal import JOURNAL_FILE
+from axoexp.journal import JOURNAL_FILE, START, Journal
+from axoexp.sync import INTERRUPTED
 from axoexp.sync import main as sync_main
 
 SHORT = ("run.warmup_updates=1", "run.measured_updates=2")
@@ -79,3 +87,44 @@ def test_tracking_uri_overrides_a_store_that_lacks_the_run_and_says_so(
     )
     assert copied.info.status == "FINISHED" and copied.info.run_id != run_id
     assert not (tmp_path / "ro" / "m.db").exists(), "the lost store is not created again"
+
+
+def _unsynced_journal(folder: Path, uri: str) -> Path:
+    """A journal of a run whose store never answered: its start record, nothing more."""
+    folder.mkdir(parents=True)
+    journal = Journal(folder / JOURNAL_FILE)
+    tags = {names.PROCESS_PID: "1", names.HOSTNAME: "elsewhere"}
+    journal.append(START, journal_id=journal.id, run_id=None, experiment="axoexp", tracking_uri=uri, tags=tags)
+    journal.close()
+    return folder
+
+
+@pytest.mark.slow
+def test_sync_gives_up_on_a_dead_server_in_seconds_and_ctrl_c_is_one_line(tmp_path: Path) -> None:
+    """MLflow's own HTTP retries took ~8 minutes against a server that is down, and Ctrl-C then
+    printed urllib3's traceback: sync bounds them as a run does and says Ctrl-C in one line."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    folder = _unsynced_journal(tmp_path / "outputs" / "dead", dead)
+    command = [sys.executable, "-m", "axoexp.sync", str(folder), "--tracking-uri", dead]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=90)
+    assert done.returncode == 1 and TRACEBACK not in done.stderr, done.stderr
+    assert f"axoexp.sync: {folder / JOURNAL_FILE}: MLflow tracking at {dead} is unreachable" in done.stderr
+
+    with socket.socket() as hung:  # accepts connections, never answers: each request waits its timeout
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(16)
+        hung.settimeout(60)
+        uri = f"http://127.0.0.1:{hung.getsockname()[1]}"
+        folder = _unsynced_journal(tmp_path / "outputs" / "hung", uri)
+        process = start_cli(str(folder), "--tracking-uri", uri, cwd=tmp_path, module="axoexp.sync")
+        try:
+            connection, _ = hung.accept()  # the sync's first request
+            process.send_signal(signal.SIGINT)
+            _, stderr = process.communicate(timeout=60)
+            connection.close()
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+    assert process.returncode == 130 and TRACEBACK not in stderr, stderr
+    assert stderr.strip().splitlines()[-1] == f"axoexp.sync: {INTERRUPTED}"
