@@ -37,7 +37,6 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from axoexp import names
-from axoexp.console import print_out
 from axoexp.errors import AxoexpError, ComparisonError, NoSweepError, StoreError, first_line
 from axoexp.report.rows import (
     EXECUTOR_KEY,
@@ -51,6 +50,7 @@ from axoexp.report.rows import (
 )
 from axoexp.report.table import FORMATS, csv_text, grid
 from axoexp.statistics import CONFIDENCE, HIGH, MIN_RUNS, median_ratio_interval
+from axoexp.stdout import print_out
 from axoexp.tracking import SQLITE_PREFIX, UNREACHABLE, bound_http_retries, resolve_tracking_uri, store_problem
 
 DEFAULT_THRESHOLD = "5%"

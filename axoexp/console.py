@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import TYPE_CHECKING
 
 from axoexp import names
@@ -95,16 +93,3 @@ def noise_label(relative_iqr: float) -> str:
 def plural(count: int, noun: str) -> str:
     """``1 thread``, ``2 threads``."""
     return f"{count} {noun}{'' if count == 1 else 's'}"
-
-
-def print_out(text: str) -> bool:
-    """Print ``text`` to stdout; ``False`` where its reader has gone (``| head -1``): stdout then
-    goes to the null device, so nothing later (nor the exit's flush) fails on it."""
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, sys.stdout.fileno())
-        os.close(null)
-        return False
-    return True

@@ -46,6 +46,7 @@ LAYERS = (
         "axoexp.nvml",
         "axoexp.signals",
         "axoexp.lengths",
+        "axoexp.stdout",
     ),
     # the registry, the store, the output folders, the process's runtime, the windows of a run, the kernels
     (

@@ -14,7 +14,6 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from axoexp import names, report
-from axoexp.console import print_out
 from axoexp.errors import AxoexpError, NoSweepError, ReportError, StoreError
 from axoexp.report.figure import FIGURE, plot, title
 from axoexp.report.length_figure import LENGTHS_FIGURE, plot_lengths
@@ -29,6 +28,7 @@ from axoexp.report.pareto import (
 )
 from axoexp.report.rows import ReportRow, build_rows, sweep_runs
 from axoexp.report.table import BUCKETS_CSV, FORMATS, format_buckets, format_table
+from axoexp.stdout import print_out
 from axoexp.tracking import (
     SQLITE_PREFIX,
     UNREACHABLE,
