@@ -56,6 +56,10 @@ def format_result(result: ExperimentResult) -> str:
         )
     if result.process_ms:
         lines.append(f"{'process':<14}{process_summary(result.process_ms)}")
+    if result.output_loss:
+        lines.append(
+            f"{'outputs':<14}not all kept ({result.output_loss}); MLflow has the run (tag {names.JOURNAL_LOST})"
+        )
     lines.append(f"{'mlflow run':<14}{result.run_id}  (experiment {result.experiment!r} at {result.tracking_uri})")
     return "\n".join(lines)
 

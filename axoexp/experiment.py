@@ -64,6 +64,7 @@ class ExperimentResult:
     buckets: tuple[int, ...] | None = None  # what the executor padded them to (None: each at its exact length)
     padding_overhead: float | None = None  # padded steps / real steps of the measured updates
     recaptures: int | None = None  # graphs captured after prepare (None: the executor captures none)
+    output_loss: str | None = None  # why the output folder's journal or result.json was not written (MLflow has all)
 
     @property
     def streams_per_s(self) -> float:
@@ -151,10 +152,12 @@ def run_experiment(
         tracker.set_tags(lease.tags())
         if output_dir is not None:
             path = output_dir / RESULT_FILE
+            result.output_loss = tracker.output_loss
             try:
                 write_atomically(path, result.to_json())
             except OSError as error:  # e.g. a full disk: MLflow and the printed summary still have it
                 tracker.output_lost(f"writing {path} failed: {error}")
+                result.output_loss = tracker.output_loss
             else:
                 tracker.log_artifact(str(path))
         wallclock.mark("logging")

@@ -220,6 +220,11 @@ class JournaledLog(Observer):
                 self.output_lost(f"writing {path} failed: {error}")
         self._deliver(lambda remote: remote.log_text(text, artifact_file))
 
+    @property
+    def output_loss(self) -> str | None:
+        """Why the output folder's files stopped being written (``None``: all written, or no folder)."""
+        return None if self.journal is None else self.journal.lost
+
     def output_lost(self, reason: str) -> None:
         """A file of the output folder could not be written: tag ``axoexp.journal_lost`` says so,
         unless an earlier failure already did (the first reason is the one kept)."""

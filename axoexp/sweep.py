@@ -212,7 +212,7 @@ class MlflowSweepCallback(Callback):
                     client, child, f"the sweep was stopped ({stopped_by or 'its job failed'}) before this run ended"
                 )
         children = child_runs(client, parent_run)
-        print_reuse(client, parent_run, len(children))
+        print_reuse(client, parent_run, len(children), stopped=bool(stopped_by))
         self._say_refused()
         unfinished = [child for child in children if child.info.status != "FINISHED"]
         refused = [key for key in parent_run.data.tags if key.startswith(names.REFUSED_PREFIX)]
@@ -524,10 +524,11 @@ def _what_changed(earlier: Run, config: DictConfig) -> str:
     return "code or environment changed (the earlier run predates per-file digests)"
 
 
-def print_reuse(client: MlflowClient, parent: Run, children: int) -> None:
+def print_reuse(client: MlflowClient, parent: Run, children: int, stopped: bool = False) -> None:
     """Say how many jobs were new (no earlier run of the same config), how many were measured again,
-    by reason (``measured 2 new jobs; re-measured 4 jobs: 3 contended, 1 code changed``), and how
-    many reused earlier runs, and from which sweeps (``reused k of n jobs from ...``)."""
+    by reason (``measured 2 new jobs; re-measured 4 jobs: 3 contended, 1 code changed``; ``began
+    measuring ...`` in a sweep a signal ``stopped``), and how many reused earlier runs, and from
+    which sweeps (``reused k of n jobs from ...``)."""
     tags = parent.data.tags
     refused = {key.removeprefix(names.REFUSED_PREFIX) for key in tags if key.startswith(names.REFUSED_PREFIX)}
     reasons = [
@@ -537,11 +538,12 @@ def print_reuse(client: MlflowClient, parent: Run, children: int) -> None:
     ]
     new = reasons.count(NEW)
     counts = Counter(reason for reason in reasons if reason != NEW)
-    parts = [f"measured {new} new job{'s' if new != 1 else ''} (no earlier run of the same config)"] if new else []
+    measured, again = ("began measuring", "began re-measuring") if stopped else ("measured", "re-measured")
+    parts = [f"{measured} {new} new job{'s' if new != 1 else ''} (no earlier run of the same config)"] if new else []
     if counts:
         remeasured = sum(counts.values())
         parts.append(
-            f"re-measured {remeasured} job{'s' if remeasured != 1 else ''}: "
+            f"{again} {remeasured} job{'s' if remeasured != 1 else ''}: "
             + ", ".join(f"{count} {reason}" for reason, count in sorted(counts.items()))
             + " (each job's line says which run or file)"
         )

@@ -507,6 +507,8 @@ def test_journal_on_a_full_disk_keeps_the_run_in_mlflow(tmp_path: Path) -> None:
     assert run.info.status == "FINISHED" and run.data.metrics[names.update_metric("count")] == 50
     assert "No space left on device" in run.data.tags[names.JOURNAL_LOST]
     assert len(client.get_metric_history(run.info.run_id, names.UPDATE_SERIES)) == 55
+    (said,) = [line for line in result.stdout.splitlines() if line.startswith("outputs ")]
+    assert "not all kept (" in said and "No space left on device" in said and names.JOURNAL_LOST in said
 
 
 # --- wrong results --------------------------------------------------------------------------------

@@ -162,6 +162,10 @@ def test_a_job_without_an_earlier_run_is_new_and_counted_apart_from_changed_ones
         "measured 2 new jobs (no earlier run of the same config); "
         "re-measured 1 job: 1 contended (each job's line says which run or file)\n"
     )
+    print_reuse(client, client.get_run(current), children=3, stopped=True)  # a signal stopped the sweep
+    assert capsys.readouterr().out.startswith(
+        "began measuring 2 new jobs (no earlier run of the same config); began re-"
+    )
 
 
 def _sweep_config(*overrides: str, task: tuple[str, ...] = ()):
