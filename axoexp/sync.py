@@ -115,8 +115,7 @@ def _run(client: MlflowClient, start: Mapping[str, Any] | None, journal_id: str 
 
 def _journal_ids(records: list[dict[str, Any]]) -> list[str]:
     """The journals whose records these are (a record of an older journal names none, its start does)."""
-    ids = [record.get("journal") or (record["journal_id"] if record["kind"] == START else None) for record in records]
-    return list(dict.fromkeys(journal_id for journal_id in ids if journal_id))
+    return list(dict.fromkeys(journal_id for journal_id in map(_journal_of, records) if journal_id))
 
 
 def _processes(records: list[dict[str, Any]]) -> str:
@@ -136,19 +135,48 @@ def sync_journal(client: MlflowClient, path: Path) -> str:
     The run is created if the store lacks it; completed if the store holds fewer of its
     updates than the journal, or it stopped answering mid-run; ended if it is still RUNNING
     and its process is gone. Everything is logged with the journal's own timestamps and
-    update indices, so syncing again logs nothing twice.
+    update indices, so syncing again logs nothing twice. A journal two runs wrote (processes
+    given one output folder) is synced run by run, each record to the run it names.
     """
     contents = read_journal_lines(path)
     records, damage = contents.records, contents.damage()
     said = f"; {damage}" if damage else ""
+    cut_line = contents.damaged[-1] if contents.cut_at_end else None
     ids = _journal_ids(records)
-    if len(ids) > 1:
+    if len(ids) <= 1:
+        return _sync_run(client, path, records, cut_line, said)
+    owners = [_journal_of(record) for record in records]
+    if None in owners:  # an older journal's records name no journal: whose they are is not known
         return (
             f"refused: it holds the records of {len(ids)} runs (processes {_processes(records)}) that shared one "
-            f"output folder; they are not merged{said}"
+            f"output folder, and some records name no run; they are not merged{said}"
         )
+    done = [
+        _sync_run(
+            client,
+            path,
+            [record for record, owner in zip(records, owners, strict=True) if owner == journal_id],
+            cut_line if owners[-1] == journal_id else None,  # a line cut off at the end: the last writer's
+            said,
+        )
+        for journal_id in ids
+    ]
+    return f"it holds the records of {len(ids)} runs that shared one output folder, each synced apart: " + "; ".join(
+        done
+    )
+
+
+def _journal_of(record: Mapping[str, Any]) -> str | None:
+    """The journal a record belongs to: its own ``journal`` key, or a start record's journal id."""
+    return record.get("journal") or (record.get("journal_id") if record["kind"] == START else None)
+
+
+def _sync_run(client: MlflowClient, path: Path, records: list[dict[str, Any]], cut_line: int | None, said: str) -> str:
+    """:func:`sync_journal` for the records of one run (``cut_line``: the journal's last line, cut off
+    mid-write, where it is this run's)."""
     starts = [record for record in records if record["kind"] == START]
     start = starts[0] if starts else None
+    ids = _journal_ids(records)
     run = _run(client, start, ids[0] if ids else None)
     if start is None and run is None:
         return f"skipped: no readable start record, and no run in the store has its journal id{said}"
@@ -177,7 +205,6 @@ def sync_journal(client: MlflowClient, path: Path) -> str:
             tags=start["tags"],
         )
     missing = _replay(Tracker(client, run.info.run_id), records)
-    cut_line = contents.damaged[-1] if contents.cut_at_end else None
     status, reason, end_time = _ending(run, records, ends, cut_line, tags)
     synced = {names.SYNCED: f"from {path} at {get_current_time_millis()} ms{said}"}
     if start is None:
