@@ -105,6 +105,10 @@ class BanksError(AxoexpError, ValueError):
     exit_code = 2
 
 
+class JobExitedError(AxoexpError):
+    """A sweep's job called ``sys.exit`` (a plugin's code, say): the job fails, the sweep goes on."""
+
+
 class JobKilledError(AxoexpError):
     """A sweep's job process died of a signal; its run was ended KILLED from its journal."""
 

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from axoexp import processes
-from axoexp.errors import AxoexpError, JobKilledError
+from axoexp.errors import AxoexpError, JobExitedError, JobKilledError
 
 SWEEP_PROCESS_ENV = "AXOEXP_SWEEP_PROCESS"
 """``HOST PID START`` of a sweep's main process, set by the sweep for its job processes to watch."""
@@ -127,8 +127,12 @@ def _child(work: Callable[[], Any], write_end: int, waiter: int) -> None:
 
 def _picklable(error: BaseException) -> BaseException:
     """``error`` itself if it survives pickling, else a RuntimeError with its text; any but an
-    axoexp error (one line for the user) carries the child's traceback as a note."""
-    if not isinstance(error, AxoexpError | KeyboardInterrupt | SystemExit):
+    axoexp error (one line for the user) carries the child's traceback as a note. A ``sys.exit``
+    in the job is its failure, not the sweep's: raised as it is, it would end the waiting
+    process, which launches the other jobs."""
+    if isinstance(error, SystemExit):
+        return JobExitedError(f"the job called sys.exit({error.code!r}) in process {os.getpid()}")
+    if not isinstance(error, AxoexpError | KeyboardInterrupt):
         error.add_note(f"(in the job's process {os.getpid()})\n" + "".join(traceback.format_exception(error)))
     try:
         pickle.loads(pickle.dumps(error))

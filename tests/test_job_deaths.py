@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -284,7 +285,7 @@ def check_a_killed_main_process(root: Path, process: subprocess.Popen[str]) -> N
 
 @pytest.mark.slow
 def test_an_isolated_job_hands_back_what_it_returned_or_raised() -> None:
-    from axoexp.errors import ConfigError
+    from axoexp.errors import ConfigError, JobExitedError
     from axoexp.job_process import run_isolated
 
     def never(pid: int, how: str) -> str:
@@ -301,6 +302,9 @@ def test_an_isolated_job_hands_back_what_it_returned_or_raised() -> None:
     with pytest.raises(ZeroDivisionError) as raised:
         run_isolated(lambda: 1 / 0, never)
     assert "in the job's process" in raised.value.__notes__[0], "the child's traceback comes along"
+    for code in ("giving up", 0):  # a job's sys.exit is its failure: as SystemExit it would end the sweep
+        with pytest.raises(JobExitedError, match=rf"^the job called sys.exit\({code!r}\) in process \d+$"):
+            run_isolated(lambda code=code: sys.exit(code), never)
 
 
 @pytest.mark.slow
