@@ -157,7 +157,8 @@ def _main() -> None:
             raise
         if isinstance(error, AxoexpError):  # in a sweep, a job's error (but a refusal before any job)
             _exit_with(str(error), 1 if multirun and not isinstance(error, RefusedTargetError) else error.exit_code)
-        _exit_with(one_line(error), 1 if multirun else 2)
+        composing = isinstance(error, ConfigCompositionException | OverrideParseException)  # before any job ran
+        _exit_with(one_line(error), 1 if multirun and not composing else 2)
     except OSError as error:  # Hydra creating the output folder or writing its files there
         if _tracebacks_wanted:
             raise

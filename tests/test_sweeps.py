@@ -336,6 +336,10 @@ REFUSED_SWEEPS = {  # sweeps refused before any run: their overrides and the one
         "job 0 (loss=foo population.neurons=0): loss=foo: no such option; valid loss options: causal_mse, huber, mse; "
         "job 1 (loss=foo population.neurons=2): loss=foo: no such option; valid loss options: causal_mse, huber, mse",
     ),
+    "a_bad_value_every_job_shares": (  # Hydra composes the sweep's base config first: exit 2, as a single run
+        ("optimizer.lr=abc", "population.neurons=2,3"),
+        "axoexp: optimizer.lr=abc: Value 'abc' of type 'str' could not be converted to Float",
+    ),
     "slurm_without_slurm": (
         ("hydra/launcher=slurm", "population.neurons=2,3"),
         "axoexp: hydra/launcher=slurm needs SLURM, but 'srun' is not on PATH here; start the sweep on a "
