@@ -225,6 +225,8 @@ class MlflowSweepCallback(Callback):
             client.set_terminated(parent, status="FINISHED")
             return
         reason = f"{len(unfinished)} of {len(children)} child runs did not finish"
+        if unfinished:
+            reason += f" ({', '.join(sorted(str(child.info.run_name) for child in unfinished))})"
         if refused:
             reason += f"; {len(refused)} jobs were refused before creating a run (tags {names.REFUSED_PREFIX}*)"
         for job, how in sorted(died.items()):
@@ -234,7 +236,14 @@ class MlflowSweepCallback(Callback):
         elif not all_jobs_returned and not refused and not died:
             reason += "; a job failed or the sweep was interrupted"
         client.set_tag(parent, names.FAILURE, reason)
-        client.set_terminated(parent, status="KILLED" if stopped_by else "FAILED")
+        status = "KILLED" if stopped_by else "FAILED"
+        client.set_terminated(parent, status=status)
+        for child in sorted(
+            unfinished, key=lambda run: str(run.info.run_name)
+        ):  # not only the first error Hydra raised
+            why = child.data.tags.get(names.FAILURE, "no reason recorded")
+            print(f"axoexp: {child.info.run_name}: {child.info.status}: {why}", file=sys.stderr, flush=True)
+        print(f"axoexp: the sweep ended {status}: {reason}", file=sys.stderr, flush=True)
 
 
 LAUNCHER_NEEDS = {"SlurmLauncher": ("srun", "slurm", "SLURM")}

@@ -103,8 +103,11 @@ def test_failing_job_fails_the_parent_but_keeps_the_others(sweeps) -> None:
     (parent,), children = _split(runs)
     assert parent.info.status == "FAILED"
     assert parent.data.tags[names.FAILURE] == (
-        "1 of 2 child runs did not finish; 2 jobs were refused before creating a run (tags axoexp.refused.*)"
+        "1 of 2 child runs did not finish (03 flaky 2x12x4 neurons=2 measured_updates=3); "
+        "2 jobs were refused before creating a run (tags axoexp.refused.*)"
     )
+    assert lines[-2].startswith("axoexp: 03 flaky 2x12x4 neurons=2 measured_updates=3: FAILED: ")
+    assert lines[-1] == f"axoexp: the sweep ended FAILED: {parent.data.tags[names.FAILURE]}"
     refused = sorted(value for key, value in parent.data.tags.items() if key.startswith(names.REFUSED_PREFIX))
     assert [value.split(":")[0] for value in refused] == [
         "executor=eager,population.neurons=0,run.measured_updates=3",
