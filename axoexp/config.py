@@ -212,6 +212,14 @@ def one_line(error: BaseException) -> str:
     if unknown:
         return unknown
     text = str(error).strip().splitlines()[0].removeprefix("Error merging override ")
+    ambiguous = re.fullmatch(r"Ambiguous value for argument '(.*)'", text)
+    if ambiguous:  # Hydra's hints follow on lines of their own
+        override = ambiguous.group(1)
+        key, _, values = override.partition("=")
+        return (
+            f"{override}: several values outside a sweep; to sweep over them add -m (--multirun), "
+            f"for a list write {key}=[{values}], for a string quote it: {key}='{values}'"
+        )
     if isinstance(cause, OmegaConfBaseException):
         detail = (getattr(cause, "msg", None) or str(cause)).strip().splitlines()[0]
         return f"{text}: {detail}"

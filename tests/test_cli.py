@@ -51,6 +51,11 @@ USER_ERRORS = [
         "cudagraph, eager, fused_cudagraph, reduce_overhead, regional_cudagraph",
     ),
     ("loss=null", "loss=null: every run needs a loss option; valid loss options: causal_mse, huber, mse"),
+    (
+        "population.neurons=3,64",
+        "population.neurons=3,64: several values outside a sweep; to sweep over them add -m (--multirun), for a list "
+        "write population.neurons=[3,64], for a string quote it: population.neurons='3,64'",
+    ),
 ]
 COMMANDS = {  # a name: the command's arguments
     "default": ("executor=eager", "loss=causal_mse"),
