@@ -73,7 +73,7 @@ def _experiment(config: DictConfig, hydra_config: HydraConf) -> float | None:
     wallclock.mark("imports")
     job_name = run_name = on_planned = None
     if hydra_config.mode == RunMode.MULTIRUN:
-        job_name = hydra_config.job.override_dirname or "defaults"
+        job_name = describe_run.unescaped(hydra_config.job.override_dirname) or "defaults"
         job_number, overrides = hydra_config.job.num, list(hydra_config.overrides.task)
         run_name = lambda plan: describe_run.job_run_name(plan, job_number, overrides)  # noqa: E731
         resume = sweep.resume_job(config, hydra_config.job.num)

@@ -289,3 +289,11 @@ def test_runs_with_lengths_report_each_bucket_and_plot_latency_against_length(
     first = rows["padded_eager"]["length_buckets"][0]["bucket"]
     rows_again = build_rows([padded])
     assert bucket_span(rows_again[0], 0) == (9, first), "the first bucket holds lengths from the shortest listed"
+
+
+def test_a_swept_lengths_rule_is_named_as_written_not_as_hydra_escapes_it() -> None:
+    from axoexp.describe import short_overrides, unescaped
+
+    escaped = r"population.lengths=uniform\:16\:40"  # a sweep job's override, as Hydra hands it on
+    assert short_overrides([escaped, "loss=mse"]) == ["lengths=uniform:16:40", "mse"]
+    assert unescaped(r"population.lengths=uniform\:16\:40,loss=mse") == "population.lengths=uniform:16:40,loss=mse"
