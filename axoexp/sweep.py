@@ -71,6 +71,7 @@ PARENT_FILE = "mlflow_parent_run_id"
 PARENT_OVERRIDE_KEY = "sweep.parent_run_id"
 REPEAT_OVERRIDE_KEY = "sweep.repeat"
 NEW = "new"  # resume's reason for a job with no earlier run of its config
+SAME_SWEEPS = "in an earlier sweep of the same jobs"  # where sweep.resume=same_sweep looks
 RESUME_CANDIDATES = 200  # newest runs of a job's result key looked at for reuse
 WORKER_GRACE_S = 10.0
 """How long a stopped sweep waits for its workers to end their runs (SLURM's grace is 30 s)."""
@@ -467,7 +468,7 @@ def _decide(client: MlflowClient, config: DictConfig, parent_id: str, mode: str)
         return Resume(None, f"{NEW}: no earlier run (experiment {config.tracking.experiment!r} is new)")
     repeat = f"params.`{names.SWEEP_REPEAT_PARAM}` = '{config.sweep.repeat}'"
     scope = None if mode == "any" else _same_sweeps(client, found.experiment_id, parent_id)
-    where = "in any run" if scope is None else "in an earlier sweep of the same jobs"
+    where = "in any run" if scope is None else SAME_SWEEPS
 
     def search(condition: str) -> list[Run]:
         runs = client.search_runs(
@@ -534,21 +535,27 @@ def _what_changed(earlier: Run, config: DictConfig) -> str:
 
 
 def print_reuse(client: MlflowClient, parent: Run, children: int, stopped: bool = False) -> None:
-    """Say how many jobs were new (no earlier run of the same config), how many were measured again,
+    """Say how many jobs were new (no earlier run to reuse), how many were measured again,
     by reason (``measured 2 new jobs; re-measured 4 jobs: 3 contended, 1 code changed``; ``began
     measuring ...`` in a sweep a signal ``stopped``), and how many reused earlier runs, and from
     which sweeps (``reused k of n jobs from ...``)."""
     tags = parent.data.tags
     refused = {key.removeprefix(names.REFUSED_PREFIX) for key in tags if key.startswith(names.REFUSED_PREFIX)}
-    reasons = [
-        value.partition(":")[0]
+    said = [
+        value
         for key, value in parent.data.tags.items()
         if key.startswith(names.REMEASURED_PREFIX) and key.removeprefix(names.REMEASURED_PREFIX) not in refused
     ]
+    reasons = [value.partition(":")[0] for value in said]
     new = reasons.count(NEW)
     counts = Counter(reason for reason in reasons if reason != NEW)
     measured, again = ("began measuring", "began re-measuring") if stopped else ("measured", "re-measured")
-    parts = [f"{measured} {new} new job{'s' if new != 1 else ''} (no earlier run of the same config)"] if new else []
+    elsewhere = (
+        "; sweep.resume=any also reuses other sweeps' runs and single runs"
+        if any(value.startswith(NEW) and SAME_SWEEPS in value for value in said)
+        else ""
+    )
+    parts = [f"{measured} {new} new job{'s' if new != 1 else ''} (no earlier run to reuse{elsewhere})"] if new else []
     if counts:
         remeasured = sum(counts.values())
         parts.append(

@@ -69,7 +69,8 @@ def test_a_job_reuses_only_finished_jobs_of_earlier_sweeps_with_the_same_definit
 
     print_reuse(client, client.get_run(current), children=1)
     assert capsys.readouterr().out == (
-        "measured 1 new job (no earlier run of the same config)\n"
+        "measured 1 new job (no earlier run to reuse; "
+        "sweep.resume=any also reuses other sweeps' runs and single runs)\n"
         f"reused 1 of 2 jobs from 'sweep population.neurons=2,3 sweep.resume=false "
         f"tracking.uri=x' ({earlier}) (sweep.resume=false re-measures)\n"
     )
@@ -159,13 +160,12 @@ def test_a_job_without_an_earlier_run_is_new_and_counted_apart_from_changed_ones
     assert tags[f"{names.REMEASURED_PREFIX}job0"].startswith(f"contended: the earlier run {contended}")
     print_reuse(client, client.get_run(current), children=3)
     assert capsys.readouterr().out == (
-        "measured 2 new jobs (no earlier run of the same config); "
+        "measured 2 new jobs (no earlier run to reuse; "
+        "sweep.resume=any also reuses other sweeps' runs and single runs); "
         "re-measured 1 job: 1 contended (each job's line says which run or file)\n"
     )
     print_reuse(client, client.get_run(current), children=3, stopped=True)  # a signal stopped the sweep
-    assert capsys.readouterr().out.startswith(
-        "began measuring 2 new jobs (no earlier run of the same config); began re-"
-    )
+    assert capsys.readouterr().out.startswith("began measuring 2 new jobs (no earlier run to reuse; ")
 
 
 def _sweep_config(*overrides: str, task: tuple[str, ...] = ()):
