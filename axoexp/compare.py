@@ -116,13 +116,19 @@ def verdict(low: float | None, high: float | None, threshold: float) -> str:
     return NO_CHANGE
 
 
-def too_few_runs(base_runs: int, new_runs: int) -> str:
+def too_few_runs(base_runs: int, new_runs: int, set_apart: int = 0) -> str:
     """Why a row gets no verdict for lack of repeats, e.g. ``one run per side: ...``; ``""`` when both
-    sides have :data:`~axoexp.statistics.MIN_RUNS` runs or more."""
+    sides have :data:`~axoexp.statistics.MIN_RUNS` runs or more. ``set_apart``: the config's contended
+    runs, in a row of their own, that would have made up the repeats."""
     short = [side for side, runs in (("BASE", base_runs), ("NEW", new_runs)) if runs < MIN_RUNS]
     if not short:
         return ""
     where = "per side" if len(short) == 2 else f"on {short[0]}"
+    if set_apart:
+        return (
+            f"one quiet run {where}: run-to-run spread unknown; {set_apart} contended run"
+            f"{'s' if set_apart != 1 else ''} of it set apart (--include-contended pools them)"
+        )
     return f"one run {where}: run-to-run spread unknown; measure with sweep.repeats={MIN_RUNS} or more"
 
 
@@ -169,9 +175,9 @@ def compare(client: MlflowClient, base: Side, new: Side, threshold: float) -> li
     contended runs are compared apart and never stand in for its quiet repeats."""
     by_id = {run.info.run_id: run for run in [*base.runs, *new.runs]}
     swept = [key for key in swept_keys([*base.runs, *new.runs]) if key != EXECUTOR_KEY]
-    before_rows = _by_config(base.rows, by_id)
+    before_rows, new_rows = _by_config(base.rows, by_id), _by_config(new.rows, by_id)
     comparisons = []
-    for (config, contended), row in _by_config(new.rows, by_id).items():
+    for (config, contended), row in new_rows.items():
         before = before_rows.get((config, contended)) or before_rows.get((config, not contended))
         if before is None:
             continue
@@ -181,7 +187,9 @@ def compare(client: MlflowClient, base: Side, new: Side, threshold: float) -> li
         ratio = row.median_ms / before.median_ms
         unfinished = [f"{side} {r.status}" for side, r in (("base", before), ("new", row)) if r.status != "FINISHED"]
         comparable = not unfinished and all(base_series) and all(new_series)
-        few = too_few_runs(before.repeats, row.repeats) if comparable else ""
+        disturbed = [] if contended else [rows.get((config, True)) for rows in (before_rows, new_rows)]
+        set_apart = sum(other.repeats for other in disturbed if other is not None)
+        few = too_few_runs(before.repeats, row.repeats, set_apart) if comparable else ""
         if comparable and not few:
             interval = median_ratio_interval(new_series, base_series)
             ratio, low, high = interval.estimate, interval.low, interval.high

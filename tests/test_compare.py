@@ -187,6 +187,26 @@ def test_quiet_repeats_are_compared_with_quiet_ones_and_a_contended_repeat_apart
     assert disturbed["caution"].endswith("contended (cpu)")
 
 
+def test_a_quiet_row_short_of_repeats_says_its_contended_runs_were_set_apart(
+    client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """sweep.repeats=2 on a busy machine: one repeat a side contended leaves one quiet run a side."""
+    sides = []
+    for commit in ("aaaa", "bbbb"):
+        parent = client.create_run(experiment, tags={names.SWEEP_ROLE: "parent"}).info.run_id
+        _run(client, experiment, parent, "0.1", 1.0, commit=commit)
+        _run(client, experiment, parent, "0.1", 1.0, commit=commit, repeat=1, **{names.TIMING_CONTENTION: "cpu"})
+        client.set_terminated(parent, "FINISHED")
+        sides.append(parent)
+
+    assert _compare(tracking_uri, *sides, "--format", "json") == 0
+    quiet, _ = json.loads(capsys.readouterr().out)["rows"]
+    assert quiet["caution"] == (
+        "one quiet run per side: run-to-run spread unknown; 2 contended runs of it set apart "
+        "(--include-contended pools them)"
+    )
+
+
 def test_repeats_pool_and_latest_2_compares_the_two_newest_sweeps(
     client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
