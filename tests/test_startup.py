@@ -279,5 +279,8 @@ def test_a_sweep_value_without_multirun_is_refused_in_one_line_as_before(tmp_pat
     """The run-mode composition fails on it, Hydra's own path runs and refuses it (exit 2, no store)."""
     result = run_cli("population.neurons=2,5", cwd=tmp_path)
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == ["axoexp: Ambiguous value for argument 'population.neurons=2,5'"]
+    assert result.stderr.strip().splitlines() == [
+        "axoexp: population.neurons=2,5: several values outside a sweep; to sweep over them add -m (--multirun), "
+        "for a list write population.neurons=[2,5], for a string quote it: population.neurons='2,5'"
+    ]
     assert not (tmp_path / "mlflow.db").exists()
