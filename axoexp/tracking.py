@@ -47,6 +47,7 @@ SQLITE_COMPANIONS = ("-journal", "-wal", "-shm")  # files sqlite keeps beside a 
 SQLITE_PREFIX = "sqlite:///"
 MAX_BATCH = 1000  # MLflow's limit on metrics per log_batch call
 MAX_PARAM_LENGTH = 500
+SQLITE_LOCKED = ("database is locked", "database table is locked")  # how sqlite says SQLITE_BUSY, SQLITE_LOCKED
 STORE_LOCK_WAIT_S = 20
 """Seconds a check waits for a sqlite store another process holds locked (MLflow's own busy timeout)."""
 UNREACHABLE = (MlflowException, requests.exceptions.RequestException, OSError)
@@ -294,14 +295,12 @@ def store_damage(path: Path) -> str | None:
                 row = database.execute("SELECT version_num FROM alembic_version").fetchone()
                 version = row[0] if row else None
             runs = database.execute("SELECT count(*) FROM runs").fetchone()[0] if "runs" in tables else 0
-    except sqlite3.OperationalError as error:
-        if not sqlite_busy(error):
-            return f"{path} is damaged, not a readable MLflow store ({error}); move it aside: {aside}"
-        raise StoreLockedError(
-            f"{path} is locked by another process ({error} for {STORE_LOCK_WAIT_S} s); the store is not damaged: "
-            "retry once that process is done with it"
-        ) from None
     except sqlite3.DatabaseError as error:
+        if isinstance(error, sqlite3.OperationalError) and sqlite_busy(error):
+            raise StoreLockedError(
+                f"{path} is locked by another process ({error} for {STORE_LOCK_WAIT_S} s); the store is not "
+                "damaged: retry once that process is done with it"
+            ) from None
         return f"{path} is damaged, not a readable MLflow store ({error}); move it aside: {aside}"
     head = latest_schema_revision()
     leftovers = [table for table in tables if table.startswith("_alembic_tmp_")]
@@ -323,7 +322,7 @@ def store_failure(reason: str) -> str:
     """What a store error's text says of the store, as a message's verb: locked, on a full disk, or
     (anything else: a dead server, a refused connection) unreachable."""
     text = reason.lower()
-    if "database is locked" in text or "database table is locked" in text:
+    if any(phrase in text for phrase in SQLITE_LOCKED):
         return "is locked by another process"
     if "database or disk is full" in text or "no space left on device" in text:
         return "is on a full disk"
@@ -333,7 +332,7 @@ def store_failure(reason: str) -> str:
 def sqlite_busy(error: BaseException) -> bool:
     """Whether ``error`` (sqlite's, or one wrapping it) says the database is locked by another connection."""
     text = str(error).lower()
-    return "database is locked" in text or "database table is locked" in text or "busy" in text
+    return any(phrase in text for phrase in SQLITE_LOCKED) or "busy" in text
 
 
 def latest_schema_revision() -> str:
