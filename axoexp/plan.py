@@ -125,12 +125,9 @@ class Plan:
         e.g. ``"eager"`` for a reference; by default the planned one with its parameters.
         """
         parameters = adaptation_parameters(module)
-        with optimizer_calls.constructing():
-            optimizer = self.components["optimizer"].build(
-                self.params["optimizer"], parameters=parameters, capturable=self.capturable
-            )
-        transform = self.components["gradient_transform"].build(
-            self.params["gradient_transform"], parameters=parameters
+        optimizer, transform = (
+            build_update_part(self.components[group], self.params[group], parameters, self.capturable)
+            for group in UPDATE_PARTS
         )
         chosen = self.components["executor"]
         entry = chosen if executor is None else self.registry.get("executor", executor)
@@ -147,6 +144,22 @@ class Plan:
 
 
 RESUME_MODES = ("same_sweep", "any", "false")
+UPDATE_PARTS = ("optimizer", "gradient_transform")
+
+
+def build_update_part(component: Component, params: dict[str, Any], parameters: list[Any], capturable: bool) -> Any:
+    """The optimizer (``capturable`` as resolved) or the gradient transform over ``parameters``, as a
+    run builds it, and as planning builds it over the probe's to see whether it refuses its settings."""
+    if component.group == "optimizer":
+        with optimizer_calls.constructing():
+            return component.build(params, parameters=parameters, capturable=capturable)
+    return component.build(params, parameters=parameters)
+
+
+def fails_alike(where: torch.device, run_device: torch.device) -> bool:
+    """Whether what fails on a probe built ``where`` fails the same in the run: the run builds the same
+    population (factory, parameters, seed, dtype, shapes) on the same kind of device, the CPU."""
+    return where.type == "cpu" and run_device.type == "cpu"
 
 
 def executor_class(entry: Component) -> type[Executor]:
@@ -333,7 +346,7 @@ def loss_problems(loss: Component, params: dict[str, Any], probe: PopulationSetu
     except IncompatibleComponentsError as error:
         return [f"loss={loss.name}: {error}"]
     except Exception as error:
-        if where.type == "cpu" and device.type == "cpu":
+        if fails_alike(where, device):
             return [
                 f"loss={loss.name}: a forward and loss of this population's shortest batch raise {first_line(error)}"
             ]
@@ -423,7 +436,7 @@ def probe_population(
     except Exception as error:
         if isinstance(error, AxoexpError):  # its message is the user's line already
             return None, str(error).splitlines()[0]
-        if device.type == "cpu" and run_device.type == "cpu":
+        if fails_alike(device, run_device):
             return None, f"population={population.name} cannot be built: {first_line(error)}"
         log.info("population %s cannot be built on %s (%s); it is judged when built", population.name, device, error)
         return None, None
@@ -466,12 +479,11 @@ def update_problems(
     parameters = adaptation_parameters(probe.module)
     where = parameters[0].device
     problems = []
-    for group, context in (("optimizer", {"capturable": capturable}), ("gradient_transform", {})):
+    for group in UPDATE_PARTS:
         try:
-            with optimizer_calls.constructing():
-                components[group].build(params[group], parameters=parameters, **context)
+            build_update_part(components[group], params[group], parameters, capturable)
         except Exception as error:
-            if isinstance(error, ValueError) or (where.type == "cpu" and device.type == "cpu"):
+            if isinstance(error, ValueError) or fails_alike(where, device):
                 problems.append(f"{group}={components[group].name} refuses its settings: {first_line(error)}")
             else:
                 log.info(
