@@ -13,7 +13,7 @@ import difflib
 import re
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -252,29 +252,25 @@ def added_keys(config: DictConfig, cls: type = ExperimentConfig, section: str = 
     return problems
 
 
-def bounded_keys(cls: type = ExperimentConfig, prefix: str = "") -> dict[str, Bounds]:
+def _leaf_settings(cls: type = ExperimentConfig, prefix: str = "") -> Iterator[tuple[str, dataclasses.Field[Any]]]:
+    """Each top-level setting that is no section of settings, by its dotted key."""
+    hints = typing.get_type_hints(cls)
+    for item in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[item.name]):
+            yield from _leaf_settings(hints[item.name], f"{prefix}{item.name}.")
+        else:
+            yield f"{prefix}{item.name}", item
+
+
+def bounded_keys() -> dict[str, Bounds]:
     """Dotted top-level keys that declare an allowed range, with that range."""
-    found: dict[str, Bounds] = {}
-    hints = typing.get_type_hints(cls)
-    for item in dataclasses.fields(cls):
-        if dataclasses.is_dataclass(hints[item.name]):
-            found.update(bounded_keys(hints[item.name], f"{prefix}{item.name}."))
-        elif item.metadata.get("bounds") is not None:
-            found[f"{prefix}{item.name}"] = item.metadata["bounds"]
-    return found
+    return {key: item.metadata["bounds"] for key, item in _leaf_settings() if item.metadata.get("bounds") is not None}
 
 
-def choice_keys(cls: type = ExperimentConfig, prefix: str = "") -> dict[str, tuple[Any, ...]]:
+def choice_keys() -> dict[str, tuple[Any, ...]]:
     """Dotted top-level keys whose ``--help`` type is a ``Literal``, with its choices."""
-    found: dict[str, tuple[Any, ...]] = {}
-    hints = typing.get_type_hints(cls)
-    for item in dataclasses.fields(cls):
-        choices = literal_choices(item.metadata.get("type"))
-        if dataclasses.is_dataclass(hints[item.name]):
-            found.update(choice_keys(hints[item.name], f"{prefix}{item.name}."))
-        elif choices is not None:
-            found[f"{prefix}{item.name}"] = choices
-    return found
+    choices = {key: literal_choices(item.metadata.get("type")) for key, item in _leaf_settings()}
+    return {key: allowed for key, allowed in choices.items() if allowed is not None}
 
 
 def _config_type(annotation: Any, default: Any) -> Any:
