@@ -125,12 +125,27 @@ def _uncommitted_diff(excluded: Iterable[Path]) -> str | None:
     return _git(["diff", "HEAD", "--binary", "--", *(f":(exclude){file}" for file in inside)], PACKAGE_DIR)
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``AMD EPYC 9654 96-Core Processor``): what tells two hosts' CPUs apart.
+    On Linux ``platform.processor()`` is empty or names only the architecture (``x86_64``), so
+    ``/proc/cpuinfo`` comes first; the architecture only where it names no model."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and value.strip():
+            return value.strip()
+    return platform.processor() or platform.machine()
+
+
 def device_identity(device: torch.device) -> dict[str, str]:
     """The hardware a timing belongs to: host, CPU and, on CUDA, the GPU model."""
     identity = {
         names.DEVICE: device.type,
         names.HOSTNAME: socket.gethostname(),
-        names.CPU_MODEL: platform.processor() or platform.machine(),
+        names.CPU_MODEL: cpu_model(),
     }
     if device.type == "cuda" and torch.cuda.is_available():
         index = device.index if device.index is not None else torch.cuda.current_device()
@@ -193,7 +208,7 @@ def device_info(device: torch.device) -> dict[str, str]:
         names.DEVICE: str(device),
         names.HOSTNAME: socket.gethostname(),
         names.PLATFORM: platform.platform(),
-        names.CPU_MODEL: platform.processor() or platform.machine(),
+        names.CPU_MODEL: cpu_model(),
         names.version_tag("cuda_runtime"): str(torch.version.cuda),
         names.CUDA_AVAILABLE: str(torch.cuda.is_available()).lower(),
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import platform
 import re
 from pathlib import Path
 
@@ -114,6 +115,9 @@ def test_eager_run_is_logged_to_sqlite_and_reads_back(make_config, client, tmp_p
     )
     assert tags["version.torch"] == torch.__version__ and tags["version.axosim"] == "0.1.0"
     assert tags["git.dirty"] in {"true", "false"} and tags["device"] == "cpu" and tags["seed"] == "0"
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    models = set(re.findall(r"^model name\s*:\s*(.+?)\s*$", cpuinfo, re.MULTILINE))
+    assert tags[names.CPU_MODEL] in (models or {platform.processor() or platform.machine()}), "the model, not x86_64"
     assert tags["determinism.deterministic_algorithms"] == "false"
     assert tags[names.SOURCE_GIT_COMMIT] == tags["git.commit"]
     assert tags[names.SOURCE_NAME] in {"python -m pytest", "pytest"}
