@@ -18,6 +18,16 @@ A row whose runs were contended (timing.contention not none) or noisy (timing.no
 either side is marked and never counted as a regression; such runs form rows of their own, apart
 from a config's quiet repeats, unless --include-contended pools them (as the report's flag does).
 Quiet rows are matched with quiet rows, contended with contended (else with the config's other row).
+
+A row whose sides were timed on other hardware is marked (other hardware: NVIDIA H200 -> NVIDIA
+A100) and never counted as a regression, nor is one where a side pools runs of several kinds
+(mixed hardware: ...): the ratio may be the hardware's doing. Hardware is the GPU model (tag gpu.name) of
+a CUDA run and the CPU model (tag cpu) of any run, as the CPU times a CUDA run's host side too; not
+the GPU's UUID nor the host's name (two H200s are one hardware), nor the GPU driver or the versions
+of CUDA, torch, axosim and python: a change of those can be the regression, as a change of the code
+can. The header shows each side's code, hardware and those versions, and says so in a line where
+the sides ran on different hardware.
+
 Exit 1 when any row is a regression, 0 otherwise, 2 with one line on bad input or a store that
 cannot be read.
 """
@@ -57,6 +67,15 @@ DEFAULT_THRESHOLD = "5%"
 SLOWER, FASTER, NO_CHANGE, NOT_COMPARED = "slower", "faster", "no change", "not compared"
 NO_VERDICT = "no verdict"
 CODE_TAGS = (names.GIT_COMMIT, names.GIT_DIRTY, names.CODE_HASH, names.PLUGINS_HASH)
+HARDWARE_TAGS = (names.GPU_NAME, names.CPU_MODEL)  # what a timing was measured on (hardware())
+ENVIRONMENT_TAGS = (
+    names.GPU_DRIVER,
+    names.version_tag("cuda_runtime"),
+    names.version_tag("torch"),
+    names.version_tag("axosim"),
+    names.version_tag("python"),
+)
+NO_GPU = "no GPU"  # a CPU run's GPU
 LATEST_SCAN = 1000  # newest runs looked at for --latest
 
 
@@ -73,7 +92,8 @@ class Comparison:
     ratio_low: float | None  # 95% bootstrap interval of ratio, where both sides have their series
     ratio_high: float | None
     verdict: str  # slower | faster | no change | no verdict | not compared
-    caution: str  # why the verdict does not decide: "contended (cpu)", "noisy", "new FAILED", "one run per side...", ""
+    caution: str  # why the verdict does not decide: "contended (cpu)", "noisy", "new FAILED", "one run per side...",
+    # "other hardware: NVIDIA H200 -> NVIDIA A100", ""
     regression: bool  # slower, with no caution
     base_runs: int
     new_runs: int
@@ -81,9 +101,22 @@ class Comparison:
     new_run_ids: tuple[str, ...]
 
 
+def hardware(run: Run) -> dict[str, str]:
+    """What the run was timed on, its :data:`HARDWARE_TAGS`: the GPU model (:data:`NO_GPU` for a CPU run)
+    and the host's CPU model, which times a CUDA run's host side (launches, eager's Python) too. Not
+    the GPU's UUID nor the host's name: two H200s are one hardware to a regression gate; nor the
+    driver or versions, which are the environment (shown, as the code is)."""
+    tags = run.data.tags
+    return {names.GPU_NAME: tags.get(names.GPU_NAME, NO_GPU), names.CPU_MODEL: tags.get(names.CPU_MODEL, "?")}
+
+
+def _joined(values: set[str]) -> str:
+    return ",".join(sorted(values)) or "?"
+
+
 @dataclass(frozen=True)
 class Side:
-    """BASE or NEW: its name, runs and the code they ran."""
+    """BASE or NEW: its name, runs, and the code, hardware and environment they ran on."""
 
     label: str
     runs: list[Run]
@@ -91,7 +124,16 @@ class Side:
 
     def code(self) -> dict[str, str]:
         """Commit, dirty, code and plugin hashes; several values of one joined by ``,``."""
-        return {tag: ",".join(sorted({run.data.tags.get(tag, "?") for run in self.runs}) or ["?"]) for tag in CODE_TAGS}
+        return {tag: _joined({run.data.tags.get(tag, "?") for run in self.runs}) for tag in CODE_TAGS}
+
+    def hardware(self) -> dict[str, str]:
+        """GPU and CPU model (:func:`hardware`); several values of one joined by ``,``."""
+        return {tag: _joined({hardware(run)[tag] for run in self.runs}) for tag in HARDWARE_TAGS}
+
+    def environment(self) -> dict[str, str]:
+        """GPU driver and versions, of those the runs logged; several values of one joined by ``,``."""
+        logged = [tag for tag in ENVIRONMENT_TAGS if any(tag in run.data.tags for run in self.runs)]
+        return {tag: _joined({run.data.tags.get(tag, "?") for run in self.runs}) for tag in logged}
 
 
 def parse_threshold(text: str) -> float:
@@ -139,6 +181,36 @@ def untrusted(runs: Sequence[Run]) -> str:
     if any(run.data.tags.get(names.TIMING_NOISE) == HIGH for run in runs):
         reasons.append("noisy")
     return ", ".join(reasons)
+
+
+def other_hardware(base: Sequence[Run], new: Sequence[Run]) -> str:
+    """``other hardware: NVIDIA H200 -> NVIDIA A100`` (each part of :func:`hardware` that differs; a side
+    that pools several kinds names them all), ``mixed hardware: ...`` where both sides pool the same
+    kinds, or ``""``: why a ratio may be the hardware's doing, not the code's."""
+    changed, mixed = [], []
+    for tag in HARDWARE_TAGS:
+        before, after = (sorted({hardware(run)[tag] for run in runs}) for runs in (base, new))
+        if before != after:
+            changed.append(f"{' and '.join(before)} -> {' and '.join(after)}")
+        elif len(before) > 1:
+            mixed.append(" and ".join(before))
+    reasons = [f"other hardware: {'; '.join(changed)}"] if changed else []
+    return ", ".join(reasons + ([f"mixed hardware: {'; '.join(mixed)}"] if mixed else []))
+
+
+def hardware_note(base: Side, new: Side) -> str:
+    """A line where not every run was timed on one hardware: what differs between the sides, or what
+    they mix; ``""`` otherwise."""
+    if len({tuple(hardware(run).values()) for run in [*base.runs, *new.runs]}) < 2:
+        return ""
+    before, after = base.hardware(), new.hardware()
+    changed = [f"{tag} {before[tag]} -> {after[tag]}" for tag in HARDWARE_TAGS if before[tag] != after[tag]]
+    what = "ran on different hardware" if changed else "each mix hardware"
+    listed = "; ".join(changed) or ", ".join(f"{tag} {value}" for tag, value in before.items())
+    return (
+        f"{base.label} and {new.label} {what} ({listed}): rows on other or mixed hardware are marked "
+        "and never counted as regressions"
+    )
 
 
 def load_side(client: MlflowClient, run_id: str, label: str, include_contended: bool = False) -> Side:
@@ -193,8 +265,9 @@ def compare(client: MlflowClient, base: Side, new: Side, threshold: float) -> li
         if comparable and not few:
             interval = median_ratio_interval(new_series, base_series)
             ratio, low, high = interval.estimate, interval.low, interval.high
-        timing = untrusted([by_id[run_id] for run_id in (*before.run_ids, *row.run_ids)])
-        caution = ", ".join(filter(None, [*unfinished, few, timing]))
+        base_runs, new_runs = [by_id[run_id] for run_id in before.run_ids], [by_id[run_id] for run_id in row.run_ids]
+        timing, elsewhere = untrusted([*base_runs, *new_runs]), other_hardware(base_runs, new_runs)
+        caution = ", ".join(filter(None, [*unfinished, few, timing, elsewhere]))
         outcome = NO_VERDICT if few else verdict(low, high, threshold)
         first = by_id[row.run_id]
         comparisons.append(
@@ -281,7 +354,12 @@ def format_comparison(comparisons: list[Comparison], base: Side, new: Side, styl
     """The comparison as ``text``, ``markdown``, ``csv`` (rows only) or ``json`` (sides' code and rows)."""
     if style == "json":
         sides = {
-            side.label.lower(): {"run_ids": [run.info.run_id for run in side.runs], "code": side.code()}
+            side.label.lower(): {
+                "run_ids": [run.info.run_id for run in side.runs],
+                "code": side.code(),
+                "hardware": side.hardware(),
+                "environment": side.environment(),
+            }
             for side in (base, new)
         }
         return json.dumps({**sides, "threshold": threshold, "rows": [_record(c) for c in comparisons]}, indent=2)
@@ -289,13 +367,18 @@ def format_comparison(comparisons: list[Comparison], base: Side, new: Side, styl
         return csv_text([field.name for field in fields(Comparison)], [list(_record(c).values()) for c in comparisons])
     lines = [
         f"{side.label}: {len(side.runs)} runs; "
-        + ", ".join(f"{tag} {value[:12] if tag.endswith('sha256') else value}" for tag, value in side.code().items())
+        + "; ".join(
+            ", ".join(f"{tag} {value[:12] if tag.endswith('sha256') else value}" for tag, value in identity.items())
+            for identity in (side.code(), side.hardware(), side.environment())
+            if identity
+        )
         for side in (base, new)
     ]
     lines.append(
         f"{len(comparisons)} rows matched; verdict from the {CONFIDENCE:.0%} interval of new/base "
         f"against 1 ± {threshold * 100:.3g}%, given {MIN_RUNS} or more runs per side; regressions in capitals"
     )
+    lines += filter(None, [hardware_note(base, new)])
     table = grid([COLUMNS, *(_cells(c) for c in comparisons)], NUMERIC_COLUMNS, markdown=style == "markdown")
     if style == "markdown":
         return "\n".join(f"- {line}" for line in lines) + "\n\n" + table

@@ -207,6 +207,92 @@ def test_a_quiet_row_short_of_repeats_says_its_contended_runs_were_set_apart(
     )
 
 
+H200 = {names.GPU_NAME: "NVIDIA H200", names.CPU_MODEL: "AMD EPYC 9654 96-Core Processor"}
+A100 = {**H200, names.GPU_NAME: "NVIDIA A100-SXM4-80GB"}
+ANOTHER_H200 = {  # another host's H200: another UUID, device index, driver and torch; the same hardware
+    **H200,
+    names.HOSTNAME: "node7",
+    names.LEASE_DEVICE: "cuda:1 GPU-7f3e",
+    names.DEVICE: "cuda:1",
+    names.GPU_DRIVER: "570.86",
+    names.version_tag("torch"): "2.6.0",
+}
+
+
+def test_rows_timed_on_other_hardware_are_marked_and_never_regressions(
+    client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """NEW 1.5x slower on every row: only the row on the same GPU and CPU model is a regression, however
+    its host, GPU, driver and torch differ; another GPU model, a side pooling two, another CPU model
+    (CPU runs) and both sides pooling the same two are each marked."""
+    amd, intel = {names.CPU_MODEL: H200[names.CPU_MODEL]}, {names.CPU_MODEL: "Intel(R) Xeon(R) Platinum 8480+"}
+    repeats = {  # optimizer.lr: the tags of BASE's two repeats, of NEW's two
+        "0.1": ((H200, H200), (A100, A100)),
+        "0.2": ((H200, H200), (ANOTHER_H200, ANOTHER_H200)),
+        "0.3": ((H200, H200), (H200, A100)),
+        "0.4": ((amd, amd), (intel, intel)),  # CPU runs
+        "0.5": ((H200, A100), (H200, A100)),
+    }
+    parents = []
+    for side, (commit, scale) in enumerate((("aaaa", 1.0), ("bbbb", 1.5))):
+        parent = client.create_run(experiment, tags={names.SWEEP_ROLE: "parent"}).info.run_id
+        for lr, tags in repeats.items():
+            for repeat, hardware in enumerate(tags[side]):
+                _run(
+                    client,
+                    experiment,
+                    parent,
+                    lr,
+                    scale * (1 + 0.01 * repeat),
+                    commit=commit,
+                    repeat=repeat,
+                    **hardware,
+                )
+        client.set_terminated(parent, "FINISHED")
+        parents.append(parent)
+
+    assert _compare(tracking_uri, *parents, "--format", "json") == 1
+    report = json.loads(capsys.readouterr().out)
+    rows = {row["settings"]: row for row in report["rows"]}
+    assert {settings: (row["verdict"], row["regression"], row["caution"]) for settings, row in rows.items()} == {
+        "optimizer.lr=0.1": ("slower", False, "other hardware: NVIDIA H200 -> NVIDIA A100-SXM4-80GB"),
+        "optimizer.lr=0.2": ("slower", True, ""),
+        "optimizer.lr=0.3": ("slower", False, "other hardware: NVIDIA H200 -> NVIDIA A100-SXM4-80GB and NVIDIA H200"),
+        "optimizer.lr=0.4": (
+            "slower",
+            False,
+            "other hardware: AMD EPYC 9654 96-Core Processor -> Intel(R) Xeon(R) Platinum 8480+",
+        ),
+        "optimizer.lr=0.5": ("slower", False, "mixed hardware: NVIDIA A100-SXM4-80GB and NVIDIA H200"),
+    }
+    assert rows["optimizer.lr=0.1"]["ratio"] == pytest.approx(1.5, rel=0.02) and rows["optimizer.lr=0.1"]["ratio_low"]
+    assert report["new"]["hardware"] == {
+        names.GPU_NAME: "NVIDIA A100-SXM4-80GB,NVIDIA H200,no GPU",
+        names.CPU_MODEL: "AMD EPYC 9654 96-Core Processor,Intel(R) Xeon(R) Platinum 8480+",
+    }
+    assert report["new"]["environment"] == {names.GPU_DRIVER: "570.86,?", names.version_tag("torch"): "2.6.0,?"}
+
+
+def test_the_header_says_the_sides_ran_on_different_hardware(
+    client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 1.5x slowdown measured on an A100 against an H200: no regression, exit 0, and the header says why."""
+    environment = {names.GPU_DRIVER: "550.54", names.version_tag("torch"): "2.5.1"}
+    base = _sweep(client, experiment, {"0.1": 1.0}, **H200, **environment)
+    new = _sweep(client, experiment, {"0.1": 1.5}, commit="bbbb", **A100, **environment)
+
+    assert _compare(tracking_uri, base, new) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith(
+        "; gpu.name NVIDIA H200, cpu AMD EPYC 9654 96-Core Processor; gpu.driver 550.54, version.torch 2.5.1"
+    )
+    assert lines[3] == (
+        "BASE and NEW ran on different hardware (gpu.name NVIDIA H200 -> NVIDIA A100-SXM4-80GB): rows on other "
+        "or mixed hardware are marked and never counted as regressions"
+    )
+    assert "slower   other hardware: NVIDIA H200 -> NVIDIA A100-SXM4-80GB" in lines[-1]
+
+
 def test_repeats_pool_and_latest_2_compares_the_two_newest_sweeps(
     client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
