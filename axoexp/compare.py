@@ -29,7 +29,10 @@ can. The header shows each side's code, hardware and those versions, and says so
 the sides ran on different hardware.
 
 Exit 1 when any row is a regression, 0 otherwise, 2 with one line on bad input or a store that
-cannot be read.
+cannot be read: damaged, a file store, locked by another process, a server that does not answer
+(where the report exits 1 for the last two, compare keeps 1 for its verdict). A reader that stops
+early (| head) is no fault: the exit status is still the verdict's, so a CI shell with pipefail
+fails on a regression and only then.
 """
 
 from __future__ import annotations
@@ -40,14 +43,14 @@ import math
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
-from pathlib import Path
 
 from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from axoexp import names
-from axoexp.errors import AxoexpError, ComparisonError, NoSweepError, StoreError, first_line
+from axoexp.errors import ComparisonError
+from axoexp.readers import open_store, reading
 from axoexp.report.rows import (
     EXECUTOR_KEY,
     ReportRow,
@@ -61,7 +64,6 @@ from axoexp.report.rows import (
 from axoexp.report.table import FORMATS, csv_text, grid
 from axoexp.statistics import CONFIDENCE, HIGH, MIN_RUNS, median_ratio_interval
 from axoexp.stdout import print_out
-from axoexp.tracking import SQLITE_PREFIX, UNREACHABLE, bound_http_retries, resolve_tracking_uri, store_problem
 
 DEFAULT_THRESHOLD = "5%"
 SLOWER, FASTER, NO_CHANGE, NOT_COMPARED = "slower", "faster", "no change", "not compared"
@@ -77,6 +79,7 @@ ENVIRONMENT_TAGS = (
 )
 NO_GPU = "no GPU"  # a CPU run's GPU
 LATEST_SCAN = 1000  # newest runs looked at for --latest
+REGRESSION, FAULT = 1, 2  # exit statuses: a regression found; bad input or a store that cannot be read
 
 
 @dataclass(frozen=True)
@@ -386,17 +389,10 @@ def format_comparison(comparisons: list[Comparison], base: Side, new: Side, styl
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Compare; exit 1 on a regression, 2 with one line on bad input or a store that cannot be read."""
-    bound_http_retries()
-    try:
+    """Compare; exit 1 on a regression, 0 otherwise, 2 with one line on bad input or a store that cannot be read."""
+    with reading("axoexp.compare", fault_status=FAULT):
         regressions = run_compare(argv)
-    except AxoexpError as error:
-        print(f"axoexp.compare: {error}", file=sys.stderr)
-        sys.exit(2)
-    except UNREACHABLE as error:
-        print(f"axoexp.compare: the MLflow store could not be read: {first_line(error)}", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(1 if regressions else 0)
+    sys.exit(REGRESSION if regressions else 0)
 
 
 def run_compare(argv: list[str] | None = None) -> int:
@@ -421,13 +417,7 @@ def run_compare(argv: list[str] | None = None) -> int:
         raise ComparisonError(f"--latest={args.latest}: only --latest 2 (BASE the older, NEW the newer) is supported")
     if (args.latest is None) == (len(args.runs) != 2) or (args.latest is not None and args.runs):
         raise ComparisonError(f"runs={' '.join(args.runs) or '(none)'}: give BASE NEW (two run ids) or --latest 2")
-    uri = resolve_tracking_uri(args.tracking_uri)
-    if uri.startswith(SQLITE_PREFIX) and not Path(uri.removeprefix(SQLITE_PREFIX)).is_file():
-        raise NoSweepError(f"no MLflow store at {uri}; give --tracking-uri or run something first")
-    problem = store_problem(uri)
-    if problem:
-        raise StoreError(problem)
-    client = MlflowClient(tracking_uri=uri)
+    client = open_store(args.tracking_uri, "give --tracking-uri or run something first")
     base_id, new_id = latest_two(client, args.experiment) if args.latest else args.runs
     base = load_side(client, base_id, "BASE", args.include_contended)
     new = load_side(client, new_id, "NEW", args.include_contended)

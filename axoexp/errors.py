@@ -67,6 +67,13 @@ class StoreError(AxoexpError):
     not be created (e.g. its disk is full). The message names the file and what to do."""
 
 
+class UnusableStoreError(StoreError):
+    """A store the report and compare refuse to read, as a run refuses it: damaged, half-built, of an
+    older schema, or a file store (:func:`axoexp.tracking.store_problem` names what to do)."""
+
+    exit_code = 2
+
+
 class StoreLockedError(StoreError):
     """Another process holds the sqlite store locked for longer than a write takes: the store is
     healthy and the config fine; retry once that process is done with it."""

@@ -13,6 +13,10 @@ and marked axoexp.synced, so syncing twice changes nothing.
 Then every RUNNING run of those stores (of the default store where no journal was given)
 whose process (tags process.pid, hostname) ran on this host and is gone is ended KILLED
 with the reason, from its journal if it has one.
+
+Exit status: 0 done; 2 a path that does not exist or a store that is no usable MLflow store
+(damaged, half-built, an older schema, a file store); 1 a store that was locked by another process
+for 20 s or did not answer (the same command completes the rest later); 130 Ctrl-C.
 """
 
 from __future__ import annotations
@@ -416,8 +420,8 @@ def _target(path: Path, explicit: str | None, default: str) -> tuple[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command; its status: 0 done, 1 a store could not be reached or was locked, 2 a usage or store
-    problem, 130 Ctrl-C (one line: a journal cut off mid-upload is completed by the same command again)."""
+    """The command; its exit status as the module says (one line on Ctrl-C: a journal cut off mid-upload
+    is completed by the same command again)."""
     try:
         return _main(argv)
     except StoreLockedError as error:

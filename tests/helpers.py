@@ -8,7 +8,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -110,6 +111,27 @@ def registry_with_plugins(directory: Path) -> Registry:
             del REGISTRY._components[entry.group][entry.name]
             ConfigStore.instance().store(group=entry.group, name=entry.name, node=node_class(entry))
     return registry
+
+
+HOLD_LOCK = """
+import sqlite3, sys, time
+store = sqlite3.connect(sys.argv[1], isolation_level=None)
+store.execute("BEGIN EXCLUSIVE")
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+@contextmanager
+def held_locked(store: Path) -> Iterator[None]:
+    """Another process holds the sqlite file ``store`` locked (``BEGIN EXCLUSIVE``) meanwhile."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(store)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        yield
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def free_port() -> int:

@@ -53,6 +53,7 @@ LAYERS = (
         "axoexp.registry",
         "axoexp.runtime",
         "axoexp.tracking",
+        "axoexp.readers",
         "axoexp.outputs",
         "axoexp.windows",
         "axoexp.kernels*",

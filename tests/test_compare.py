@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import REPO, free_port, run_clis
+from helpers import REPO, run_clis
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
@@ -343,42 +343,31 @@ def test_bad_input_is_one_line_and_exit_2(
         assert err.startswith(message) and err.count("\n") == 1, err
 
 
-def test_a_store_that_cannot_be_read_is_one_line_and_exit_2(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Exit 1 means a regression: a damaged database, a file store or a dead server is one line and exit 2,
-    the server's after the retries bounded as tracking.* bounds a run's."""
-    for variable in (names.HTTP_MAX_RETRIES_ENV, names.HTTP_TIMEOUT_ENV, names.HTTP_BACKOFF_FACTOR_ENV):
-        monkeypatch.delenv(variable, raising=False)
-    (tmp_path / "mlflow.db").write_text("garbage\n")
-    for uri, message in (
-        (f"sqlite:///{tmp_path / 'mlflow.db'}", "mlflow.db is damaged, not a readable MLflow store"),
-        (str(tmp_path / "mlruns"), "a file store, which MLflow"),
-        (f"http://127.0.0.1:{free_port()}", "the MLflow store could not be read: MlflowException: API request"),
-    ):
-        assert _compare(uri, "--latest", "2") == 2
-        err = capsys.readouterr().err
-        assert err.startswith("axoexp.compare: ") and message in err and err.count("\n") == 1, err
-    assert os.environ[names.HTTP_MAX_RETRIES_ENV] == "2" and os.environ[names.HTTP_TIMEOUT_ENV] == "10"
-
-
 @pytest.mark.slow
-def test_a_reader_that_stops_early_ends_no_comparison_with_a_traceback(
+def test_a_reader_that_stops_early_leaves_the_verdict_as_the_exit_status(
     client: MlflowClient, experiment: str, tracking_uri: str
 ) -> None:
-    """``compare ... | head -1``: the reader closes the pipe; the verdict stands (exit 1), nothing on stderr."""
+    """``compare ... | head -0``: the reader closes the pipe, which is no fault of the comparison; the
+    exit status is still the verdict's (1 on a regression, 0 without), nothing on stderr. Both run at once."""
     base = _sweep(client, experiment, {"0.1": 1.0})
-    new = _sweep(client, experiment, {"0.1": 1.5}, commit="bbbb")
+    news = {_sweep(client, experiment, {"0.1": scale}, commit="bbbb"): status for scale, status in ((1.5, 1), (1.0, 0))}
     read, write = os.pipe()
     os.close(read)  # the reader is gone before anything is written
     try:
-        args = ["--tracking-uri", tracking_uri, base, new, "--format", "json"]
-        ended = subprocess.run(
-            [sys.executable, "-m", "axoexp.compare", *args], cwd=REPO, stdout=write, stderr=subprocess.PIPE, text=True
-        )
+        started = {
+            new: subprocess.Popen(
+                [sys.executable, "-m", "axoexp.compare", "--tracking-uri", tracking_uri, base, new, "--format", "json"],
+                cwd=REPO,
+                stdout=write,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for new in news
+        }
+        ended = {new: (process.communicate(timeout=300)[1], process.returncode) for new, process in started.items()}
     finally:
         os.close(write)
-    assert (ended.returncode, ended.stderr) == (1, "")
+    assert ended == {new: ("", status) for new, status in news.items()}
 
 
 def test_decide_md_states_the_noise_threshold_the_code_uses() -> None:

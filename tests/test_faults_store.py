@@ -13,7 +13,6 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 import helpers
 import pytest
 import torch
-from helpers import run_cli
+from helpers import held_locked, run_cli
 from mlflow.tracking import MlflowClient
 from test_faults import (
     LONG_RUN,
@@ -34,11 +33,13 @@ from test_faults import (
 )
 
 from axoexp import lease, names, tracking
+from axoexp.compare import main as compare_main
 from axoexp.components.population import CheckpointError
 from axoexp.errors import ConfigError, StoreLockedError
 from axoexp.experiment import RESULT_FILE, run_experiment
 from axoexp.journal import JOURNAL_FILE, read_journal_lines
 from axoexp.plan import plan_experiment
+from axoexp.report.__main__ import main as report_main
 from axoexp.sync import end_dead_run, end_dead_runs, stored_updates, sync_journal
 from axoexp.sync import main as sync_main
 from axoexp.tracking import CREATING_SUFFIX, open_client, store_problem
@@ -51,7 +52,7 @@ def assert_one_line(stderr: str, expected: str) -> None:
     assert TRACEBACK not in stderr, stderr
     lines = [line for line in stderr.splitlines() if expected in line]
     assert len(lines) == 1, stderr
-    assert lines[0].startswith(("axoexp: ", "axoexp.sync: ", "axoexp.report: ")), lines[0]
+    assert lines[0].startswith(("axoexp: ", "axoexp.sync: ", "axoexp.report: ", "axoexp.compare: ")), lines[0]
 
 
 @pytest.fixture
@@ -112,28 +113,17 @@ def test_a_store_that_is_not_a_database_is_named_in_one_line(tmp_path: Path) -> 
     assert f"mv {store} {store}.broken" in problem and "\n" not in problem
 
 
-HOLD_LOCK = """
-import sqlite3, sys, time
-store = sqlite3.connect(sys.argv[1], isolation_level=None)
-store.execute("BEGIN EXCLUSIVE")
-print("locked", flush=True)
-time.sleep(120)
-"""
-
-
 def test_a_store_another_process_holds_locked_is_called_locked_not_damaged(
     make_config, tmp_path: Path, empty_store: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A healthy store locked by another process was once called damaged, with advice to move it
     aside (which would hide every run in it), exit 2. It is a passing state, not a config error:
-    exit 1, with the advice to retry."""
+    exit 1, with the advice to retry; in compare too, but exit 2, as its 1 is a regression."""
     store = tmp_path / "mlflow.db"
     shutil.copyfile(empty_store, store)
     uri = f"sqlite:///{store}"
     monkeypatch.setattr(tracking, "STORE_LOCK_WAIT_S", 0.2)  # MLflow's 20 s, shortened for the test
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(store)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+    with held_locked(store):
         with pytest.raises(StoreLockedError) as raised:
             plan_experiment(make_config("run.measured_updates=5", f"tracking.uri={uri}"))
         assert raised.value.exit_code == 1 and "is damaged" not in str(raised.value) and "mv " not in str(raised.value)
@@ -143,9 +133,11 @@ def test_a_store_another_process_holds_locked_is_called_locked_not_damaged(
         assert str(raised.value).endswith("the store is not damaged: retry once that process is done with it")
         assert sync_main(["--tracking-uri", uri]) == 1
         assert_one_line(capsys.readouterr().err, f"{store} is locked by another process")
-    finally:
-        holder.kill()
-        holder.wait()
+        for command, main, status in (("report", report_main, 1), ("compare", compare_main, 2)):
+            with pytest.raises(SystemExit) as ended:
+                main(["--tracking-uri", uri, *(["--latest", "2"] if command == "compare" else [])])
+            assert ended.value.code == status
+            assert capsys.readouterr().err == f"axoexp.{command}: {raised.value}\n"
     assert store_problem(uri) is None  # the lock gone, the same store is fine
 
 
@@ -211,7 +203,9 @@ def test_signals_during_store_creation_never_leave_a_half_built_store(tmp_path: 
 
 
 @pytest.mark.slow
-def test_a_corrupted_store_is_one_line_in_a_run_a_sweep_the_report_and_sync(tmp_path: Path, empty_store: Path) -> None:
+def test_a_corrupted_store_is_one_line_and_exit_2_in_a_run_a_sweep_the_report_compare_and_sync(
+    tmp_path: Path, empty_store: Path
+) -> None:
     store = tmp_path / "mlflow.db"
     shutil.copyfile(empty_store, store)
     with store.open("r+b") as stream:
@@ -219,10 +213,11 @@ def test_a_corrupted_store_is_one_line_in_a_run_a_sweep_the_report_and_sync(tmp_
     expected = (
         f"mlflow.db is damaged, not a readable MLflow store (file is not a database); move it aside: mv {store.name}"
     )
-    refused = {  # each refused before it writes anything, so all four start together; what each exits with
+    refused = {  # each refused before it writes anything, so all start together; what each exits with
         ("axoexp", "run.measured_updates=1"): 2,
         ("axoexp", "-m", "run.measured_updates=1", "population.neurons=2"): 2,  # every job refused: no run
-        ("axoexp.report",): 1,  # the report exits 1 on a store error
+        ("axoexp.report",): 2,
+        ("axoexp.compare", "--latest", "2"): 2,
         ("axoexp.sync",): 2,
     }
     started = {command: helpers.start_cli(*command[1:], cwd=tmp_path, module=command[0]) for command in refused}

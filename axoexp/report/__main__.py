@@ -14,7 +14,8 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from axoexp import names, report
-from axoexp.errors import AxoexpError, NoSweepError, ReportError, StoreError
+from axoexp.errors import NoSweepError, ReportError
+from axoexp.readers import open_store, reading
 from axoexp.report.figure import FIGURE, plot, title
 from axoexp.report.length_figure import LENGTHS_FIGURE, plot_lengths
 from axoexp.report.pareto import (
@@ -29,14 +30,7 @@ from axoexp.report.pareto import (
 from axoexp.report.rows import ReportRow, build_rows, sweep_runs
 from axoexp.report.table import BUCKETS_CSV, FORMATS, format_buckets, format_table
 from axoexp.stdout import print_out
-from axoexp.tracking import (
-    SQLITE_PREFIX,
-    UNREACHABLE,
-    bound_http_retries,
-    newest_run,
-    resolve_tracking_uri,
-    store_problem,
-)
+from axoexp.tracking import newest_run
 
 
 def latest_parent(client: MlflowClient, experiment: str) -> Run:
@@ -68,13 +62,13 @@ def figure_path(out: Path) -> Path:
     return out
 
 
-def named_run(client: MlflowClient, run_id: str, uri: str) -> Run:
+def named_run(client: MlflowClient, run_id: str) -> Run:
     """The run ``--parent`` names; one line if there is none."""
     try:
         return client.get_run(run_id)
     except MlflowException as error:
         if error.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
-            raise NoSweepError(f"--parent {run_id}: no such run at {uri}") from error
+            raise NoSweepError(f"--parent {run_id}: no such run at {client.tracking_uri}") from error
         raise
 
 
@@ -95,17 +89,10 @@ def single_run_line(run: Run) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Print the report of a sweep; a user error exits 2 with one line, a store that cannot be read 1."""
-    bound_http_retries()
-    try:
+    """Print the report of a sweep; bad input or a store that cannot be read is one line and exit 2 or 1
+    (:mod:`axoexp.readers`)."""
+    with reading("axoexp.report"):
         run_report(argv)
-    except AxoexpError as error:
-        print(f"axoexp.report: {error}", file=sys.stderr)
-        sys.exit(error.exit_code)
-    except UNREACHABLE as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        print(f"axoexp.report: the MLflow store could not be read: {reason}", file=sys.stderr)
-        sys.exit(1)
 
 
 def run_report(argv: list[str] | None = None) -> None:
@@ -136,14 +123,8 @@ def run_report(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     out = figure_path(args.out) if args.out else None  # refused before the store is read
-    uri = resolve_tracking_uri(args.tracking_uri)
-    if uri.startswith(SQLITE_PREFIX) and not Path(uri.removeprefix(SQLITE_PREFIX)).is_file():
-        raise NoSweepError(f"no MLflow store at {uri}; run a sweep first: python -m axoexp -m ...")
-    problem = store_problem(uri)
-    if problem:
-        raise StoreError(problem)
-    client = MlflowClient(tracking_uri=uri)
-    parent = named_run(client, args.parent, uri) if args.parent else latest_parent(client, args.experiment)
+    client = open_store(args.tracking_uri, "run a sweep first: python -m axoexp -m ...")
+    parent = named_run(client, args.parent) if args.parent else latest_parent(client, args.experiment)
     runs = sweep_runs(client, parent)
     if not runs and parent.data.tags.get(names.SWEEP_ROLE) != "parent":
         print_out(single_run_line(parent))

@@ -1,0 +1,56 @@
+"""The commands that read the store to decide (``python -m axoexp.report``, ``python -m axoexp.compare``):
+the store opened for reading, or one line saying why it cannot be, and the exit status.
+
+Exit status, as every axoexp command has it: 2 when the command refused (bad input, or a store
+that is no usable MLflow store: damaged, half-built, of an older schema, a file store), 1 when
+the store failed (another process held the sqlite file locked for 20 s, a server did not
+answer), so that the same command may work later. compare's 1 is its verdict, a regression:
+it exits 2 on every fault.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from mlflow.tracking import MlflowClient
+
+from axoexp.errors import AxoexpError, NoSweepError, UnusableStoreError, first_line, quiet_store_errors
+from axoexp.tracking import UNREACHABLE, bound_http_retries, resolve_tracking_uri, sqlite_path, store_problem
+
+STORE_FAILED = 1  # the exit status of a store that is locked or does not answer
+
+
+def open_store(tracking_uri: str | None, none_yet: str) -> MlflowClient:
+    """A client of the store ``tracking_uri`` names (else ``$MLFLOW_TRACKING_URI``, else
+    ``sqlite:///mlflow.db``) that has been checked for reading: :class:`NoSweepError` where its
+    sqlite file does not exist (``none_yet`` says what to do), :class:`UnusableStoreError` naming
+    what is wrong with it (:func:`~axoexp.tracking.store_problem`), or
+    :class:`~axoexp.errors.StoreLockedError` where another process holds it locked."""
+    uri = resolve_tracking_uri(tracking_uri)
+    path = sqlite_path(uri)
+    if path is not None and str(path) != ":memory:" and not path.is_file():
+        raise NoSweepError(f"no MLflow store at {uri}; {none_yet}")
+    problem = store_problem(uri)
+    if problem:
+        raise UnusableStoreError(problem)
+    return MlflowClient(tracking_uri=uri)
+
+
+@contextmanager
+def reading(command: str, fault_status: int | None = None) -> Iterator[None]:
+    """Run ``command``'s work: bad input or a store that cannot be read ends it with one line
+    (``command: ...``, no traceback) and the fault's exit status, or ``fault_status`` for every
+    fault (compare's). HTTP retries are bounded as ``tracking.*`` bounds a run's, and MLflow's
+    tracebacks of the database errors it raises again are kept off stderr."""
+    bound_http_retries()
+    quiet_store_errors()
+    try:
+        yield
+    except AxoexpError as error:
+        print(f"{command}: {error}", file=sys.stderr)
+        sys.exit(fault_status or error.exit_code)
+    except UNREACHABLE as error:
+        print(f"{command}: the MLflow store could not be read: {first_line(error)}", file=sys.stderr)
+        sys.exit(fault_status or STORE_FAILED)

@@ -1,0 +1,45 @@
+"""The report and compare on a store they cannot read (axoexp.readers): one line each, the same
+after the command's name, and the exit status of one rule: 2 for a store that is no usable store,
+1 for one that does not answer, but 2 in compare, whose 1 is a regression (a locked store:
+test_faults_store)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from helpers import free_port
+
+from axoexp import names
+from axoexp.compare import main as compare_main
+from axoexp.report.__main__ import main as report_main
+
+COMMANDS = {"axoexp.report": (report_main, []), "axoexp.compare": (compare_main, ["--latest", "2"])}
+
+
+@pytest.mark.parametrize(("command", "unanswered"), [("axoexp.report", 1), ("axoexp.compare", 2)])
+def test_a_store_that_cannot_be_read_is_one_line(
+    command: str, unanswered: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A damaged database and a file store are refused (exit 2); a dead server answers nothing after
+    the retries bounded as tracking.* bounds a run's (exit 1, compare's 2)."""
+    for variable in (names.HTTP_MAX_RETRIES_ENV, names.HTTP_TIMEOUT_ENV, names.HTTP_BACKOFF_FACTOR_ENV):
+        monkeypatch.delenv(variable, raising=False)
+    (tmp_path / "mlflow.db").write_text("garbage\n")
+    main, args = COMMANDS[command]
+    for uri, status, line in (
+        (
+            f"sqlite:///{tmp_path / 'mlflow.db'}",
+            2,
+            f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}: {tmp_path / 'mlflow.db'} is damaged, not a readable "
+            "MLflow store (file is not a database); move it aside: ",
+        ),
+        (str(tmp_path / "mlruns"), 2, f"tracking.uri={tmp_path / 'mlruns'}: a file store, which MLflow"),
+        (f"http://127.0.0.1:{free_port()}", unanswered, "the MLflow store could not be read: MlflowException: API"),
+    ):
+        with pytest.raises(SystemExit) as ended:
+            main(["--tracking-uri", uri, *args])
+        err = capsys.readouterr().err
+        assert ended.value.code == status and err.startswith(f"{command}: {line}") and err.count("\n") == 1, err
+    assert os.environ[names.HTTP_MAX_RETRIES_ENV] == "2" and os.environ[names.HTTP_TIMEOUT_ENV] == "10"
