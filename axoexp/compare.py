@@ -263,7 +263,7 @@ def compare(client: MlflowClient, base: Side, new: Side, threshold: float) -> li
         unfinished = [f"{side} {r.status}" for side, r in (("base", before), ("new", row)) if r.status != "FINISHED"]
         comparable = not unfinished and all(base_series) and all(new_series)
         disturbed = [] if contended else [rows.get((config, True)) for rows in (before_rows, new_rows)]
-        set_apart = sum(other.repeats for other in disturbed if other is not None)
+        set_apart = sum(other.repeats for other in disturbed if other is not None and other is not before)
         few = too_few_runs(before.repeats, row.repeats, set_apart) if comparable else ""
         if comparable and not few:
             interval = median_ratio_interval(new_series, base_series)

@@ -207,6 +207,27 @@ def test_a_quiet_row_short_of_repeats_says_its_contended_runs_were_set_apart(
     )
 
 
+def test_contended_runs_in_use_are_not_counted_as_set_apart(
+    client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """BASE's two repeats both contended, NEW's one of two: NEW's quiet run is compared with BASE's
+    contended row, so only NEW's contended run is set apart (it said 3, counting BASE's in use)."""
+    contended = {names.TIMING_CONTENTION: "cpu"}
+    base = _sweep(client, experiment, {"0.1": 1.0}, **contended)
+    new = client.create_run(experiment, tags={names.SWEEP_ROLE: "parent"}).info.run_id
+    _run(client, experiment, new, "0.1", 1.0, commit="bbbb")
+    _run(client, experiment, new, "0.1", 1.0, commit="bbbb", repeat=1, **contended)
+    client.set_terminated(new, "FINISHED")
+
+    assert _compare(tracking_uri, base, new, "--format", "json") == 0
+    quiet, disturbed = json.loads(capsys.readouterr().out)["rows"]
+    assert (quiet["base_runs"], quiet["new_runs"], quiet["base_run_ids"]) == (2, 1, disturbed["base_run_ids"])
+    assert quiet["caution"] == (
+        "one quiet run on NEW: run-to-run spread unknown; 1 contended run of it set apart "
+        "(--include-contended pools them), contended (cpu)"
+    )
+
+
 H200 = {names.GPU_NAME: "NVIDIA H200", names.CPU_MODEL: "AMD EPYC 9654 96-Core Processor"}
 A100 = {**H200, names.GPU_NAME: "NVIDIA A100-SXM4-80GB"}
 ANOTHER_H200 = {  # another host's H200: another UUID, device index, driver and torch; the same hardware
