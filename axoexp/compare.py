@@ -30,9 +30,9 @@ the sides ran on different hardware.
 
 Exit 1 when any row is a regression, 0 otherwise, 2 with one line on bad input or a store that
 cannot be read: damaged, a file store, locked by another process, a server that does not answer
-(where the report exits 1 for the last two, compare keeps 1 for its verdict). A reader that stops
-early (| head) is no fault: the exit status is still the verdict's, so a CI shell with pipefail
-fails on a regression and only then.
+(where the report exits 1 for the last two, compare keeps 1 for its verdict); 130 with one line on
+Ctrl-C. A reader that stops early (| head) is no fault: the exit status is still the verdict's, so a
+CI shell with pipefail fails on a regression and only then.
 """
 
 from __future__ import annotations

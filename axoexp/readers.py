@@ -4,8 +4,8 @@ the store opened for reading, or one line saying why it cannot be, and the exit 
 Exit status, as every axoexp command has it: 2 when the command refused (bad input, or a store
 that is no usable MLflow store: damaged, half-built, of an older schema, a file store), 1 when
 the store failed (another process held the sqlite file locked for 20 s, a server did not
-answer), so that the same command may work later. compare's 1 is its verdict, a regression:
-it exits 2 on every fault.
+answer), so that the same command may work later; 130 Ctrl-C, in one line too. compare's 1 is
+its verdict, a regression: it exits 2 on every fault.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from mlflow.tracking import MlflowClient
 
 from axoexp.errors import AxoexpError, NoSweepError, UnusableStoreError, first_line, quiet_store_errors
+from axoexp.signals import CTRL_C, OUTSIDE_A_RUN_EXIT
 from axoexp.tracking import UNREACHABLE, bound_http_retries, resolve_tracking_uri, sqlite_path, store_problem
 
 STORE_FAILED = 1  # the exit status of a store that is locked or does not answer
@@ -42,8 +43,9 @@ def open_store(tracking_uri: str | None, none_yet: str) -> MlflowClient:
 def reading(command: str, fault_status: int | None = None) -> Iterator[None]:
     """Run ``command``'s work: bad input or a store that cannot be read ends it with one line
     (``command: ...``, no traceback) and the fault's exit status, or ``fault_status`` for every
-    fault (compare's). HTTP retries are bounded as ``tracking.*`` bounds a run's, and MLflow's
-    tracebacks of the database errors it raises again are kept off stderr."""
+    fault (compare's); Ctrl-C ends it with one line and exit 130. HTTP retries are bounded as
+    ``tracking.*`` bounds a run's, and MLflow's tracebacks of the database errors it raises again
+    are kept off stderr."""
     bound_http_retries()
     quiet_store_errors()
     try:
@@ -54,3 +56,6 @@ def reading(command: str, fault_status: int | None = None) -> Iterator[None]:
     except UNREACHABLE as error:
         print(f"{command}: the MLflow store could not be read: {first_line(error)}", file=sys.stderr)
         sys.exit(fault_status or STORE_FAILED)
+    except KeyboardInterrupt:
+        print(f"{command}: {CTRL_C}", file=sys.stderr)
+        sys.exit(OUTSIDE_A_RUN_EXIT)

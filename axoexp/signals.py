@@ -24,7 +24,9 @@ from typing import Any
 from axoexp import names
 
 HANDLED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
-OUTSIDE_A_RUN = "interrupted (SIGINT) outside a run: no run was left unfinished"
+CTRL_C = "interrupted (SIGINT)"
+"""How every command's line on Ctrl-C begins."""
+OUTSIDE_A_RUN = f"{CTRL_C} outside a run: no run was left unfinished"
 """What Ctrl-C before a run's handlers are in place (imports, composition, planning) prints."""
 OUTSIDE_A_RUN_EXIT = 128 + signal.SIGINT
 SHUTDOWN_HTTP_TIMEOUT_S = 3

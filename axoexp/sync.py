@@ -51,7 +51,7 @@ from axoexp.journal import (
     WINDOW,
     read_journal_lines,
 )
-from axoexp.signals import OUTSIDE_A_RUN_EXIT
+from axoexp.signals import CTRL_C, OUTSIDE_A_RUN_EXIT
 from axoexp.tracking import (
     SQLITE_PREFIX,
     UNREACHABLE,
@@ -68,7 +68,7 @@ from axoexp.windows import MEASURED, WARMUP, UpdateTrace, log_traces
 
 RUNNING = "RUNNING"
 INTERRUPTED = (
-    "interrupted (SIGINT); what was uploaded stays, and running the same command again completes the rest "
+    f"{CTRL_C}; what was uploaded stays, and running the same command again completes the rest "
     "(nothing is logged twice)"
 )
 MEASURED_PARAM = "run.measured_updates"

@@ -6,14 +6,18 @@ test_faults_store)."""
 from __future__ import annotations
 
 import os
+import signal
+import socket
 from pathlib import Path
 
 import pytest
-from helpers import free_port
+from helpers import free_port, start_cli
+from test_faults_store import TRACEBACK
 
 from axoexp import names
 from axoexp.compare import main as compare_main
 from axoexp.report.__main__ import main as report_main
+from axoexp.signals import CTRL_C
 
 COMMANDS = {"axoexp.report": (report_main, []), "axoexp.compare": (compare_main, ["--latest", "2"])}
 
@@ -43,3 +47,26 @@ def test_a_store_that_cannot_be_read_is_one_line(
         err = capsys.readouterr().err
         assert ended.value.code == status and err.startswith(f"{command}: {line}") and err.count("\n") == 1, err
     assert os.environ[names.HTTP_MAX_RETRIES_ENV] == "2" and os.environ[names.HTTP_TIMEOUT_ENV] == "10"
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_ctrl_c_while_the_store_is_read_is_one_line_and_exit_130(command: str, tmp_path: Path) -> None:
+    """SIGINT while the command waits on its first request, to a server that accepts and never
+    answers: one line, exit 130, as sync's, where it printed urllib3's traceback."""
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(16)
+        hung.settimeout(60)
+        uri = f"http://127.0.0.1:{hung.getsockname()[1]}"
+        process = start_cli("--tracking-uri", uri, *COMMANDS[command][1], cwd=tmp_path, module=command)
+        try:
+            connection, _ = hung.accept()  # the command's first request
+            process.send_signal(signal.SIGINT)
+            _, stderr = process.communicate(timeout=60)
+            connection.close()
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+    assert process.returncode == 130 and TRACEBACK not in stderr, stderr
+    assert stderr.strip().splitlines() == [f"{command}: {CTRL_C}"], stderr
