@@ -50,7 +50,7 @@ from mlflow.tracking import MlflowClient
 
 from axoexp import names
 from axoexp.errors import ComparisonError
-from axoexp.readers import open_store, reading
+from axoexp.readers import TRACKING_URI_OPTION, add_store_option, open_store, reading
 from axoexp.report.rows import (
     EXECUTOR_KEY,
     ReportRow,
@@ -402,7 +402,7 @@ def run_compare(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("runs", nargs="*", metavar="BASE NEW", help="run ids or sweep parent run ids")
     parser.add_argument("--latest", type=int, default=None, metavar="2", help="the experiment's two newest runs")
-    parser.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
+    add_store_option(parser)
     parser.add_argument("--experiment", default="axoexp")
     parser.add_argument("--threshold", default=DEFAULT_THRESHOLD, help="smallest change that counts (default 5%%)")
     parser.add_argument("--format", choices=FORMATS, default="text")
@@ -417,7 +417,7 @@ def run_compare(argv: list[str] | None = None) -> int:
         raise ComparisonError(f"--latest={args.latest}: only --latest 2 (BASE the older, NEW the newer) is supported")
     if (args.latest is None) == (len(args.runs) != 2) or (args.latest is not None and args.runs):
         raise ComparisonError(f"runs={' '.join(args.runs) or '(none)'}: give BASE NEW (two run ids) or --latest 2")
-    client = open_store(args.tracking_uri, "give --tracking-uri or run something first")
+    client = open_store(args.tracking_uri, f"give {TRACKING_URI_OPTION} or run something first")
     base_id, new_id = latest_two(client, args.experiment) if args.latest else args.runs
     base = load_side(client, base_id, "BASE", args.include_contended)
     new = load_side(client, new_id, "NEW", args.include_contended)

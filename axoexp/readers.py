@@ -10,17 +10,35 @@ its verdict, a regression: it exits 2 on every fault.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from mlflow.environment_variables import MLFLOW_TRACKING_URI
 from mlflow.tracking import MlflowClient
 
 from axoexp.errors import AxoexpError, NoSweepError, UnusableStoreError, first_line, quiet_store_errors
 from axoexp.signals import CTRL_C, OUTSIDE_A_RUN_EXIT
-from axoexp.tracking import UNREACHABLE, bound_http_retries, resolve_tracking_uri, sqlite_path, store_problem
+from axoexp.tracking import (
+    DEFAULT_TRACKING_URI,
+    UNREACHABLE,
+    bound_http_retries,
+    resolve_tracking_uri,
+    sqlite_path,
+    store_problem,
+    tracking_uri_key,
+)
 
 STORE_FAILED = 1  # the exit status of a store that is locked or does not answer
+TRACKING_URI_OPTION = "--tracking-uri"  # the store's option, as the lines name it (a run's is tracking.uri)
+
+
+def add_store_option(parser: argparse.ArgumentParser) -> None:
+    """The command's :data:`TRACKING_URI_OPTION`, read by :func:`open_store` from ``args.tracking_uri``."""
+    parser.add_argument(
+        TRACKING_URI_OPTION, default=None, help=f"default: ${MLFLOW_TRACKING_URI.name} or {DEFAULT_TRACKING_URI}"
+    )
 
 
 def open_store(tracking_uri: str | None, none_yet: str) -> MlflowClient:
@@ -28,12 +46,13 @@ def open_store(tracking_uri: str | None, none_yet: str) -> MlflowClient:
     ``sqlite:///mlflow.db``) that has been checked for reading: :class:`NoSweepError` where its
     sqlite file does not exist (``none_yet`` says what to do), :class:`UnusableStoreError` naming
     what is wrong with it (:func:`~axoexp.tracking.store_problem`), or
-    :class:`~axoexp.errors.StoreLockedError` where another process holds it locked."""
+    :class:`~axoexp.errors.StoreLockedError` where another process holds it locked; either line
+    begins with where the URI was set (``--tracking-uri=...`` or ``$MLFLOW_TRACKING_URI=...``)."""
     uri = resolve_tracking_uri(tracking_uri)
     path = sqlite_path(uri)
     if path is not None and str(path) != ":memory:" and not path.is_file():
         raise NoSweepError(f"no MLflow store at {uri}; {none_yet}")
-    problem = store_problem(uri)
+    problem = store_problem(uri, tracking_uri_key(tracking_uri, TRACKING_URI_OPTION))
     if problem:
         raise UnusableStoreError(problem)
     return MlflowClient(tracking_uri=uri)

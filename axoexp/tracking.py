@@ -40,6 +40,8 @@ from axoexp.errors import StoreError, StoreLockedError
 _REVISION = re.compile(r"""^revision\s*=\s*["']([0-9A-Za-z_]+)["']\s*$""", re.MULTILINE)
 _DOWN_REVISION = re.compile(r"""^down_revision\s*=\s*(?:["']([0-9A-Za-z_]+)["']|(None))\s*$""", re.MULTILINE)
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+TRACKING_URI_KEY = "tracking.uri"
+"""Where a run and a sweep set their store (a Hydra key), as their lines name it."""
 FILE_STORE_SCHEMES = ("", "file")
 """What MLflow takes for a file store (a directory of files): a plain path, or ``file:``."""
 CREATING_SUFFIX = ".creating"  # a store being created: <name>.creating-<pid>, renamed into place when complete
@@ -105,9 +107,11 @@ def resolve_tracking_uri(uri: str | None) -> str:
     return uri or MLFLOW_TRACKING_URI.get() or DEFAULT_TRACKING_URI
 
 
-def tracking_uri_key(uri: str | None) -> str:
-    """Where the URI :func:`resolve_tracking_uri` gives for ``uri`` was set, as a message names it."""
-    return f"${MLFLOW_TRACKING_URI.name}" if not uri and MLFLOW_TRACKING_URI.get() else "tracking.uri"
+def tracking_uri_key(uri: str | None, setting: str = TRACKING_URI_KEY) -> str:
+    """Where the URI :func:`resolve_tracking_uri` gives for ``uri`` was set, as a message names it:
+    ``setting``, the command's own (a run's :data:`TRACKING_URI_KEY`, the report's ``--tracking-uri``),
+    or ``$MLFLOW_TRACKING_URI`` where ``uri`` is not given and that variable is."""
+    return f"${MLFLOW_TRACKING_URI.name}" if not uri and MLFLOW_TRACKING_URI.get() else setting
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
@@ -227,7 +231,7 @@ def sqlite_path(tracking_uri: str) -> Path | None:
     return Path(tracking_uri[len(SQLITE_PREFIX) :].partition("?")[0]).expanduser()
 
 
-def store_problem(tracking_uri: str, key: str = "tracking.uri") -> str | None:
+def store_problem(tracking_uri: str, key: str = TRACKING_URI_KEY) -> str | None:
     """Why the store cannot be used, found in a moment (MLflow itself retries ~100 s): a file store
     (:func:`file_store_problem`), or a sqlite file that cannot be written; ``key`` says where the URI
     was set. A sqlite file another process holds locked raises :class:`StoreLockedError` (not a
@@ -422,7 +426,7 @@ def create_store(path: Path) -> None:
         reason = str(getattr(error, "orig", None) or error).strip().splitlines()[0][:300]
         raise StoreError(
             f"the MLflow store {path} could not be created: {reason}; free space on its disk "
-            "or choose another tracking.uri"
+            f"or choose another {TRACKING_URI_KEY}"
         ) from error
     finally:
         for leftover in (temporary, *(temporary.with_name(temporary.name + end) for end in SQLITE_COMPANIONS)):

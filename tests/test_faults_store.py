@@ -137,7 +137,8 @@ def test_a_store_another_process_holds_locked_is_called_locked_not_damaged(
             with pytest.raises(SystemExit) as ended:
                 main(["--tracking-uri", uri, *(["--latest", "2"] if command == "compare" else [])])
             assert ended.value.code == status
-            assert capsys.readouterr().err == f"axoexp.{command}: {raised.value}\n"
+            locked = str(raised.value).replace("tracking.uri=", "--tracking-uri=")  # the option given
+            assert capsys.readouterr().err == f"axoexp.{command}: {locked}\n"
     assert store_problem(uri) is None  # the lock gone, the same store is fine
 
 

@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from axoexp import names, report
 from axoexp.errors import NoSweepError, ReportError
-from axoexp.readers import open_store, reading
+from axoexp.readers import add_store_option, open_store, reading
 from axoexp.report.figure import FIGURE, plot, title
 from axoexp.report.length_figure import LENGTHS_FIGURE, plot_lengths
 from axoexp.report.pareto import (
@@ -99,7 +99,7 @@ def run_report(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m axoexp.report", description=report.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db")
+    add_store_option(parser)
     parser.add_argument("--experiment", default="axoexp")
     parser.add_argument("--parent", default=None, help="the sweep's parent run id (default: the newest sweep)")
     parser.add_argument(
