@@ -43,7 +43,7 @@ SWEEP_ROLE = "axoexp.sweep"  # "parent" on a sweep's parent run
 SWEEP_DEFINITION = "axoexp.sweep_definition"  # on a parent: SHA-256 of its jobs' configs (else overrides)
 REUSED_PREFIX = "axoexp.reused."  # on a parent: axoexp.reused.jobN = the earlier run job N reused
 REFUSED_PREFIX = "axoexp.refused."  # on a parent: axoexp.refused.jobN = why job N made no run
-REMEASURED_PREFIX = "axoexp.remeasured."  # on a parent: axoexp.remeasured.jobN = why job N reused no run
+REMEASURED_PREFIX = "axoexp.remeasured."  # on a parent: axoexp.remeasured.jobN = why job N, once planned, reused no run
 DIED_PREFIX = "axoexp.died."  # on a parent: axoexp.died.jobN = how job N's process died, what became of its run
 OUTPUT_DIR = "output_dir"
 PROCESS_PID = "process.pid"

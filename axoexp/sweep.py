@@ -402,14 +402,24 @@ def add_repeats(config: DictConfig) -> None:
 
 def note_refused_job(config: DictConfig, job_number: int, job_name: str, error: Exception) -> None:
     """Record on the parent a job that failed before creating its run (e.g. a bad value)."""
+    _tag_parent(config, f"{names.REFUSED_PREFIX}job{job_number}", f"{job_name}: {error}", f"the refused job {job_name}")
+
+
+def note_remeasured_job(config: DictConfig, job_number: int, reason: str) -> None:
+    """Record on the parent why job ``job_number`` measures again (``axoexp.remeasured.jobN``), as its
+    ``measuring`` line says, once planning has accepted it: a job planning refuses made no run and
+    has only its refusal recorded (:func:`note_refused_job`)."""
+    _tag_parent(config, f"{names.REMEASURED_PREFIX}job{job_number}", reason, f"why job {job_number} measures again")
+
+
+def _tag_parent(config: DictConfig, key: str, value: str, what: str) -> None:
+    """Set tag ``key`` on the sweep's parent run, if there is one; log, naming ``what``, if the store is unreachable."""
     if not config.sweep.parent_run_id:
         return
     try:
-        open_client(configure_tracking(config.tracking)).set_tag(
-            config.sweep.parent_run_id, f"{names.REFUSED_PREFIX}job{job_number}", f"{job_name}: {error}"[:5000]
-        )
+        open_client(configure_tracking(config.tracking)).set_tag(config.sweep.parent_run_id, key, value[:5000])
     except UNREACHABLE as unreachable:
-        log.error("could not record the refused job %s on the parent run: %s", job_name, unreachable)
+        log.error("could not record %s on the parent run: %s", what, unreachable)
 
 
 def job_components(config: DictConfig) -> list[Component]:
@@ -443,8 +453,9 @@ def resume_job(config: DictConfig, job_number: int) -> Resume:
     sweep with the same definition (:func:`sweep_definition`: the same jobs' resolved configs,
     however the overrides spelled them): a single run or another sweep's job is reused only with
     ``sweep.resume=any``. Outside a sweep and with ``sweep.resume=false`` nothing is reused and
-    no reason is given; otherwise the reason (new, contended, not finished, code changed,
-    changed versions or device) is recorded on the parent as ``axoexp.remeasured.jobN``.
+    no reason is given; otherwise the reuse is recorded on the parent as ``axoexp.reused.jobN``,
+    and the reason (new, contended, not finished, code changed, changed versions or device) once
+    planning accepts the job (:func:`note_remeasured_job`).
     """
     mode = resume_mode(config.sweep.resume)
     parent_id = config.sweep.parent_run_id
@@ -455,8 +466,6 @@ def resume_job(config: DictConfig, job_number: int) -> Resume:
         decision = _decide(client, config, parent_id, mode)
         if decision.run is not None:
             client.set_tag(parent_id, f"{names.REUSED_PREFIX}job{job_number}", decision.run.info.run_id)
-        else:
-            client.set_tag(parent_id, f"{names.REMEASURED_PREFIX}job{job_number}", decision.remeasure_reason[:5000])
     except UNREACHABLE as error:
         return Resume(None, f"the MLflow store could not be searched ({str(error).splitlines()[0]})")
     return decision
@@ -540,12 +549,8 @@ def print_reuse(client: MlflowClient, parent: Run, children: int, stopped: bool 
     measuring ...`` in a sweep a signal ``stopped``), and how many reused earlier runs, and from
     which sweeps (``reused k of n jobs from ...``)."""
     tags = parent.data.tags
-    refused = {key.removeprefix(names.REFUSED_PREFIX) for key in tags if key.startswith(names.REFUSED_PREFIX)}
-    said = [
-        value
-        for key, value in parent.data.tags.items()
-        if key.startswith(names.REMEASURED_PREFIX) and key.removeprefix(names.REMEASURED_PREFIX) not in refused
-    ]
+    refused = [key for key in tags if key.startswith(names.REFUSED_PREFIX)]
+    said = [value for key, value in tags.items() if key.startswith(names.REMEASURED_PREFIX)]
     reasons = [value.partition(":")[0] for value in said]
     new = reasons.count(NEW)
     counts = Counter(reason for reason in reasons if reason != NEW)
