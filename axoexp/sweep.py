@@ -54,7 +54,7 @@ from axoexp.outputs import claim_directory
 from axoexp.plan import plan_experiment, resume_mode
 from axoexp.registry import GROUPS, REGISTRY, Component
 from axoexp.statistics import disturbance
-from axoexp.sync import end_dead_run, process_gone, sync_journal
+from axoexp.sync import end_dead_run, process_gone, store_unreachable, sync_journal
 from axoexp.tracking import (
     UNREACHABLE,
     child_runs,
@@ -98,6 +98,7 @@ class MlflowSweepCallback(Callback):
         self.client: MlflowClient | None = None
         self.parent_run_id: str | None = None
         self.refused: list[str] = []
+        self.uri = self.sweep_dir = ""
 
     def _say_refused(self) -> None:
         """Each job planning refused, a line each: said as the sweep starts and again at its end."""
@@ -155,6 +156,7 @@ class MlflowSweepCallback(Callback):
             log.error("MLflow tracking at %s is unreachable, so the sweep has no parent run: %s", uri, error)
             return
         self.client, self.parent_run_id = client, run.info.run_id
+        self.uri, self.sweep_dir = uri, str(sweep_dir.resolve())
         with read_write(config.hydra.overrides), open_dict(config.hydra.overrides):
             config.hydra.overrides.task.append(f"{PARENT_OVERRIDE_KEY}={self.parent_run_id}")
         (sweep_dir / PARENT_FILE).write_text(self.parent_run_id + "\n")
@@ -200,11 +202,23 @@ class MlflowSweepCallback(Callback):
         self.end_parent(all_jobs_returned=True)
 
     def end_parent(self, *, all_jobs_returned: bool) -> None:
-        """FINISHED if every job returned and every child run finished, else FAILED."""
+        """FINISHED if every job returned and every child run finished, else FAILED. If the store
+        fails meanwhile (a full disk, a lock), one line says so and how to end the runs later."""
         if self.client is None or self.parent_run_id is None:
             return
         client, parent = self.client, self.parent_run_id
         self.parent_run_id = None
+        try:
+            self._end_parent(client, parent, all_jobs_returned)
+        except UNREACHABLE as error:
+            print(
+                f"axoexp: the sweep could not end its MLflow runs: {store_unreachable(self.uri, error)}; once the "
+                f"store is back, end them with: python -m axoexp.sync {self.sweep_dir} --tracking-uri {self.uri}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def _end_parent(self, client: MlflowClient, parent: str, all_jobs_returned: bool) -> None:
         parent_run = client.get_run(parent)
         stopped_by = signals.received()
         for child in child_runs(client, parent_run):
