@@ -246,7 +246,7 @@ def test_a_fresh_store_on_a_full_disk_is_one_line_and_leaves_nothing(tmp_path: P
     assert not [path for path in full.iterdir() if path.name.startswith("mlflow.db") and path.stat().st_size > 0]
 
 
-SWEEP_LAUNCHERS = {"basic": ()}
+SWEEP_LAUNCHERS = {"basic": (), "parallel": ("hydra/launcher=parallel",)}  # the parallel one: in a worker process
 
 
 @pytest.mark.slow
