@@ -188,6 +188,17 @@ def update_metric(stat: str) -> str:
 
 
 UPDATE_MEDIAN = update_metric("median")
+UNITLESS_STATS = ("count", "rel_iqr")  # of a latency summary: a count, and IQR / median (a ratio)
+
+
+def is_milliseconds(metric: str) -> bool:
+    """Whether ``metric`` is a duration in milliseconds: ``..._ms`` (``capture_ms``,
+    ``per_update/latency_ms``) or a statistic ``..._ms_<stat>`` but a count or a ratio:
+    ``update_ms_rel_iqr`` is IQR / median, whatever its name says."""
+    _, statistic, stat = metric.rpartition("_ms_")
+    return metric.endswith("_ms") or (bool(statistic) and stat not in UNITLESS_STATS)
+
+
 STREAMS_PER_S = "streams_per_s"  # streams x updates per second: B * 1000 / update_ms_median
 
 
