@@ -15,7 +15,7 @@ import sys
 import threading
 from contextlib import nullcontext
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import hydra
 from hydra.conf import HydraConf
@@ -31,6 +31,9 @@ from axoexp.config import describe, one_line, register_configs, unchosen_group
 from axoexp.errors import AxoexpError, ConfigError, RefusedTargetError, quiet_store_errors, shown
 from axoexp.plugins import load_plugins
 from axoexp.signals import OUTSIDE_A_RUN, OUTSIDE_A_RUN_EXIT, Interrupted
+
+if TYPE_CHECKING:
+    from axoexp.plan import Plan
 
 DESCRIBE_FLAG = "--describe"
 MULTIRUN_FLAGS = ("-m", "--multirun")
@@ -84,9 +87,15 @@ def _experiment(config: DictConfig, hydra_config: HydraConf) -> float | None:
                 flush=True,
             )
             return None
-        if resume.remeasure_reason:  # said once planning accepts the job: a refused job says only why
+        if resume.remeasure_reason:  # said and recorded once planning accepts the job: a refused job says only why
             line = f"measuring {job_name}: {resume.remeasure_reason}"
-            on_planned = lambda plan: print(line, flush=True)  # noqa: E731
+
+            def say_and_record(plan: Plan) -> None:
+                print(line, flush=True)
+                sweep.note_remeasured_job(config, job_number, resume.remeasure_reason)
+
+            on_planned = say_and_record
+
     try:
         refused = check_targets(config)  # this job's sweep values (Hydra's config was checked before instantiating)
         if refused:

@@ -43,7 +43,7 @@ SWEEP_ROLE = "axoexp.sweep"  # "parent" on a sweep's parent run
 SWEEP_DEFINITION = "axoexp.sweep_definition"  # on a parent: SHA-256 of its jobs' configs (else overrides)
 REUSED_PREFIX = "axoexp.reused."  # on a parent: axoexp.reused.jobN = the earlier run job N reused
 REFUSED_PREFIX = "axoexp.refused."  # on a parent: axoexp.refused.jobN = why job N made no run
-REMEASURED_PREFIX = "axoexp.remeasured."  # on a parent: axoexp.remeasured.jobN = why job N reused no run
+REMEASURED_PREFIX = "axoexp.remeasured."  # on a parent: axoexp.remeasured.jobN = why job N, once planned, reused no run
 DIED_PREFIX = "axoexp.died."  # on a parent: axoexp.died.jobN = how job N's process died, what became of its run
 OUTPUT_DIR = "output_dir"
 PROCESS_PID = "process.pid"
@@ -188,6 +188,17 @@ def update_metric(stat: str) -> str:
 
 
 UPDATE_MEDIAN = update_metric("median")
+UNITLESS_STATS = ("count", "rel_iqr")  # of a latency summary: a count, and IQR / median (a ratio)
+
+
+def is_milliseconds(metric: str) -> bool:
+    """Whether ``metric`` is a duration in milliseconds: ``..._ms`` (``capture_ms``,
+    ``per_update/latency_ms``) or a statistic ``..._ms_<stat>`` but a count or a ratio:
+    ``update_ms_rel_iqr`` is IQR / median, whatever its name says."""
+    _, statistic, stat = metric.rpartition("_ms_")
+    return metric.endswith("_ms") or (bool(statistic) and stat not in UNITLESS_STATS)
+
+
 STREAMS_PER_S = "streams_per_s"  # streams x updates per second: B * 1000 / update_ms_median
 
 

@@ -54,7 +54,7 @@ from axoexp.outputs import claim_directory
 from axoexp.plan import plan_experiment, resume_mode
 from axoexp.registry import GROUPS, REGISTRY, Component
 from axoexp.statistics import disturbance
-from axoexp.sync import end_dead_run, process_gone, sync_journal
+from axoexp.sync import end_dead_run, process_gone, store_unreachable, sync_journal
 from axoexp.tracking import (
     UNREACHABLE,
     child_runs,
@@ -98,6 +98,7 @@ class MlflowSweepCallback(Callback):
         self.client: MlflowClient | None = None
         self.parent_run_id: str | None = None
         self.refused: list[str] = []
+        self.uri = self.sweep_dir = ""
 
     def _say_refused(self) -> None:
         """Each job planning refused, a line each: said as the sweep starts and again at its end."""
@@ -155,6 +156,7 @@ class MlflowSweepCallback(Callback):
             log.error("MLflow tracking at %s is unreachable, so the sweep has no parent run: %s", uri, error)
             return
         self.client, self.parent_run_id = client, run.info.run_id
+        self.uri, self.sweep_dir = uri, str(sweep_dir.resolve())
         with read_write(config.hydra.overrides), open_dict(config.hydra.overrides):
             config.hydra.overrides.task.append(f"{PARENT_OVERRIDE_KEY}={self.parent_run_id}")
         (sweep_dir / PARENT_FILE).write_text(self.parent_run_id + "\n")
@@ -200,11 +202,23 @@ class MlflowSweepCallback(Callback):
         self.end_parent(all_jobs_returned=True)
 
     def end_parent(self, *, all_jobs_returned: bool) -> None:
-        """FINISHED if every job returned and every child run finished, else FAILED."""
+        """FINISHED if every job returned and every child run finished, else FAILED. If the store
+        fails meanwhile (a full disk, a lock), one line says so and how to end the runs later."""
         if self.client is None or self.parent_run_id is None:
             return
         client, parent = self.client, self.parent_run_id
         self.parent_run_id = None
+        try:
+            self._end_parent(client, parent, all_jobs_returned)
+        except UNREACHABLE as error:
+            print(
+                f"axoexp: the sweep could not end its MLflow runs: {store_unreachable(self.uri, error)}; once the "
+                f"store is back, end them with: python -m axoexp.sync {self.sweep_dir} --tracking-uri {self.uri}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def _end_parent(self, client: MlflowClient, parent: str, all_jobs_returned: bool) -> None:
         parent_run = client.get_run(parent)
         stopped_by = signals.received()
         for child in child_runs(client, parent_run):
@@ -402,14 +416,24 @@ def add_repeats(config: DictConfig) -> None:
 
 def note_refused_job(config: DictConfig, job_number: int, job_name: str, error: Exception) -> None:
     """Record on the parent a job that failed before creating its run (e.g. a bad value)."""
+    _tag_parent(config, f"{names.REFUSED_PREFIX}job{job_number}", f"{job_name}: {error}", f"the refused job {job_name}")
+
+
+def note_remeasured_job(config: DictConfig, job_number: int, reason: str) -> None:
+    """Record on the parent why job ``job_number`` measures again (``axoexp.remeasured.jobN``), as its
+    ``measuring`` line says, once planning has accepted it: a job planning refuses made no run and
+    has only its refusal recorded (:func:`note_refused_job`)."""
+    _tag_parent(config, f"{names.REMEASURED_PREFIX}job{job_number}", reason, f"why job {job_number} measures again")
+
+
+def _tag_parent(config: DictConfig, key: str, value: str, what: str) -> None:
+    """Set tag ``key`` on the sweep's parent run, if there is one; log, naming ``what``, if the store is unreachable."""
     if not config.sweep.parent_run_id:
         return
     try:
-        open_client(configure_tracking(config.tracking)).set_tag(
-            config.sweep.parent_run_id, f"{names.REFUSED_PREFIX}job{job_number}", f"{job_name}: {error}"[:5000]
-        )
+        open_client(configure_tracking(config.tracking)).set_tag(config.sweep.parent_run_id, key, value[:5000])
     except UNREACHABLE as unreachable:
-        log.error("could not record the refused job %s on the parent run: %s", job_name, unreachable)
+        log.error("could not record %s on the parent run: %s", what, unreachable)
 
 
 def job_components(config: DictConfig) -> list[Component]:
@@ -443,8 +467,9 @@ def resume_job(config: DictConfig, job_number: int) -> Resume:
     sweep with the same definition (:func:`sweep_definition`: the same jobs' resolved configs,
     however the overrides spelled them): a single run or another sweep's job is reused only with
     ``sweep.resume=any``. Outside a sweep and with ``sweep.resume=false`` nothing is reused and
-    no reason is given; otherwise the reason (new, contended, not finished, code changed,
-    changed versions or device) is recorded on the parent as ``axoexp.remeasured.jobN``.
+    no reason is given; otherwise the reuse is recorded on the parent as ``axoexp.reused.jobN``,
+    and the reason (new, contended, not finished, code changed, changed versions or device) once
+    planning accepts the job (:func:`note_remeasured_job`).
     """
     mode = resume_mode(config.sweep.resume)
     parent_id = config.sweep.parent_run_id
@@ -455,8 +480,6 @@ def resume_job(config: DictConfig, job_number: int) -> Resume:
         decision = _decide(client, config, parent_id, mode)
         if decision.run is not None:
             client.set_tag(parent_id, f"{names.REUSED_PREFIX}job{job_number}", decision.run.info.run_id)
-        else:
-            client.set_tag(parent_id, f"{names.REMEASURED_PREFIX}job{job_number}", decision.remeasure_reason[:5000])
     except UNREACHABLE as error:
         return Resume(None, f"the MLflow store could not be searched ({str(error).splitlines()[0]})")
     return decision
@@ -540,12 +563,8 @@ def print_reuse(client: MlflowClient, parent: Run, children: int, stopped: bool 
     measuring ...`` in a sweep a signal ``stopped``), and how many reused earlier runs, and from
     which sweeps (``reused k of n jobs from ...``)."""
     tags = parent.data.tags
-    refused = {key.removeprefix(names.REFUSED_PREFIX) for key in tags if key.startswith(names.REFUSED_PREFIX)}
-    said = [
-        value
-        for key, value in parent.data.tags.items()
-        if key.startswith(names.REMEASURED_PREFIX) and key.removeprefix(names.REMEASURED_PREFIX) not in refused
-    ]
+    refused = [key for key in tags if key.startswith(names.REFUSED_PREFIX)]
+    said = [value for key, value in tags.items() if key.startswith(names.REMEASURED_PREFIX)]
     reasons = [value.partition(":")[0] for value in said]
     new = reasons.count(NEW)
     counts = Counter(reason for reason in reasons if reason != NEW)

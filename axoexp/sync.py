@@ -480,19 +480,20 @@ def _main(argv: list[str] | None) -> int:
                 where = "" if uri == absolute_store(default, Path.cwd()) and not said else f" in {uri}"
                 print(f"{path}: {sync_journal(client(uri), path)}{where}{said}", flush=True)
             except UNREACHABLE as error:
-                print(f"axoexp.sync: {path}: {_unreachable(uri, error)}", file=sys.stderr, flush=True)
+                print(f"axoexp.sync: {path}: {store_unreachable(uri, error)}", file=sys.stderr, flush=True)
                 status = 1
     for uri in (uri for uri in stores if uri not in problems):
         try:
             for line in end_dead_runs(client(uri)):
                 print(line, flush=True)
         except UNREACHABLE as error:
-            print(f"axoexp.sync: {_unreachable(uri, error)}", file=sys.stderr, flush=True)
+            print(f"axoexp.sync: {store_unreachable(uri, error)}", file=sys.stderr, flush=True)
             status = 1
     return status
 
 
-def _unreachable(uri: str, error: BaseException) -> str:
+def store_unreachable(uri: str, error: BaseException) -> str:
+    """``MLflow tracking at URI is on a full disk: <the error's first line>`` (locked, unreachable)."""
     reason = str(error).splitlines()[0][:300]
     return f"MLflow tracking at {uri} {store_failure(reason)}: {reason}"
 

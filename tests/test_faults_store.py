@@ -25,7 +25,9 @@ from mlflow.tracking import MlflowClient
 from test_faults import (
     LONG_RUN,
     assert_everything_measured_is_in,
+    journals,
     only_run,
+    own_leases,
     start_cli,
     sync,
     updates_in,
@@ -238,6 +240,54 @@ def test_a_fresh_store_on_a_full_disk_is_one_line_and_leaves_nothing(tmp_path: P
         result.stderr, f"the MLflow store {full / 'mlflow.db'} could not be created: database or disk is full"
     )
     assert not [path for path in full.iterdir() if path.name.startswith("mlflow.db") and path.stat().st_size > 0]
+
+
+SWEEP_LAUNCHERS = {"basic": (), "parallel": ("hydra/launcher=parallel",)}  # the parallel one: in a worker process
+
+
+@pytest.mark.slow
+def test_a_sweep_whose_store_fills_up_says_so_in_lines_and_names_the_sync_that_ends_its_runs(
+    tmp_path: Path, mount
+) -> None:
+    """A sweep per launcher, side by side, each with its store on a small disk that fills while its
+    job measures: the job says so in one line, the sweep that it could not end its runs and the
+    command that does; no traceback. Once there is room, that command ends every run."""
+    started = {}
+    for name, launcher in SWEEP_LAUNCHERS.items():
+        folder, store = tmp_path / name, mount(f"{name}-store", "size=4m")
+        folder.mkdir()
+        uri = f"sqlite:///{store / 'mlflow.db'}"
+        overrides = ("executor=sleepy", "run.warmup_updates=0", "run.measured_updates=300", f"tracking.uri={uri}")
+        process = start_cli("-m", *launcher, *overrides, "hydra.sweep.dir=sweep", cwd=folder, env=own_leases(folder))
+        started[name] = (folder, store, uri, process)
+    waiting, deadline = set(started), time.monotonic() + 240
+    while waiting:  # each store fills once its job has measured an update, seconds before it has measured all
+        assert time.monotonic() < deadline, f"no update measured within 240 s in {sorted(waiting)}"
+        for name in sorted(waiting):
+            folder, store, _, process = started[name]
+            assert process.poll() is None, process.communicate()
+            if any(updates_in(journal) for journal in journals(folder / "sweep")):
+                _fill(store)
+                waiting.remove(name)
+        time.sleep(0.2)
+    for name, (folder, store, uri, process) in started.items():
+        _, stderr = process.communicate(timeout=300)
+        assert process.returncode == 1 and TRACEBACK not in stderr, (name, stderr)
+        assert f"axoexp: MLflow tracking at {uri} is on a full disk (" in stderr, (name, stderr)
+        command = f"python -m axoexp.sync {folder / 'sweep'} --tracking-uri {uri}"
+        assert stderr.splitlines()[-1] == (
+            f"axoexp: the sweep could not end its MLflow runs: MLflow tracking at {uri} is on a full disk: "
+            f"(sqlite3.OperationalError) database or disk is full; once the store is back, end them with: {command}"
+        ), name
+        (store / "filler").unlink()
+        synced = sync(*command.split()[3:], cwd=folder)
+        assert synced.returncode == 0, synced.stderr
+        client = MlflowClient(tracking_uri=uri)
+        runs = client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
+        assert sorted((run.data.tags.get(names.SWEEP_ROLE, "child"), run.info.status) for run in runs) == [
+            ("child", "FINISHED"),
+            ("parent", "KILLED"),
+        ], name
 
 
 # --- output folders ---------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The MLflow names axoexp spells itself are MLflow's own."""
+"""The MLflow names axoexp spells itself are MLflow's own; what its metric names say of their units."""
 
 from __future__ import annotations
 
@@ -24,3 +24,28 @@ def test_mlflow_names_match_mlflow_constants() -> None:
 def test_shape_label_is_neurons_by_time_steps_by_contacts() -> None:
     assert names.shape_label(64, 256, 32) == "64x256x32"
     assert names.shape_size("64x256x32") == 64 * 256 * 32 and names.shape_size("?") == 0
+
+
+def test_a_metric_is_milliseconds_by_its_name_unless_it_is_a_count_or_a_ratio() -> None:
+    durations = (
+        names.UPDATE_SERIES,
+        names.FIRST_UPDATE,
+        names.CAPTURE,
+        names.phase_metric(names.bucket_phase(64)),
+        names.UPDATE_MEDIAN,
+        names.bucket_update_metric(64, "p10"),
+        names.device_metric("p90"),
+        names.HOST_OVERHEAD_MEDIAN,
+        names.PROCESS_TOTAL,
+        names.threads_calibration_metric(2),
+    )
+    assert [metric for metric in durations if not names.is_milliseconds(metric)] == []
+    others = (
+        names.UPDATE_REL_IQR,
+        names.bucket_update_metric(64, "rel_iqr"),
+        names.update_metric("count"),
+        names.MEASURED_COMPLETED,
+        names.STREAMS_PER_S,
+        names.LOSS_FINAL,
+    )
+    assert [metric for metric in others if names.is_milliseconds(metric)] == []

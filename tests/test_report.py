@@ -20,6 +20,7 @@ from axoexp import names
 from axoexp.report.__main__ import main as report_main
 from axoexp.report.figure import CONTENDED_LABEL, plot, tick_labels, x_dimension
 from axoexp.report.length_figure import LENGTHS_FIGURE, plot_lengths
+from axoexp.report.pareto import front_axes
 from axoexp.report.rows import BucketRow, ReportRow, build_rows, sweep_runs
 from axoexp.report.table import BUCKETS_HEADING, format_buckets, format_table
 from axoexp.tracking import RUNS_VIEW_COLUMNS
@@ -200,6 +201,12 @@ def test_the_latency_axis_is_the_swept_numeric_setting(tmp_path: Path) -> None:
     assert x_dimension(ROWS) == "neurons", "time_steps does not vary: no panels"
     plot(ROWS, "sweep\nCPU · torch 2 · today", tmp_path / "report.png")
     assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_pareto_figure_puts_a_latency_along_x_and_a_ratio_is_none() -> None:
+    minimized = [(names.UPDATE_REL_IQR, "minimize"), (names.UPDATE_MEDIAN, "minimize")]
+    assert front_axes(minimized) == (names.UPDATE_MEDIAN, names.UPDATE_REL_IQR), "update_ms_rel_iqr is IQR / median"
+    assert front_axes([("loss_final", "minimize"), (names.CAPTURE, "minimize")]) == (names.CAPTURE, "loss_final")
 
 
 def test_contended_runs_are_rows_of_their_own_without_a_speedup_unless_included(

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf, open_dict
 from axoexp import metadata, names
 from axoexp.errors import ConfigError
 from axoexp.plan import plan_experiment
-from axoexp.sweep import plan_jobs, print_reuse, result_key, resume_job, sweep_definition
+from axoexp.sweep import Resume, note_remeasured_job, plan_jobs, print_reuse, result_key, resume_job, sweep_definition
 from axoexp.tracking import config_digest, experiment_id
 
 
@@ -37,8 +37,16 @@ def _finished(
     return run_id
 
 
+def _resume(config, job: int) -> Resume:
+    """What resume decided for job ``job``, recorded on its parent as for a job planning accepted."""
+    resume = resume_job(config, job)
+    if resume.run is None:
+        note_remeasured_job(config, job, resume.remeasure_reason)
+    return resume
+
+
 def _reused(config, job: int):
-    return resume_job(config, job).run
+    return _resume(config, job).run
 
 
 def _sweep(client: MlflowClient, experiment: str, *overrides: str) -> str:
@@ -101,14 +109,14 @@ def test_resume_measures_again_where_the_earlier_run_was_contended_and_says_why(
     _finished(client, experiment, make_config("population.neurons=3"), parent=earlier, timing_noise="high")
     current = _sweep(client, experiment, "population.neurons=2,3")
 
-    resume = resume_job(make_config("population.neurons=2", f"sweep.parent_run_id={current}"), 0)
+    resume = _resume(make_config("population.neurons=2", f"sweep.parent_run_id={current}"), 0)
     assert resume.run is None
     assert resume.remeasure_reason == (
         f"contended: the earlier run {contended} was measured with contention cpu, noise high "
         "(sweep.resume_contended=true reuses it)"
     )
     assert client.get_run(current).data.tags[f"{names.REMEASURED_PREFIX}job0"] == resume.remeasure_reason
-    noisy_resume = resume_job(make_config("population.neurons=3", f"sweep.parent_run_id={current}"), 1)
+    noisy_resume = _resume(make_config("population.neurons=3", f"sweep.parent_run_id={current}"), 1)
     assert noisy_resume.run is None and "with noise high" in noisy_resume.remeasure_reason
 
     allowed = make_config("population.neurons=2", f"sweep.parent_run_id={current}", "sweep.resume_contended=true")
@@ -134,9 +142,9 @@ def test_resume_names_the_unfinished_run_and_the_changed_code_file(make_config, 
     client.set_terminated(old_code)
     current = _sweep(client, experiment, "population.neurons=2,3")
 
-    reason = resume_job(make_config("population.neurons=2", f"sweep.parent_run_id={current}"), 0).remeasure_reason
+    reason = _resume(make_config("population.neurons=2", f"sweep.parent_run_id={current}"), 0).remeasure_reason
     assert reason == f"not finished: the earlier run {failed} ended FAILED"
-    reason = resume_job(make_config("population.neurons=3", f"sweep.parent_run_id={current}"), 1).remeasure_reason
+    reason = _resume(make_config("population.neurons=3", f"sweep.parent_run_id={current}"), 1).remeasure_reason
     assert reason == f"code changed: sweep.py since the earlier run {old_code}"
 
 
@@ -144,7 +152,7 @@ def test_a_job_without_an_earlier_run_is_new_and_counted_apart_from_changed_ones
     make_config, client: MlflowClient, capsys: pytest.CaptureFixture[str]
 ) -> None:
     first = _sweep(client, "0", "population.neurons=2,3")  # experiment 0, the store's Default: nothing in axoexp
-    reason = resume_job(make_config("population.neurons=2", f"sweep.parent_run_id={first}"), 0).remeasure_reason
+    reason = _resume(make_config("population.neurons=2", f"sweep.parent_run_id={first}"), 0).remeasure_reason
     assert reason == "new: no earlier run (experiment 'axoexp' is new)"
 
     experiment = experiment_id(client, "axoexp")
@@ -152,7 +160,7 @@ def test_a_job_without_an_earlier_run_is_new_and_counted_apart_from_changed_ones
     contended = _finished(client, experiment, make_config("population.neurons=2"), parent=earlier, timing_noise="high")
     current = _sweep(client, experiment, "population.neurons=2,3,4")
     for job, neurons in enumerate((2, 3, 4)):
-        resume_job(make_config(f"population.neurons={neurons}", f"sweep.parent_run_id={current}"), job)
+        _resume(make_config(f"population.neurons={neurons}", f"sweep.parent_run_id={current}"), job)
     tags = client.get_run(current).data.tags
     assert tags[f"{names.REMEASURED_PREFIX}job1"] == (
         "new: no earlier run of this resolved config in an earlier sweep of the same jobs"

@@ -113,6 +113,9 @@ def test_failing_job_fails_the_parent_but_keeps_the_others(sweeps) -> None:
         "executor=eager,population.neurons=0,run.measured_updates=3",
         "executor=flaky,population.neurons=0,run.measured_updates=3",
     ]
+    remeasured = sorted(key for key in parent.data.tags if key.startswith(names.REMEASURED_PREFIX))
+    assert remeasured == [f"{names.REMEASURED_PREFIX}job{job}" for job in (1, 3)], "a refused job was not measured"
+    assert "measured 2 new jobs (no earlier run to reuse; " in result.stdout
     statuses = {child.info.run_name: child.info.status for child in children}
     assert statuses == {
         "01 eager 2x12x4 neurons=2 measured_updates=3": "FINISHED",

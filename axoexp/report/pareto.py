@@ -121,16 +121,16 @@ def format_front(
     return "\n".join(lines)
 
 
-def _axes_order(objectives: list[tuple[str, str]]) -> tuple[str, str]:
-    """(x, y): a latency objective (``update_ms_*``) along x where there is one."""
+def front_axes(objectives: list[tuple[str, str]]) -> tuple[str, str]:
+    """(x, y): a latency objective (:func:`~axoexp.names.is_milliseconds`) along x where there is one."""
     metrics = [metric for metric, _ in objectives]
-    latency = next((metric for metric in metrics if metric.startswith("update_ms")), metrics[0])
+    latency = next((metric for metric in metrics if names.is_milliseconds(metric)), metrics[0])
     return latency, next((metric for metric in metrics if metric != latency), latency)
 
 
 def plot_front(runs: list[Run], front: list[Run], objectives: list[tuple[str, str]], heading: str, path: Path) -> None:
     """Every COMPLETE trial as a dot, the Pareto-optimal ones joined and labelled by trial number."""
-    x_metric, y_metric = _axes_order(objectives)
+    x_metric, y_metric = front_axes(objectives)
     complete = [run for run in runs if run.data.tags.get(names.TRIAL_STATE) == COMPLETE]
     figure, axes = plt.subplots(figsize=(6.4, 4.8))
     axes.scatter(
