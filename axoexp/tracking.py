@@ -62,10 +62,9 @@ clock axoexp reads is worth, and what a reader can take in at a glance."""
 
 
 def metric_value(name: str, value: float) -> float:
-    """``value`` as logged under ``name``: a duration in milliseconds (``..._ms``, ``..._ms_...``,
-    ``.../latency_ms``) rounded to :data:`MILLISECOND_DIGITS` decimals, anything else as it is."""
-    milliseconds = name.endswith("_ms") or "_ms_" in name
-    return round(float(value), MILLISECOND_DIGITS) if milliseconds else float(value)
+    """``value`` as logged under ``name``: a duration in milliseconds (:func:`~axoexp.names.is_milliseconds`)
+    rounded to :data:`MILLISECOND_DIGITS` decimals, anything else (a count, ``update_ms_rel_iqr``) as it is."""
+    return round(float(value), MILLISECOND_DIGITS) if names.is_milliseconds(name) else float(value)
 
 
 def configure_tracking(tracking: DictConfig) -> str:
