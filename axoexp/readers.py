@@ -22,6 +22,7 @@ from axoexp.errors import AxoexpError, NoSweepError, UnusableStoreError, first_l
 from axoexp.signals import CTRL_C, OUTSIDE_A_RUN_EXIT
 from axoexp.tracking import (
     DEFAULT_TRACKING_URI,
+    TRACKING_URI_OPTION,
     UNREACHABLE,
     bound_http_retries,
     resolve_tracking_uri,
@@ -31,7 +32,6 @@ from axoexp.tracking import (
 )
 
 STORE_FAILED = 1  # the exit status of a store that is locked or does not answer
-TRACKING_URI_OPTION = "--tracking-uri"  # the store's option, as the lines name it (a run's is tracking.uri)
 
 
 def add_store_option(parser: argparse.ArgumentParser) -> None:

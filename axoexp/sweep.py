@@ -64,6 +64,7 @@ from axoexp.tracking import (
     open_client,
     store_lock,
     store_problem,
+    tracking_uri_key,
     with_mlflow_context,
 )
 
@@ -127,7 +128,7 @@ class MlflowSweepCallback(Callback):
         sweep_dir = claim_sweep_dir(config)
         with read_write(config.hydra.overrides), open_dict(config.hydra.overrides):
             add_repeats(config)  # also without a parent run
-        problem = store_problem(uri)
+        problem = store_problem(uri, tracking_uri_key(config.tracking.uri))
         if problem:  # each job then refuses to run, naming it too
             log.error("the sweep has no parent run: %s", problem)
             return
@@ -243,7 +244,8 @@ class MlflowSweepCallback(Callback):
         if unfinished:
             reason += f" ({', '.join(sorted(str(child.info.run_name) for child in unfinished))})"
         if refused:
-            reason += f"; {len(refused)} jobs were refused before creating a run (tags {names.REFUSED_PREFIX}*)"
+            jobs = f"{len(refused)} job{'s were' if len(refused) != 1 else ' was'}"
+            reason += f"; {jobs} refused before creating a run (tags {names.REFUSED_PREFIX}*)"
         for job, how in sorted(died.items()):
             reason += f"; {job} died: {how}"
         if stopped_by:

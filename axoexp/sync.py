@@ -54,6 +54,8 @@ from axoexp.journal import (
 from axoexp.signals import CTRL_C, OUTSIDE_A_RUN_EXIT
 from axoexp.tracking import (
     SQLITE_PREFIX,
+    TRACKING_URI_KEY,
+    TRACKING_URI_OPTION,
     UNREACHABLE,
     Tracker,
     bound_http_retries,
@@ -63,6 +65,7 @@ from axoexp.tracking import (
     sqlite_path,
     store_failure,
     store_problem,
+    tracking_uri_key,
 )
 from axoexp.windows import MEASURED, WARMUP, UpdateTrace, log_traces
 
@@ -419,6 +422,14 @@ def _target(path: Path, explicit: str | None, default: str) -> tuple[str, str]:
     return explicit, f" (--tracking-uri overrides its own store {own}, which does not have the run)"
 
 
+def _store_key(uri: str, explicit: str | None, default: str) -> str:
+    """Where ``uri`` was set, as a line names it: ``--tracking-uri``, ``$MLFLOW_TRACKING_URI`` (or
+    ``tracking.uri``, for the default), or a journal's own store, its run's ``tracking.uri``."""
+    if explicit is not None and uri == explicit:
+        return TRACKING_URI_OPTION
+    return tracking_uri_key(None) if uri == default else TRACKING_URI_KEY
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command; its exit status as the module says (one line on Ctrl-C: a journal cut off mid-upload
     is completed by the same command again)."""
@@ -457,7 +468,9 @@ def _main(argv: list[str] | None) -> int:
         print(f"no {JOURNAL_FILE} below {', '.join(map(str, args.paths))}: nothing to upload", flush=True)
     targets = [(path, *_target(path, args.tracking_uri, default)) for path in journals]
     stores = list(dict.fromkeys(uri for _, uri, _ in targets if uri)) if journals else [default]
-    problems = {uri: problem for uri in stores if (problem := store_problem(uri))}
+    problems = {
+        uri: problem for uri in stores if (problem := store_problem(uri, _store_key(uri, args.tracking_uri, default)))
+    }
     if problems and len(problems) == len(stores):
         print(f"axoexp.sync: {'; '.join(problems.values())}", file=sys.stderr)
         return 2

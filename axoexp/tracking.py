@@ -42,6 +42,8 @@ _DOWN_REVISION = re.compile(r"""^down_revision\s*=\s*(?:["']([0-9A-Za-z_]+)["']|
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 TRACKING_URI_KEY = "tracking.uri"
 """Where a run and a sweep set their store (a Hydra key), as their lines name it."""
+TRACKING_URI_OPTION = "--tracking-uri"
+"""Where report, compare and sync set their store (an option), as their lines name it."""
 FILE_STORE_SCHEMES = ("", "file")
 """What MLflow takes for a file store (a directory of files): a plain path, or ``file:``."""
 CREATING_SUFFIX = ".creating"  # a store being created: <name>.creating-<pid>, renamed into place when complete

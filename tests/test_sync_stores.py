@@ -128,3 +128,18 @@ def test_sync_gives_up_on_a_dead_server_in_seconds_and_ctrl_c_is_one_line(tmp_pa
                 process.communicate()
     assert process.returncode == 130 and TRACEBACK not in stderr, stderr
     assert stderr.strip().splitlines()[-1] == f"axoexp.sync: {INTERRUPTED}"
+
+
+def test_an_unusable_store_is_named_by_where_it_was_set(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sync's line names the option the user gave (--tracking-uri=), or $MLFLOW_TRACKING_URI, not
+    a run's Hydra key tracking.uri=: what to change is then on the line."""
+    (tmp_path / "store").mkdir()
+    directory = f"sqlite:///{tmp_path / 'store'}"  # a directory, not a database file
+    monkeypatch.chdir(tmp_path)
+    assert sync_main(["--tracking-uri", directory]) == 2
+    assert capsys.readouterr().err.startswith(f"axoexp.sync: --tracking-uri={directory}: ")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", directory)
+    assert sync_main([]) == 2
+    assert capsys.readouterr().err.startswith(f"axoexp.sync: $MLFLOW_TRACKING_URI={directory}: ")
