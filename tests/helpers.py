@@ -134,6 +134,18 @@ def held_locked(store: Path) -> Iterator[None]:
         holder.wait()
 
 
+def fill(directory: Path) -> Path:
+    """Write ``directory/filler`` until its filesystem is full (a real ENOSPC for what writes next)."""
+    filler = directory / "filler"
+    with filler.open("wb", buffering=0) as stream:
+        try:
+            while True:
+                stream.write(b"\0" * 4096)
+        except OSError:
+            pass
+    return filler
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as sock:

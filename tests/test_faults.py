@@ -20,7 +20,7 @@ from pathlib import Path
 import helpers
 import pytest
 import torch
-from helpers import REPO, free_port, run_cli, sleepy_executor_plugin, start_mlflow
+from helpers import REPO, fill, free_port, run_cli, sleepy_executor_plugin, start_mlflow
 from mlflow.tracking import MlflowClient
 
 from axoexp import lease, metadata, names, processes
@@ -454,18 +454,6 @@ def small_filesystem(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
-def _fill(directory: Path) -> Path:
-    filler = directory / "filler"
-    with filler.open("wb") as stream:
-        try:
-            while True:
-                stream.write(b"\0" * 65536)
-                stream.flush()
-        except OSError:
-            pass
-    return filler
-
-
 @pytest.mark.slow
 def test_a_store_on_a_full_disk_loses_nothing(tmp_path: Path, small_filesystem: Path) -> None:
     uri = f"sqlite:///{small_filesystem / 'mlflow.db'}"
@@ -477,7 +465,7 @@ def test_a_store_on_a_full_disk_loses_nothing(tmp_path: Path, small_filesystem: 
         cwd=tmp_path,
     )
     (journal,) = wait_for_updates(tmp_path / "run", 1, process, timeout=120)
-    filler = _fill(small_filesystem)
+    filler = fill(small_filesystem)
     _, stderr = process.communicate(timeout=300)
     assert process.returncode == 1 and f"python -m axoexp.sync {journal.parent}" in stderr, stderr
     assert "Traceback" not in stderr and f"axoexp: MLflow tracking at {uri} is on a full disk (" in stderr, stderr

@@ -20,7 +20,7 @@ from pathlib import Path
 import helpers
 import pytest
 import torch
-from helpers import held_locked, run_cli
+from helpers import fill, held_locked, run_cli
 from mlflow.tracking import MlflowClient
 from test_faults import (
     LONG_RUN,
@@ -267,7 +267,7 @@ def test_a_sweep_whose_store_fills_up_says_so_in_lines_and_names_the_sync_that_e
             folder, store, _, process = started[name]
             assert process.poll() is None, process.communicate()
             if any(updates_in(journal) for journal in journals(folder / "sweep")):
-                _fill(store)
+                fill(store)
                 waiting.remove(name)
         time.sleep(0.2)
     for name, (folder, store, uri, process) in started.items():
@@ -327,7 +327,7 @@ def test_an_unwritable_output_folder_is_one_line(tmp_path: Path, mount) -> None:
 
 def test_result_json_is_never_left_empty_and_the_first_loss_is_kept(make_config, client, tmp_path: Path, mount) -> None:
     full = mount("full", "size=64k")
-    _fill(full)
+    fill(full)
     result = run_experiment(make_config("run.measured_updates=3"), output_dir=full)
     (run,) = client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
     assert run.info.status == "FINISHED" and run.info.run_id == result.run_id
@@ -335,15 +335,6 @@ def test_result_json_is_never_left_empty_and_the_first_loss_is_kept(make_config,
     assert JOURNAL_FILE in lost and "No space left on device" in lost, "the first failure (the journal's) is kept"
     assert not (full / RESULT_FILE).exists()
     assert not [path for path in full.iterdir() if path.name.endswith(".tmp")]
-
-
-def _fill(directory: Path) -> None:
-    with (directory / "filler").open("wb", buffering=0) as stream:
-        try:
-            while True:
-                stream.write(b"\0" * 4096)
-        except OSError:
-            pass
 
 
 # --- journals ------------------------------------------------------------------------------------------

@@ -25,6 +25,9 @@ global RNG state run beside the build, so the population's weights may differ fr
 a run adopting it must keep the two apart); ``artifacts`` (true: the cold process saves
 ``torch.compiler.save_cache_artifacts()``, and a third process with another new, empty
 cache loads them with ``load_cache_artifacts`` before it compiles, timed apart);
+``gc`` (``"freeze"``: ``gc.collect()`` then ``gc.freeze()`` just before ``prepare``, so the
+collector no longer walks the objects of the imports and the population during the compile;
+``"off"``: ``gc.disable()`` through ``prepare``, the most the collector's pauses can cost it);
 ``profile`` (cProfile of ``prepare``, the top functions printed).
 
 One JSON line per process: wall times of each stage, ``prepare``'s phases, the compile
@@ -32,7 +35,9 @@ workers' start method, ``kernels_compiled`` (inductor's ``async_compile_cache_mi
 counter: the Triton kernels it set up, from source or from the cache) and
 ``kernels_compiled_in_process`` (how many it compiled in the process itself because the
 workers had not answered yet), dynamo's ``calculate_time_spent`` and ``compile_times``
-breakdowns, the median of 200 replayed updates, and the provenance (commit, dirty flag, command
+breakdowns, the garbage collector's pauses during ``prepare`` (``gc_s``, ``gc_gen2_s``,
+``gc_collections``: summed from ``gc.callbacks``; ``gc_objects``: what it tracked before), the
+median of 200 replayed updates, and the provenance (commit, dirty flag, command
 line, device, date).
 
     python benchmarks/explore/compile_breakdown.py --table breakdown.md breakdown.jsonl
@@ -49,6 +54,7 @@ loop, the first runs).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -220,6 +226,22 @@ def worker(shape: str, spec: dict, save_to: Path | None, load_from: Path | None)
     prepared = plan.build_executor(setup.module)
     mark("executor_init", start)
 
+    pauses: list[tuple[int, float]] = []  # (generation, seconds) of each collection during prepare
+    began = [0.0]
+
+    def time_collection(phase: str, info: dict) -> None:
+        if phase == "start":
+            began[0] = time.perf_counter()
+        else:
+            pauses.append((info["generation"], time.perf_counter() - began[0]))
+
+    if spec.get("gc") == "freeze":
+        gc.collect()
+        gc.freeze()
+    marks["gc_objects"] = len(gc.get_objects())
+    if spec.get("gc") == "off":
+        gc.disable()
+    gc.callbacks.append(time_collection)
     profiler = None
     if spec.get("profile"):
         import cProfile
@@ -229,6 +251,13 @@ def worker(shape: str, spec: dict, save_to: Path | None, load_from: Path | None)
     start = time.perf_counter()
     phases = prepared.prepare(*setup.batches[0])
     mark("prepare", start)
+    gc.callbacks.remove(time_collection)
+    gc.enable()
+    marks.update(
+        gc_s=round(sum(seconds for _, seconds in pauses), 3),
+        gc_gen2_s=round(sum(seconds for generation, seconds in pauses if generation == 2), 3),
+        gc_collections=len(pauses),
+    )
     if profiler is not None:
         profiler.disable()
     if save_to is not None:
@@ -317,6 +346,7 @@ def table(paths: list[Path]) -> str:
         "rest of the compile",
         "autotune timing",
         "first run",
+        "of which GC",
     ]
     lines = [
         "# Cold compile, stage by stage",
@@ -331,7 +361,8 @@ def table(paths: list[Path]) -> str:
         "`compile`: the `compile` phase, split by the columns after",
         "it: the compile's stages (forward and backward graphs together; `rest of the compile`: the rest of dynamo's",
         "frame and backward compile), the first-run timing of kernels with several launch configurations, and the",
-        "rest of the first forward and backward (the eager code before the block loop, the loss, first launches).",
+        "rest of the first forward and backward (the eager code before the block loop, the loss, first launches);",
+        "`of which GC`: the garbage collector's pauses during `prepare`, wherever they fell.",
         "",
         f"| commit | spec | process | {' | '.join(columns)} | kernels compiled / autotuned | replay ms |",
         "|---|---|---|" + "---:|" * (len(columns) + 2),
@@ -351,6 +382,7 @@ def table(paths: list[Path]) -> str:
             total - sum(stages.values()),
             autotune,
             compile_s - total - autotune,
+            row.get("gc_s", float("nan")),
         ]
         kernels = f"{row.get('kernels_compiled', '')} / {row.get('kernels_autotuned', '')}"
         cells = " | ".join(f"{value:.2f}" for value in values)
