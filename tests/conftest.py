@@ -18,6 +18,7 @@ import pytest
 import torch
 from helpers import PLUGINS, RAY_PORT_ENV, REPO, free_port, leftovers, registry_with_plugins
 from hydra import compose, initialize_config_module
+from hydra.core.plugins import Plugins
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig
 
@@ -25,6 +26,11 @@ from axoexp import lease
 from axoexp.config import register_configs
 from axoexp.plugins import load_plugins
 from axoexp.registry import Registry
+
+# Hydra's launcher plugins store their configs when first discovered. Discovered here, before any
+# test runs: Hydra's launcher test suite (test_worker_pool) restores its singletons after each test,
+# which dropped a plugin discovered during the test (the ray preset then missed hydra/launcher/ray).
+Plugins.instance()
 
 if not torch.cuda.is_available():  # before anything imports triton: it fixes the mode at import
     os.environ.setdefault("TRITON_INTERPRET", "1")  # the fused kernels then run in Triton's CPU interpreter
