@@ -38,8 +38,10 @@ if TYPE_CHECKING:
 DESCRIBE_FLAG = "--describe"
 MULTIRUN_FLAGS = ("-m", "--multirun")
 FULL_ERROR_ENV = "HYDRA_FULL_ERROR"
+USERS_FULL_ERROR_ENV = "AXOEXP_USERS_HYDRA_FULL_ERROR"
+"""The user's own ``HYDRA_FULL_ERROR``, kept for the sweep's worker processes, which inherit ours."""
 CONFIG_ERRORS = (ConfigCompositionException, OverrideParseException, OmegaConfBaseException)
-_tracebacks_wanted = os.environ.get(FULL_ERROR_ENV) == "1"  # the user's own setting, read before ours
+_tracebacks_wanted = os.environ.setdefault(USERS_FULL_ERROR_ENV, os.environ.get(FULL_ERROR_ENV, "")) == "1"
 
 
 @hydra.main(version_base="1.3", config_path="pkg://axoexp.conf", config_name="config")
@@ -47,6 +49,8 @@ def hydra_app(config: DictConfig) -> float | None:
     """Run one experiment; Hydra's multirun calls this once per job, each in a process of its own."""
     wallclock.mark("config")
     load_plugins()  # a no-op here; in a launcher's worker process the registry starts empty
+    if not _tracebacks_wanted:
+        quiet_store_errors()  # likewise: a spawned worker (Hydra's joblib, submitit, ray) has no filters yet
     hydra_config = HydraConfig.get()
     if hydra_config.mode != RunMode.MULTIRUN:
         return _experiment(config, hydra_config)

@@ -16,9 +16,8 @@ import copy
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from logging import Filter, LogRecord
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -28,7 +27,7 @@ from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrid
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict, read_write
 
-from axoexp.errors import STORE_LOGGER, JobKilledError
+from axoexp.errors import JobKilledError
 from axoexp.worker_pool import WorkerDeath, WorkerPool
 
 if TYPE_CHECKING:
@@ -51,9 +50,8 @@ def launch(launcher: ParallelLauncher, job_overrides: Sequence[Sequence[str]], i
     for number, overrides in enumerate(job_overrides, initial_job_idx):
         log.info("\t#%d : %s", number, " ".join(filter_overrides(overrides)))
     state = Singleton.get_state()
-    store_filters = logging.getLogger(STORE_LOGGER).filters
     calls = [
-        (execute_job, (number, overrides, context, config, task, state, store_filters))
+        (execute_job, (number, overrides, context, config, task, state))
         for number, overrides in enumerate(job_overrides, initial_job_idx)
     ]
 
@@ -100,14 +98,10 @@ def execute_job(
     config: DictConfig,
     task: TaskFunction,
     state: dict[Any, Any],
-    store_filters: list[Filter | Callable[[LogRecord], Any]],
 ) -> JobReturn:
-    """In a worker: run one job as Hydra runs a sweep's job, in the sweep's state: its singletons,
-    and the filters on MLflow's store logger that a forked job would inherit (those of
-    :func:`~axoexp.errors.quiet_store_errors`, which keep a store fault to one line)."""
+    """In a worker: run one job as Hydra runs a sweep's job, in the sweep's state (its singletons)."""
     setup_globals()
     Singleton.set_state(state)
-    logging.getLogger(STORE_LOGGER).filters = list(store_filters)
     job = job_config(context, config, overrides, number)
     HydraConfig.instance().set_config(job)
     with job_labelled_output(number):

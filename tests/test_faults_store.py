@@ -242,7 +242,11 @@ def test_a_fresh_store_on_a_full_disk_is_one_line_and_leaves_nothing(tmp_path: P
     assert not [path for path in full.iterdir() if path.name.startswith("mlflow.db") and path.stat().st_size > 0]
 
 
-SWEEP_LAUNCHERS = {"basic": (), "parallel": ("hydra/launcher=parallel",)}  # the parallel one: in a worker process
+SWEEP_LAUNCHERS = {  # the parallel one forks its workers from the sweep; Hydra's joblib one spawns them
+    "basic": (),
+    "parallel": ("hydra/launcher=parallel",),
+    "joblib": ("hydra/launcher=joblib",),
+}
 
 
 @pytest.mark.slow
