@@ -37,6 +37,11 @@ CI shell with pipefail fails on a regression and only then.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # python -m: run_command imports this module anew, Ctrl-C in its imports one line
+    from axoexp.signals import run_command
+
+    run_command("axoexp.compare")
+
 import argparse
 import json
 import math
@@ -427,7 +432,3 @@ def run_compare(argv: list[str] | None = None) -> int:
         raise ComparisonError(f"BASE={base_id} NEW={new_id}: no config and executor was measured on both sides")
     print_out(format_comparison(comparisons, base, new, args.format, threshold))  # a reader gone: the verdict stands
     return sum(c.regression for c in comparisons)
-
-
-if __name__ == "__main__":
-    main()

@@ -8,18 +8,21 @@ shortened at the first signal, so the clean-up fits in SLURM's grace period (30 
 A process forked from the run (inductor's compile workers are) gets the default handlers
 back: it is not the run, and a signal to it (SLURM signals every process of a job) must not
 act for the run, e.g. signal a sweep's workers. Inside :func:`deferred` the first signal acts
-only when the block ends, so what the block records together is recorded whole.
+only when the block ends, so what the block records together is recorded whole. Every
+``python -m`` command starts by :func:`run_command`, so Ctrl-C while it imports is one line too.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 from axoexp import names
 
@@ -136,3 +139,17 @@ def deferred() -> Iterator[None]:
         _deferring -= 1
         if not _deferring and _deferred:
             _deferred.pop()()
+
+
+def run_command(command: str, module: str | None = None, interrupted: str = CTRL_C) -> NoReturn:
+    """``python -m COMMAND``, called atop the module ``-m`` runs, before it imports anything heavy:
+    import ``module`` (``command`` itself unless named) and exit with what its ``main()`` returns.
+    Ctrl-C while it imports (MLflow alone takes seconds) is one line, ``COMMAND: INTERRUPTED``, and
+    exit 130, as ``main()`` says Ctrl-C once it runs. It installs nothing: a command's module
+    imported as a library (by the tests) has no handler."""
+    try:
+        main = importlib.import_module(module or command).main
+    except KeyboardInterrupt:
+        print(f"{command}: {interrupted}", file=sys.stderr)
+        sys.exit(OUTSIDE_A_RUN_EXIT)
+    sys.exit(main())

@@ -21,6 +21,11 @@ for 20 s or did not answer (the same command completes the rest later); 130 Ctrl
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # python -m: run_command imports this module anew, Ctrl-C in its imports one line
+    from axoexp.signals import run_command
+
+    run_command("axoexp.sync")
+
 import argparse
 import socket
 import sys
@@ -509,7 +514,3 @@ def store_unreachable(uri: str, error: BaseException) -> str:
     """``MLflow tracking at URI is on a full disk: <the error's first line>`` (locked, unreachable)."""
     reason = str(error).splitlines()[0][:300]
     return f"MLflow tracking at {uri} {store_failure(reason)}: {reason}"
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,13 +1,16 @@
 """The report and compare on a store they cannot read (axoexp.readers): one line each, the same
 after the command's name, and the exit status of one rule: 2 for a store that is no usable store,
 1 for one that does not answer, but 2 in compare, whose 1 is a regression (a locked store:
-test_faults_store)."""
+test_faults_store). Ctrl-C is one line too, while they (and sync) import as while they read."""
 
 from __future__ import annotations
 
 import os
 import signal
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -71,5 +74,52 @@ def test_ctrl_c_while_the_store_is_read_is_one_line_and_exit_130(command: str, t
             if process.poll() is None:
                 process.kill()
                 process.communicate()
+    assert process.returncode == 130 and TRACEBACK not in stderr, stderr
+    assert stderr.strip().splitlines() == [f"{command}: {CTRL_C}"], stderr
+
+
+SLOW_MLFLOW = """
+import pathlib, sys, time
+
+class SlowMlflow:
+    def find_spec(self, name, path=None, target=None):
+        if name == "mlflow":
+            sys.meta_path.remove(self)
+            pathlib.Path("importing").touch()
+            time.sleep(120)
+        return None
+
+sys.meta_path.insert(0, SlowMlflow())
+"""
+"""A sitecustomize whose first import of mlflow says so in a file, then takes two minutes."""
+
+
+@pytest.mark.parametrize("command", [*COMMANDS, "axoexp.sync"])
+def test_ctrl_c_while_the_command_imports_is_one_line_and_exit_130(command: str, tmp_path: Path) -> None:
+    """SIGINT while the command imports MLflow (seconds of every start; the report's matplotlib too):
+    one line, exit 130, where it printed the import's traceback. SIGINT's default is restored in
+    the child and the signal waits for the import to begin, as test_cli's before a run does."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(SLOW_MLFLOW)
+    path = os.pathsep.join(filter(None, [str(tmp_path / "site"), os.environ.get("PYTHONPATH")]))
+    process = subprocess.Popen(
+        [sys.executable, "-m", command],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": path},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "importing").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
     assert process.returncode == 130 and TRACEBACK not in stderr, stderr
     assert stderr.strip().splitlines() == [f"{command}: {CTRL_C}"], stderr

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # python -m: run_command imports this module anew, Ctrl-C in its imports one line
+    from axoexp.signals import run_command
+
+    run_command("axoexp.report", "axoexp.report.__main__")
+
 import argparse
 import sys
 from collections.abc import Iterator
@@ -181,7 +186,3 @@ def write_files(rows: list[ReportRow], figure: Path, heading: str, table: str, s
         with local_file(written[-1]):
             written[-1].write_text(buckets + "\n")
     return written
-
-
-if __name__ == "__main__":
-    main()
