@@ -50,12 +50,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 
 from mlflow.entities import Run
-from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from axoexp import names
 from axoexp.errors import ComparisonError
-from axoexp.readers import add_store_option, open_store, reading
+from axoexp.readers import StoreReader, add_store_option, reading, run_or_none
 from axoexp.report.rows import (
     EXECUTOR_KEY,
     ReportRow,
@@ -224,12 +223,9 @@ def hardware_note(base: Side, new: Side) -> str:
 
 def load_side(client: MlflowClient, run_id: str, label: str, include_contended: bool = False) -> Side:
     """A sweep parent's runs (children and reused) or the one run ``run_id`` names."""
-    try:
-        run = client.get_run(run_id)
-    except MlflowException:
-        raise ComparisonError(
-            f"{label}={run_id}: no such run in this store; give a run id or a sweep's parent run id"
-        ) from None
+    run = run_or_none(client, run_id)
+    if run is None:
+        raise ComparisonError(f"{label}={run_id}: no such run in this store; give a run id or a sweep's parent run id")
     runs = sweep_runs(client, run) if run.data.tags.get(names.SWEEP_ROLE) == "parent" else [run]
     if not runs:
         raise ComparisonError(f"{label}={run_id}: the sweep has no runs to compare")
@@ -396,12 +392,12 @@ def format_comparison(comparisons: list[Comparison], base: Side, new: Side, styl
 
 def main(argv: list[str] | None = None) -> None:
     """Compare; exit 1 on a regression, 0 otherwise, 2 with one line on bad input or a store that cannot be read."""
-    with reading("axoexp.compare", fault_status=FAULT):
-        regressions = run_compare(argv)
+    with reading("axoexp.compare", fault_status=FAULT) as store:
+        regressions = run_compare(store, argv)
     sys.exit(REGRESSION if regressions else 0)
 
 
-def run_compare(argv: list[str] | None = None) -> int:
+def run_compare(store: StoreReader, argv: list[str] | None = None) -> int:
     """Print the comparison; return the number of regressions."""
     parser = argparse.ArgumentParser(
         prog="python -m axoexp.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -423,7 +419,7 @@ def run_compare(argv: list[str] | None = None) -> int:
         raise ComparisonError(f"--latest={args.latest}: only --latest 2 (BASE the older, NEW the newer) is supported")
     if (args.latest is None) == (len(args.runs) != 2) or (args.latest is not None and args.runs):
         raise ComparisonError(f"runs={' '.join(args.runs) or '(none)'}: give BASE NEW (two run ids) or --latest 2")
-    client = open_store(args.tracking_uri, f"give {TRACKING_URI_OPTION} or run something first")
+    client = store.open(args.tracking_uri, f"give {TRACKING_URI_OPTION} or run something first")
     base_id, new_id = latest_two(client, args.experiment) if args.latest else args.runs
     base = load_side(client, base_id, "BASE", args.include_contended)
     new = load_side(client, new_id, "NEW", args.include_contended)

@@ -14,8 +14,11 @@ import argparse
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
+from mlflow.entities import Run
 from mlflow.environment_variables import MLFLOW_TRACKING_URI
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from axoexp.errors import AxoexpError, NoSweepError, UnusableStoreError, first_line, quiet_store_errors
@@ -25,41 +28,64 @@ from axoexp.tracking import (
     TRACKING_URI_OPTION,
     UNREACHABLE,
     bound_http_retries,
+    damaged_store,
     resolve_tracking_uri,
+    sqlite_damaged,
     sqlite_path,
     store_problem,
     tracking_uri_key,
 )
 
 STORE_FAILED = 1  # the exit status of a store that is locked or does not answer
+NO_SUCH_RUN = ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
+"""The error codes of MLflow's ``get_run`` for a run id the store does not hold."""
 
 
 def add_store_option(parser: argparse.ArgumentParser) -> None:
-    """The command's :data:`TRACKING_URI_OPTION`, read by :func:`open_store` from ``args.tracking_uri``."""
+    """The command's :data:`TRACKING_URI_OPTION`, read by :meth:`StoreReader.open` from ``args.tracking_uri``."""
     parser.add_argument(
         TRACKING_URI_OPTION, default=None, help=f"default: ${MLFLOW_TRACKING_URI.name} or {DEFAULT_TRACKING_URI}"
     )
 
 
-def open_store(tracking_uri: str | None, none_yet: str) -> MlflowClient:
-    """A client of the store ``tracking_uri`` names (else ``$MLFLOW_TRACKING_URI``, else
-    ``sqlite:///mlflow.db``) that has been checked for reading: :class:`NoSweepError` where its
-    sqlite file does not exist (``none_yet`` says what to do), :class:`UnusableStoreError` naming
-    what is wrong with it (:func:`~axoexp.tracking.store_problem`), or
-    :class:`~axoexp.errors.StoreLockedError` where another process holds it locked; either line
-    begins with where the URI was set (``--tracking-uri=...`` or ``$MLFLOW_TRACKING_URI=...``)."""
-    uri = resolve_tracking_uri(tracking_uri)
-    path = sqlite_path(uri)
-    if path is not None and str(path) != ":memory:" and not path.is_file():
-        raise NoSweepError(f"no MLflow store at {uri}; {none_yet}")
-    problem = store_problem(uri, tracking_uri_key(tracking_uri, TRACKING_URI_OPTION))
-    if problem:
-        raise UnusableStoreError(problem)
-    return MlflowClient(tracking_uri=uri)
+class StoreReader:
+    """What :func:`reading` hands its command to open the store with; it keeps the store's sqlite
+    file, so that damage found only while reading is named with the command that moves it aside."""
+
+    def __init__(self) -> None:
+        self.sqlite_file: Path | None = None
+
+    def open(self, tracking_uri: str | None, none_yet: str) -> MlflowClient:
+        """A client of the store ``tracking_uri`` names (else ``$MLFLOW_TRACKING_URI``, else
+        ``sqlite:///mlflow.db``) that has been checked for reading: :class:`NoSweepError` where its
+        sqlite file does not exist (``none_yet`` says what to do), :class:`UnusableStoreError` naming
+        what is wrong with it (:func:`~axoexp.tracking.store_problem`), or
+        :class:`~axoexp.errors.StoreLockedError` where another process holds it locked; either line
+        begins with where the URI was set (``--tracking-uri=...`` or ``$MLFLOW_TRACKING_URI=...``)."""
+        uri = resolve_tracking_uri(tracking_uri)
+        path = sqlite_path(uri)
+        if path is not None and str(path) != ":memory:" and not path.is_file():
+            raise NoSweepError(f"no MLflow store at {uri}; {none_yet}")
+        problem = store_problem(uri, tracking_uri_key(tracking_uri, TRACKING_URI_OPTION))
+        if problem:
+            raise UnusableStoreError(problem)
+        self.sqlite_file = path
+        return MlflowClient(tracking_uri=uri)
+
+
+def run_or_none(client: MlflowClient, run_id: str) -> Run | None:
+    """The run ``run_id`` names, or ``None`` where the store holds no such run; a store that
+    cannot be read raises, for :func:`reading` to name the fault."""
+    try:
+        return client.get_run(run_id)
+    except MlflowException as error:
+        if error.error_code in NO_SUCH_RUN:
+            return None
+        raise
 
 
 @contextmanager
-def reading(command: str, fault_status: int | None = None) -> Iterator[None]:
+def reading(command: str, fault_status: int | None = None) -> Iterator[StoreReader]:
     """Run ``command``'s work: bad input or a store that cannot be read ends it with one line
     (``command: ...``, no traceback) and the fault's exit status, or ``fault_status`` for every
     fault (compare's); Ctrl-C ends it with one line and exit 130. HTTP retries are bounded as
@@ -67,12 +93,16 @@ def reading(command: str, fault_status: int | None = None) -> Iterator[None]:
     are kept off stderr."""
     bound_http_retries()
     quiet_store_errors()
+    reader = StoreReader()
     try:
-        yield
+        yield reader
     except AxoexpError as error:
         print(f"{command}: {error}", file=sys.stderr)
         sys.exit(fault_status or error.exit_code)
     except UNREACHABLE as error:
+        if reader.sqlite_file is not None and sqlite_damaged(error):  # beyond the schema the opening checked
+            print(f"{command}: {damaged_store(reader.sqlite_file, first_line(error))}", file=sys.stderr)
+            sys.exit(fault_status or UnusableStoreError.exit_code)
         print(f"{command}: the MLflow store could not be read: {first_line(error)}", file=sys.stderr)
         sys.exit(fault_status or STORE_FAILED)
     except KeyboardInterrupt:

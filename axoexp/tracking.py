@@ -52,6 +52,7 @@ SQLITE_PREFIX = "sqlite:///"
 MAX_BATCH = 1000  # MLflow's limit on metrics per log_batch call
 MAX_PARAM_LENGTH = 500
 SQLITE_LOCKED = ("database is locked", "database table is locked")  # how sqlite says SQLITE_BUSY, SQLITE_LOCKED
+SQLITE_DAMAGED = ("database disk image is malformed", "file is not a database")  # SQLITE_CORRUPT, SQLITE_NOTADB
 STORE_LOCK_WAIT_S = 20
 """Seconds a check waits for a sqlite store another process holds locked (MLflow's own busy timeout)."""
 UNREACHABLE = (MlflowException, requests.exceptions.RequestException, OSError)
@@ -291,7 +292,6 @@ def store_damage(path: Path) -> str | None:
     repairs it or moves it aside; ``None`` when it is one. Reads only its schema (milliseconds);
     raises :class:`StoreLockedError` where another process holds it locked for
     :data:`STORE_LOCK_WAIT_S`."""
-    aside = f"mv {path} {path}.broken"
     try:
         with closing(sqlite3.connect(path, timeout=STORE_LOCK_WAIT_S)) as database:
             tables = {row[0] for row in database.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -306,14 +306,14 @@ def store_damage(path: Path) -> str | None:
                 f"{path} is locked by another process ({error} for {STORE_LOCK_WAIT_S} s); the store is not "
                 "damaged: retry once that process is done with it"
             ) from None
-        return f"{path} is damaged, not a readable MLflow store ({error}); move it aside: {aside}"
+        return damaged_store(path, str(error))
     head = latest_schema_revision()
     leftovers = [table for table in tables if table.startswith("_alembic_tmp_")]
     # an empty store not at the newest schema is taken for a half-built one (an upgrade could fail on it)
     if version is None or leftovers or "runs" not in tables or (version != head and runs == 0):
         return (
             f"{path} is a half-built MLflow store (its creation or upgrade was cut off, e.g. by a signal to an "
-            f"older axoexp; {runs} runs in it); move it aside and a new store is created: {aside}"
+            f"older axoexp; {runs} runs in it); move it aside and a new store is created: {_aside(path)}"
         )
     if version != head:
         return (
@@ -321,6 +321,22 @@ def store_damage(path: Path) -> str | None:
             f"mlflow db upgrade {SQLITE_PREFIX}{path}"
         )
     return None
+
+
+def damaged_store(path: Path, reason: str) -> str:
+    """The line naming the sqlite file at ``path`` as damaged (``reason``: sqlite's words), with the
+    command that moves it aside."""
+    return f"{path} is damaged, not a readable MLflow store ({reason}); move it aside: {_aside(path)}"
+
+
+def _aside(path: Path) -> str:
+    return f"mv {path} {path}.broken"
+
+
+def sqlite_damaged(error: BaseException) -> bool:
+    """Whether ``error`` (sqlite's, or one wrapping it) says the database file is damaged."""
+    text = str(error).lower()
+    return any(phrase in text for phrase in SQLITE_DAMAGED)
 
 
 def store_failure(reason: str) -> str:

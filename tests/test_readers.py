@@ -6,15 +6,19 @@ test_faults_store). Ctrl-C is one line too, while they (and sync) import as whil
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 
 import pytest
 from helpers import free_port, start_cli
+from mlflow.tracking import MlflowClient
 from test_faults_store import TRACEBACK
 
 from axoexp import names
@@ -53,6 +57,47 @@ def test_a_store_that_cannot_be_read_is_one_line(
     err = capsys.readouterr().err
     assert ended.value.code == 2 and err.startswith(f"{command}: $MLFLOW_TRACKING_URI={damaged}: {why}"), err
     assert os.environ[names.HTTP_MAX_RETRIES_ENV] == "2" and os.environ[names.HTTP_TIMEOUT_ENV] == "10"
+
+
+def damage_table(path: Path, table: str) -> None:
+    """Overwrite the first page of ``table`` in the sqlite file ``path``: the schema and the other
+    tables still read, so only reading that table finds the damage."""
+    with closing(sqlite3.connect(path)) as database:
+        page_size = database.execute("PRAGMA page_size").fetchone()[0]
+        (root,) = database.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", (table,)).fetchone()
+    with path.open("r+b") as file:
+        file.seek((root - 1) * page_size)
+        file.write(b"\xff" * page_size)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_store_damaged_beyond_its_schema_or_a_dead_server_is_named_never_a_missing_run(
+    command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A store whose damage the opening check cannot see (its run tags) is named as damaged, exit 2,
+    where the report exited 1 ("retry") and compare said the run ids were no runs; a dead server
+    given run ids is named as a store that could not be read, not as a missing run."""
+    monkeypatch.setenv(names.HTTP_MAX_RETRIES_ENV, "0")
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'made.db'}")
+    experiment = client.create_experiment("axoexp")
+    run_ids = [client.create_run(experiment, tags={names.SWEEP_ROLE: "parent"}).info.run_id for _ in range(2)]
+    store = Path(shutil.copy(tmp_path / "made.db", tmp_path / "mlflow.db"))  # no connection of this process holds it
+    damage_table(store, "tags")
+    capsys.readouterr()  # MLflow's lines as it made the store
+    main, args = COMMANDS[command]
+    given = ["--parent", run_ids[1]] if command == "axoexp.report" else run_ids
+    for uri, line in (
+        (f"sqlite:///{store}", f"{store} is damaged, not a readable MLflow store (MlflowException: "),
+        (f"http://127.0.0.1:{free_port()}", "the MLflow store could not be read: MlflowException: API"),
+    ):
+        for arguments in (args, given):
+            with pytest.raises(SystemExit) as ended:
+                main(["--tracking-uri", uri, *arguments])
+            err = capsys.readouterr().err
+            assert err.startswith(f"{command}: {line}") and err.count("\n") == 1, (arguments, err)
+            assert ended.value.code == (2 if uri.startswith("sqlite") or command == "axoexp.compare" else 1), err
+        if uri.startswith("sqlite"):
+            assert err.rstrip().endswith(f"move it aside: mv {store} {store}.broken"), err
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -15,12 +15,11 @@ from pathlib import Path
 
 from matplotlib.backend_bases import FigureCanvasBase
 from mlflow.entities import Run
-from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from axoexp import names, report
 from axoexp.errors import NoSweepError, ReportError
-from axoexp.readers import add_store_option, open_store, reading
+from axoexp.readers import StoreReader, add_store_option, reading, run_or_none
 from axoexp.report.figure import FIGURE, plot, title
 from axoexp.report.length_figure import LENGTHS_FIGURE, plot_lengths
 from axoexp.report.pareto import (
@@ -69,12 +68,10 @@ def figure_path(out: Path) -> Path:
 
 def named_run(client: MlflowClient, run_id: str) -> Run:
     """The run ``--parent`` names; one line if there is none."""
-    try:
-        return client.get_run(run_id)
-    except MlflowException as error:
-        if error.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
-            raise NoSweepError(f"--parent {run_id}: no such run at {client.tracking_uri}") from error
-        raise
+    run = run_or_none(client, run_id)
+    if run is None:
+        raise NoSweepError(f"--parent {run_id}: no such run at {client.tracking_uri}")
+    return run
 
 
 def single_run_line(run: Run) -> str:
@@ -96,11 +93,11 @@ def single_run_line(run: Run) -> str:
 def main(argv: list[str] | None = None) -> None:
     """Print the report of a sweep; bad input or a store that cannot be read is one line and exit 2 or 1
     (:mod:`axoexp.readers`)."""
-    with reading("axoexp.report"):
-        run_report(argv)
+    with reading("axoexp.report") as store:
+        run_report(store, argv)
 
 
-def run_report(argv: list[str] | None = None) -> None:
+def run_report(store: StoreReader, argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m axoexp.report", description=report.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -128,7 +125,7 @@ def run_report(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     out = figure_path(args.out) if args.out else None  # refused before the store is read
-    client = open_store(args.tracking_uri, "run a sweep first: python -m axoexp -m ...")
+    client = store.open(args.tracking_uri, "run a sweep first: python -m axoexp -m ...")
     parent = named_run(client, args.parent) if args.parent else latest_parent(client, args.experiment)
     runs = sweep_runs(client, parent)
     if not runs and parent.data.tags.get(names.SWEEP_ROLE) != "parent":
