@@ -111,11 +111,14 @@ class Comparison:
 
 def hardware(run: Run) -> dict[str, str]:
     """What the run was timed on, its :data:`HARDWARE_TAGS`: the GPU model (:data:`NO_GPU` for a CPU run)
-    and the host's CPU model, which times a CUDA run's host side (launches, eager's Python) too. Not
-    the GPU's UUID nor the host's name: two H200s are one hardware to a regression gate; nor the
-    driver or versions, which are the environment (shown, as the code is)."""
+    and the host's CPU model, which times a CUDA run's host side (launches, eager's Python) too; ``?``
+    where a tag is missing (a CUDA run without its GPU's name). Not the GPU's UUID nor the host's
+    name: two H200s are one hardware to a regression gate; nor the driver or versions, which are the
+    environment (shown, as the code is)."""
     tags = run.data.tags
-    return {names.GPU_NAME: tags.get(names.GPU_NAME, NO_GPU), names.CPU_MODEL: tags.get(names.CPU_MODEL, "?")}
+    on_cuda = tags.get(names.DEVICE, "").startswith("cuda")
+    gpu = tags.get(names.GPU_NAME, "?" if on_cuda else NO_GPU)
+    return {names.GPU_NAME: gpu, names.CPU_MODEL: tags.get(names.CPU_MODEL, "?")}
 
 
 def _joined(values: set[str]) -> str:

@@ -245,14 +245,17 @@ def test_rows_timed_on_other_hardware_are_marked_and_never_regressions(
 ) -> None:
     """NEW 1.5x slower on every row: only the row on the same GPU and CPU model is a regression, however
     its host, GPU, driver and torch differ; another GPU model, a side pooling two, another CPU model
-    (CPU runs) and both sides pooling the same two are each marked."""
+    (CPU runs), both sides pooling the same two and a CUDA run whose GPU's name is missing (never taken
+    for a CPU run: "no GPU") are each marked."""
     amd, intel = {names.CPU_MODEL: H200[names.CPU_MODEL]}, {names.CPU_MODEL: "Intel(R) Xeon(R) Platinum 8480+"}
+    unnamed = {names.DEVICE: "cuda:0", **amd}
     repeats = {  # optimizer.lr: the tags of BASE's two repeats, of NEW's two
         "0.1": ((H200, H200), (A100, A100)),
         "0.2": ((H200, H200), (ANOTHER_H200, ANOTHER_H200)),
         "0.3": ((H200, H200), (H200, A100)),
         "0.4": ((amd, amd), (intel, intel)),  # CPU runs
         "0.5": ((H200, A100), (H200, A100)),
+        "0.6": ((H200, H200), (unnamed, unnamed)),
     }
     parents = []
     for side, (commit, scale) in enumerate((("aaaa", 1.0), ("bbbb", 1.5))):
@@ -285,10 +288,11 @@ def test_rows_timed_on_other_hardware_are_marked_and_never_regressions(
             "other hardware: AMD EPYC 9654 96-Core Processor -> Intel(R) Xeon(R) Platinum 8480+",
         ),
         "optimizer.lr=0.5": ("slower", False, "mixed hardware: NVIDIA A100-SXM4-80GB and NVIDIA H200"),
+        "optimizer.lr=0.6": ("slower", False, "other hardware: NVIDIA H200 -> ?"),
     }
     assert rows["optimizer.lr=0.1"]["ratio"] == pytest.approx(1.5, rel=0.02) and rows["optimizer.lr=0.1"]["ratio_low"]
     assert report["new"]["hardware"] == {
-        names.GPU_NAME: "NVIDIA A100-SXM4-80GB,NVIDIA H200,no GPU",
+        names.GPU_NAME: "?,NVIDIA A100-SXM4-80GB,NVIDIA H200,no GPU",
         names.CPU_MODEL: "AMD EPYC 9654 96-Core Processor,Intel(R) Xeon(R) Platinum 8480+",
     }
     assert report["new"]["environment"] == {names.GPU_DRIVER: "570.86,?", names.version_tag("torch"): "2.6.0,?"}
