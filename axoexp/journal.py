@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from mlflow.data.dataset import Dataset
-from mlflow.entities import Metric
+from mlflow.entities import Metric, Run
 from mlflow.utils.time import get_current_time_millis
 
 from axoexp import names, processes, signals
@@ -308,6 +308,26 @@ def process_tags() -> dict[str, str]:
     if started is not None:
         tags[names.PROCESS_START] = started
     return tags
+
+
+def journal_end(folder: Path, run: Run, experiment: str, tracking_uri: str, status: str, reason: str | None) -> None:
+    """Keep in ``folder``'s journal the end a process decided for ``run`` but could not write to
+    MLflow (a sweep's parent on a full or locked store): a start record that finds the run, then
+    its end, which ``python -m axoexp.sync`` writes to the run instead of calling it killed."""
+    journal = Journal(folder / JOURNAL_FILE)
+    journal.append(
+        START,
+        journal_id=journal.id,
+        run_id=run.info.run_id,
+        experiment=experiment,
+        run_name=run.info.run_name,
+        tracking_uri=tracking_uri,
+        cwd=os.getcwd(),
+        tags=run.data.tags,
+        start_time=run.info.start_time,
+    )
+    journal.append(END, status=status, reason=reason, end_time=get_current_time_millis())
+    journal.close()
 
 
 @contextmanager

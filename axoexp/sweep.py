@@ -49,7 +49,7 @@ from axoexp.config import one_line
 from axoexp.describe import sweep_run_name
 from axoexp.errors import ConfigError, StoreError, SweepRefusedError
 from axoexp.job_process import SWEEP_PROCESS_ENV, sweep_process_marker
-from axoexp.journal import JOURNAL_FILE, START, process_tags, read_journal
+from axoexp.journal import JOURNAL_FILE, START, journal_end, process_tags, read_journal
 from axoexp.outputs import claim_directory
 from axoexp.plan import plan_experiment, resume_mode
 from axoexp.registry import GROUPS, REGISTRY, Component
@@ -99,7 +99,7 @@ class MlflowSweepCallback(Callback):
         self.client: MlflowClient | None = None
         self.parent_run_id: str | None = None
         self.refused: list[str] = []
-        self.uri = self.sweep_dir = ""
+        self.uri = self.sweep_dir = self.experiment = ""
 
     def _say_refused(self) -> None:
         """Each job planning refused, a line each: said as the sweep starts and again at its end."""
@@ -157,7 +157,7 @@ class MlflowSweepCallback(Callback):
             log.error("MLflow tracking at %s is unreachable, so the sweep has no parent run: %s", uri, error)
             return
         self.client, self.parent_run_id = client, run.info.run_id
-        self.uri, self.sweep_dir = uri, str(sweep_dir.resolve())
+        self.uri, self.sweep_dir, self.experiment = uri, str(sweep_dir.resolve()), str(config.tracking.experiment)
         with read_write(config.hydra.overrides), open_dict(config.hydra.overrides):
             config.hydra.overrides.task.append(f"{PARENT_OVERRIDE_KEY}={self.parent_run_id}")
         (sweep_dir / PARENT_FILE).write_text(self.parent_run_id + "\n")
@@ -204,7 +204,9 @@ class MlflowSweepCallback(Callback):
 
     def end_parent(self, *, all_jobs_returned: bool) -> None:
         """FINISHED if every job returned and every child run finished, else FAILED. If the store
-        fails meanwhile (a full disk, a lock), one line says so and how to end the runs later."""
+        fails meanwhile (a full disk, a lock), one line says so and how to end the runs later: the
+        sync it names ends the children from their journals and the parent with the end the sweep
+        decided, kept in the sweep's folder (:meth:`_terminate`)."""
         if self.client is None or self.parent_run_id is None:
             return
         client, parent = self.client, self.parent_run_id
@@ -222,11 +224,15 @@ class MlflowSweepCallback(Callback):
     def _end_parent(self, client: MlflowClient, parent: str, all_jobs_returned: bool) -> None:
         parent_run = client.get_run(parent)
         stopped_by = signals.received()
+        lost: Exception | None = None
         for child in child_runs(client, parent_run):
             if child.info.status == "RUNNING" and (stopped_by or process_gone(child.data.tags)):
-                _end_dead_child(
-                    client, child, f"the sweep was stopped ({stopped_by or 'its job failed'}) before this run ended"
-                )
+                try:
+                    _end_dead_child(
+                        client, child, f"the sweep was stopped ({stopped_by or 'its job failed'}) before this run ended"
+                    )
+                except UNREACHABLE as error:  # it stays RUNNING, so unfinished; the sync ends it from its journal
+                    lost = error
         children = child_runs(client, parent_run)
         print_reuse(client, parent_run, len(children), stopped=bool(stopped_by))
         self._say_refused()
@@ -238,7 +244,7 @@ class MlflowSweepCallback(Callback):
             if key.startswith(names.DIED_PREFIX)
         }
         if all_jobs_returned and not unfinished and not refused and not died and not stopped_by:
-            client.set_terminated(parent, status="FINISHED")
+            self._terminate(client, parent_run, "FINISHED", None)
             return
         reason = f"{len(unfinished)} of {len(children)} child runs did not finish"
         if unfinished:
@@ -252,15 +258,32 @@ class MlflowSweepCallback(Callback):
             reason = f"interrupted by {stopped_by}; {reason}"
         elif not all_jobs_returned and not refused and not died:
             reason += "; a job failed or the sweep was interrupted"
-        client.set_tag(parent, names.FAILURE, reason)
         status = "KILLED" if stopped_by else "FAILED"
-        client.set_terminated(parent, status=status)
+        self._terminate(client, parent_run, status, reason)
         for child in sorted(
             unfinished, key=lambda run: str(run.info.run_name)
         ):  # not only the first error Hydra raised
             why = child.data.tags.get(names.FAILURE, "no reason recorded")
             print(f"axoexp: {child.info.run_name}: {child.info.status}: {why}", file=sys.stderr, flush=True)
         print(f"axoexp: the sweep ended {status}: {reason}", file=sys.stderr, flush=True)
+        if lost is not None:
+            raise lost
+
+    def _terminate(self, client: MlflowClient, parent: Run, status: str, reason: str | None) -> None:
+        """End the parent run ``status`` (``reason`` in ``axoexp.failure``). Where the store fails, the
+        end is kept in the sweep's folder (:func:`~axoexp.journal.journal_end`): the sweep's process
+        was not killed, so the sync its line names writes this end, not KILLED. A job whose run only
+        that sync completes still failed in the sweep (its exit status said so), so the parent stays
+        FAILED, its reason naming the job and the store's fault."""
+        try:
+            if reason is not None:
+                client.set_tag(parent.info.run_id, names.FAILURE, reason)
+            client.set_terminated(parent.info.run_id, status=status)
+        except UNREACHABLE as error:
+            if reason is not None:
+                reason += f"; the store failed as the sweep ended ({store_unreachable(self.uri, error)})"
+            journal_end(Path(self.sweep_dir), parent, self.experiment, self.uri, status, reason)
+            raise
 
 
 LAUNCHER_NEEDS = {"SlurmLauncher": ("srun", "slurm", "SLURM")}

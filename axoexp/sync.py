@@ -10,6 +10,8 @@ artifacts); one whose run was left RUNNING (the process was killed) or stopped m
 store died) is completed. The run is found again by its journal id (tag axoexp.journal_id)
 and marked axoexp.synced, so syncing twice changes nothing.
 
+A sweep's parent run the sweep could not end (its store failed as it ended) is ended as the
+sweep decided, from the journal it kept in its folder (status, reason; axoexp.synced).
 Then every RUNNING run of those stores (of the default store where no journal was given)
 whose process (tags process.pid, hostname) ran on this host and is gone is ended KILLED
 with the reason, from its journal if it has one.
@@ -353,6 +355,14 @@ def _running_runs(client: MlflowClient) -> Iterator[Run]:
             break
 
 
+def _run_journal(tags: Mapping[str, str]) -> Path | None:
+    """The run's journal (tag ``axoexp.journal``); a sweep's parent's is in its sweep's folder, where
+    the sweep kept the end it could not write (:func:`~axoexp.journal.journal_end`)."""
+    if names.JOURNAL in tags:
+        return Path(tags[names.JOURNAL])
+    return Path(tags[names.SWEEP_DIR]) / JOURNAL_FILE if names.SWEEP_DIR in tags else None
+
+
 def end_dead_runs(client: MlflowClient) -> list[str]:
     """End every RUNNING run whose process ran on this host and is gone; what was done, in words."""
     done = []
@@ -364,7 +374,7 @@ def end_dead_runs(client: MlflowClient) -> list[str]:
             f"process {tags[names.PROCESS_PID]} on {tags[names.HOSTNAME]} is gone and never ended this run "
             "(killed, or its machine failed); ended by axoexp.sync"
         )
-        journal = Path(tags[names.JOURNAL]) if names.JOURNAL in tags else None
+        journal = _run_journal(tags)
         if journal is not None and journal.is_file():
             outcome = sync_journal(client, journal)
             done.append(f"run {run.info.run_id}: its process is gone; journal {journal}: {outcome}")

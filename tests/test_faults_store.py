@@ -12,6 +12,7 @@ import itertools
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -39,12 +40,12 @@ from axoexp.compare import main as compare_main
 from axoexp.components.population import CheckpointError
 from axoexp.errors import ConfigError, StoreLockedError
 from axoexp.experiment import RESULT_FILE, run_experiment
-from axoexp.journal import JOURNAL_FILE, read_journal_lines
+from axoexp.journal import JOURNAL_FILE, journal_end, read_journal_lines
 from axoexp.plan import plan_experiment
 from axoexp.report.__main__ import main as report_main
 from axoexp.sync import end_dead_run, end_dead_runs, stored_updates, sync_journal
 from axoexp.sync import main as sync_main
-from axoexp.tracking import CREATING_SUFFIX, open_client, store_problem
+from axoexp.tracking import CREATING_SUFFIX, experiment_id, open_client, store_problem
 
 TRACEBACK = "Traceback (most recent call last)"
 
@@ -255,7 +256,9 @@ def test_a_sweep_whose_store_fills_up_says_so_in_lines_and_names_the_sync_that_e
 ) -> None:
     """A sweep per launcher, side by side, each with its store on a small disk that fills while its
     job measures: the job says so in one line, the sweep that it could not end its runs and the
-    command that does; no traceback. Once there is room, that command ends every run."""
+    command that does; no traceback. Once there is room, that command ends every run: the job's
+    FINISHED from its journal, the parent as the sweep decided, FAILED (its job failed) naming the
+    store's fault, from the end the sweep kept in its folder: its process was not killed."""
     started = {}
     for name, launcher in SWEEP_LAUNCHERS.items():
         folder, store = tmp_path / name, mount(f"{name}-store", "size=4m")
@@ -290,8 +293,38 @@ def test_a_sweep_whose_store_fills_up_says_so_in_lines_and_names_the_sync_that_e
         runs = client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
         assert sorted((run.data.tags.get(names.SWEEP_ROLE, "child"), run.info.status) for run in runs) == [
             ("child", "FINISHED"),
-            ("parent", "KILLED"),
+            ("parent", "FAILED"),
         ], name
+        parent, child = sorted(runs, key=lambda run: names.SWEEP_ROLE not in run.data.tags)
+        assert parent.data.tags[names.FAILURE] == (
+            f"1 of 1 child runs did not finish ({child.info.run_name}); a job failed or the sweep was interrupted; "
+            f"the store failed as the sweep ended (MLflow tracking at {uri} is on a full disk: "
+            "(sqlite3.OperationalError) database or disk is full)"
+        ), name
+        assert parent.data.tags[names.SYNCED].startswith(f"from {folder / 'sweep' / JOURNAL_FILE} at "), name
+
+
+def test_a_sweeps_parent_ends_as_the_sweep_kept_it_else_killed(client, tracking_uri: str, tmp_path: Path) -> None:
+    """A plain sync (no path) finds a sweep's kept end through the parent's ``sweep.dir``: that
+    parent ends as the sweep decided; one whose sweep kept no end (it was killed) ends KILLED."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    parents = {}
+    for name in ("decided", "killed"):
+        (tmp_path / name).mkdir()
+        tags = {
+            names.SWEEP_ROLE: "parent",
+            names.SWEEP_DIR: str(tmp_path / name),
+            names.PROCESS_PID: str(gone.pid),
+            names.HOSTNAME: socket.gethostname(),
+        }
+        parents[name] = client.create_run(experiment_id(client, "axoexp"), run_name=name, tags=tags)
+    journal_end(tmp_path / "decided", parents["decided"], "axoexp", tracking_uri, "FAILED", "1 of 1 child runs ...")
+    end_dead_runs(client)
+    decided, killed = (client.get_run(parents[name].info.run_id) for name in ("decided", "killed"))
+    assert decided.info.status == "FAILED" and decided.data.tags[names.FAILURE] == "1 of 1 child runs ..."
+    assert decided.data.tags[names.SYNCED].startswith(f"from {tmp_path / 'decided' / JOURNAL_FILE} at ")
+    assert killed.info.status == "KILLED" and "is gone and never ended this run" in killed.data.tags[names.FAILURE]
 
 
 # --- output folders ---------------------------------------------------------------------------------

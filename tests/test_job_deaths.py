@@ -18,7 +18,7 @@ import psutil
 import pytest
 from helpers import RAY_PORT_ENV, child_processes, leftovers, new_child_processes
 from mlflow.tracking import MlflowClient
-from test_faults import SLEEPY, assert_everything_measured_is_in, journals, start_cli, updates_in
+from test_faults import SLEEPY, assert_everything_measured_is_in, journals, start_cli, sync, updates_in
 from test_launchers import _sweep_runs
 
 from axoexp import lease, names
@@ -264,7 +264,8 @@ def _journal_in_flight(root: Path, process: subprocess.Popen[str], planned: int)
 
 def check_a_killed_main_process(root: Path, process: subprocess.Popen[str]) -> None:
     """kill -9 of a parallel sweep's main process while its two jobs measure takes its workers with
-    it; each job's process gets SIGTERM as its worker goes, and ends its run KILLED."""
+    it; each job's process gets SIGTERM as its worker goes, and ends its run KILLED. The sweep kept
+    no end of its own, so a sync of its folder ends the parent KILLED: its process is gone."""
     deadline = time.monotonic() + 300
     while len(found := journals(root / "outputs")) < 2 or not all(len(updates_in(j)) >= 5 for j in found):
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()
@@ -275,11 +276,16 @@ def check_a_killed_main_process(root: Path, process: subprocess.Popen[str]) -> N
     assert _gone([member.pid for member in family]) == [], "workers outlived the sweep's main process"
     assert leftovers(str(root)) == []
     client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
-    _, children = _sweep_runs(f"sqlite:///{root / 'mlflow.db'}")
+    (parent,), children = _sweep_runs(f"sqlite:///{root / 'mlflow.db'}")
     assert len(children) == 2
     for child in children:
         assert child.info.status == "KILLED" and child.data.tags[names.FAILURE] == "interrupted by SIGTERM"
         assert_everything_measured_is_in(client, child, Path(child.data.tags[names.JOURNAL]))
+    assert parent.info.status == "RUNNING"
+    synced = sync(parent.data.tags[names.SWEEP_DIR], cwd=root)
+    assert synced.returncode == 0 and f"run {parent.info.run_id} (" in synced.stdout, synced
+    parent = client.get_run(parent.info.run_id)
+    assert parent.info.status == "KILLED" and "is gone and never ended this run" in parent.data.tags[names.FAILURE]
 
 
 # --- the fork itself, in this process
