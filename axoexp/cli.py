@@ -41,7 +41,7 @@ FULL_ERROR_ENV = "HYDRA_FULL_ERROR"
 USERS_FULL_ERROR_ENV = "AXOEXP_USERS_HYDRA_FULL_ERROR"
 """The user's own ``HYDRA_FULL_ERROR``, kept for the sweep's worker processes, which inherit ours."""
 CONFIG_ERRORS = (ConfigCompositionException, OverrideParseException, OmegaConfBaseException)
-_tracebacks_wanted = os.environ.setdefault(USERS_FULL_ERROR_ENV, os.environ.get(FULL_ERROR_ENV, "")) == "1"
+_tracebacks_wanted = os.environ.get(USERS_FULL_ERROR_ENV, os.environ.get(FULL_ERROR_ENV)) == "1"
 
 
 @hydra.main(version_base="1.3", config_path="pkg://axoexp.conf", config_name="config")
@@ -155,6 +155,7 @@ def _main() -> None:
     if DESCRIBE_FLAG in sys.argv[1:]:
         print(describe(registry))
         return
+    os.environ[USERS_FULL_ERROR_ENV] = "1" if _tracebacks_wanted else "0"  # for the sweep's spawned workers
     os.environ[FULL_ERROR_ENV] = "1"  # Hydra then raises instead of printing; we report below
     targets.install()
     if not _tracebacks_wanted:
