@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from mlflow.exceptions import MlflowException
-from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
 from mlflow.tracking import MlflowClient
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
@@ -32,7 +30,7 @@ from axoexp.errors import BanksError
 from axoexp.executors.base import batch_loss
 from axoexp.interfaces import Batch, LossFn, RunLog, adaptation_parameters
 from axoexp.registry import INIT_FROM, INIT_FROM_SHA256
-from axoexp.tracking import UNREACHABLE, sqlite_path
+from axoexp.tracking import UNREACHABLE, run_or_none, sqlite_path
 from axoexp.windows import Observer
 
 BANKS_FILE = "banks.safetensors"
@@ -216,15 +214,14 @@ def read_initial_banks(origin: str, pinned_sha256: str | None, tracking_uri: str
         raise BanksError(f"population.{INIT_FROM}={origin}: no such run, the store {tracking_uri} does not exist")
     client = MlflowClient(tracking_uri=tracking_uri)
     try:
-        run = client.get_run(origin)
+        run = run_or_none(client, origin)
     except UNREACHABLE as error:
-        missing = isinstance(error, MlflowException) and error.error_code == ErrorCode.Name(RESOURCE_DOES_NOT_EXIST)
         raise BanksError(
-            f"population.{INIT_FROM}={origin}: no such run in {tracking_uri}"
-            if missing
-            else f"population.{INIT_FROM}={origin}: the run cannot be read from {tracking_uri}: "
+            f"population.{INIT_FROM}={origin}: the run cannot be read from {tracking_uri}: "
             + str(error).splitlines()[0][:300]
         ) from error
+    if run is None:
+        raise BanksError(f"population.{INIT_FROM}={origin}: no such run in {tracking_uri}")
     recorded = run.data.tags.get(names.BANKS_SHA256)
     if recorded is None:
         raise BanksError(

@@ -54,7 +54,7 @@ from mlflow.tracking import MlflowClient
 
 from axoexp import names
 from axoexp.errors import ComparisonError
-from axoexp.readers import StoreReader, add_store_option, reading, run_or_none
+from axoexp.readers import StoreReader, add_store_option, reading
 from axoexp.report.rows import (
     EXECUTOR_KEY,
     ReportRow,
@@ -68,7 +68,7 @@ from axoexp.report.rows import (
 from axoexp.report.table import FORMATS, csv_text, grid
 from axoexp.statistics import CONFIDENCE, HIGH, MIN_RUNS, median_ratio_interval
 from axoexp.stdout import print_out
-from axoexp.tracking import TRACKING_URI_OPTION
+from axoexp.tracking import TRACKING_URI_OPTION, run_or_none
 
 DEFAULT_THRESHOLD = "5%"
 SLOWER, FASTER, NO_CHANGE, NOT_COMPARED = "slower", "faster", "no change", "not compared"

@@ -310,10 +310,13 @@ def process_tags() -> dict[str, str]:
     return tags
 
 
-def journal_end(folder: Path, run: Run, experiment: str, tracking_uri: str, status: str, reason: str | None) -> None:
+def journal_end(
+    folder: Path, run: Run, *, experiment: str, tracking_uri: str, status: str, reason: str | None
+) -> str | None:
     """Keep in ``folder``'s journal the end a process decided for ``run`` but could not write to
     MLflow (a sweep's parent on a full or locked store): a start record that finds the run, then
-    its end, which ``python -m axoexp.sync`` writes to the run instead of calling it killed."""
+    its end, which ``python -m axoexp.sync`` writes to the run instead of calling it killed. Why it
+    could not be kept (the folder's disk is full too), or ``None``."""
     journal = Journal(folder / JOURNAL_FILE)
     journal.append(
         START,
@@ -328,6 +331,7 @@ def journal_end(folder: Path, run: Run, experiment: str, tracking_uri: str, stat
     )
     journal.append(END, status=status, reason=reason, end_time=get_current_time_millis())
     journal.close()
+    return journal.lost
 
 
 @contextmanager

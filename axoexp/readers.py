@@ -16,9 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from mlflow.entities import Run
 from mlflow.environment_variables import MLFLOW_TRACKING_URI
-from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from axoexp.errors import AxoexpError, NoSweepError, UnusableStoreError, first_line, quiet_store_errors
@@ -37,8 +35,6 @@ from axoexp.tracking import (
 )
 
 STORE_FAILED = 1  # the exit status of a store that is locked or does not answer
-NO_SUCH_RUN = ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
-"""The error codes of MLflow's ``get_run`` for a run id the store does not hold."""
 
 
 def add_store_option(parser: argparse.ArgumentParser) -> None:
@@ -71,17 +67,6 @@ class StoreReader:
             raise UnusableStoreError(problem)
         self.sqlite_file = path
         return MlflowClient(tracking_uri=uri)
-
-
-def run_or_none(client: MlflowClient, run_id: str) -> Run | None:
-    """The run ``run_id`` names, or ``None`` where the store holds no such run; a store that
-    cannot be read raises, for :func:`reading` to name the fault."""
-    try:
-        return client.get_run(run_id)
-    except MlflowException as error:
-        if error.error_code in NO_SUCH_RUN:
-            return None
-        raise
 
 
 @contextmanager

@@ -100,6 +100,7 @@ class MlflowSweepCallback(Callback):
         self.parent_run_id: str | None = None
         self.refused: list[str] = []
         self.uri = self.sweep_dir = self.experiment = ""
+        self.kept_end = ""  # the end the sweep decided but could not write, as its last line says it
 
     def _say_refused(self) -> None:
         """Each job planning refused, a line each: said as the sweep starts and again at its end."""
@@ -205,8 +206,8 @@ class MlflowSweepCallback(Callback):
     def end_parent(self, *, all_jobs_returned: bool) -> None:
         """FINISHED if every job returned and every child run finished, else FAILED. If the store
         fails meanwhile (a full disk, a lock), one line says so and how to end the runs later: the
-        sync it names ends the children from their journals and the parent with the end the sweep
-        decided, kept in the sweep's folder (:meth:`_terminate`)."""
+        sync it names ends the children from their journals and, where the store failed as the sweep
+        wrote the parent's end, the parent with that end, kept in the sweep's folder (:meth:`_terminate`)."""
         if self.client is None or self.parent_run_id is None:
             return
         client, parent = self.client, self.parent_run_id
@@ -215,8 +216,9 @@ class MlflowSweepCallback(Callback):
             self._end_parent(client, parent, all_jobs_returned)
         except UNREACHABLE as error:
             print(
-                f"axoexp: the sweep could not end its MLflow runs: {store_unreachable(self.uri, error)}; once the "
-                f"store is back, end them with: python -m axoexp.sync {self.sweep_dir} --tracking-uri {self.uri}",
+                f"axoexp: the sweep could not end its MLflow runs: {store_unreachable(self.uri, error)}; "
+                f"{self.kept_end}once the store is back, end them with: python -m axoexp.sync {self.sweep_dir} "
+                f"--tracking-uri {self.uri}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -280,9 +282,22 @@ class MlflowSweepCallback(Callback):
                 client.set_tag(parent.info.run_id, names.FAILURE, reason)
             client.set_terminated(parent.info.run_id, status=status)
         except UNREACHABLE as error:
+            decided = f"it ended {status}{f': {reason}' if reason else ''}"
             if reason is not None:
                 reason += f"; the store failed as the sweep ended ({store_unreachable(self.uri, error)})"
-            journal_end(Path(self.sweep_dir), parent, self.experiment, self.uri, status, reason)
+            lost = journal_end(
+                Path(self.sweep_dir),
+                parent,
+                experiment=self.experiment,
+                tracking_uri=self.uri,
+                status=status,
+                reason=reason,
+            )
+            self.kept_end = (
+                f"{decided} (kept in {Path(self.sweep_dir) / JOURNAL_FILE} for the sync); "
+                if lost is None
+                else f"{decided}, which its folder could not keep ({lost}): the sync will end the parent KILLED; "
+            )
             raise
 
 

@@ -12,6 +12,7 @@ and marked axoexp.synced, so syncing twice changes nothing.
 
 A sweep's parent run the sweep could not end (its store failed as it ended) is ended as the
 sweep decided, from the journal it kept in its folder (status, reason; axoexp.synced).
+
 Then every RUNNING run of those stores (of the default store where no journal was given)
 whose process (tags process.pid, hostname) ran on this host and is gone is ended KILLED
 with the reason, from its journal if it has one.
@@ -37,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 from mlflow.entities import Metric, Run
-from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.time import get_current_time_millis
 
@@ -66,9 +66,12 @@ from axoexp.tracking import (
     UNREACHABLE,
     Tracker,
     bound_http_retries,
+    damaged_store,
     experiment_id,
     open_client,
     resolve_tracking_uri,
+    run_or_none,
+    sqlite_damaged,
     sqlite_path,
     store_failure,
     store_problem,
@@ -110,10 +113,9 @@ def process_gone(tags: Mapping[str, str]) -> bool | None:
 def _run(client: MlflowClient, start: Mapping[str, Any] | None, journal_id: str | None) -> Run | None:
     """The journal's run in the store: by the start record's run id, else by its journal id."""
     if start is not None and start.get("run_id"):
-        try:
-            return client.get_run(start["run_id"])
-        except MlflowException:
-            pass
+        run = run_or_none(client, start["run_id"])
+        if run is not None:
+            return run
     if journal_id is None:
         return None
     if start is not None:
@@ -212,6 +214,8 @@ def _sync_run(client: MlflowClient, path: Path, records: list[dict[str, Any]], c
         )
     if run is None:
         assert start is not None
+        if tags.get(names.SWEEP_ROLE) == "parent":  # a new parent would hold none of the sweep's runs
+            return f"skipped: the sweep's parent run {start['run_id']} is not in this store{said}"
         run = client.create_run(
             experiment_id(client, start["experiment"]),
             start_time=start["start_time"],
@@ -509,18 +513,27 @@ def _main(argv: list[str] | None) -> int:
                 print(f"{path}: {sync_journal(client(uri), path)}{where}{said}", flush=True)
             except UNREACHABLE as error:
                 print(f"axoexp.sync: {path}: {store_unreachable(uri, error)}", file=sys.stderr, flush=True)
-                status = 1
+                status = max(status, _failed_status(uri, error))
     for uri in (uri for uri in stores if uri not in problems):
         try:
             for line in end_dead_runs(client(uri)):
                 print(line, flush=True)
         except UNREACHABLE as error:
             print(f"axoexp.sync: {store_unreachable(uri, error)}", file=sys.stderr, flush=True)
-            status = 1
+            status = max(status, _failed_status(uri, error))
     return status
 
 
+def _failed_status(uri: str, error: BaseException) -> int:
+    """2 for a sqlite store found damaged while syncing (no retry mends it), else 1 (locked, silent)."""
+    return 2 if sqlite_path(uri) is not None and sqlite_damaged(error) else 1
+
+
 def store_unreachable(uri: str, error: BaseException) -> str:
-    """``MLflow tracking at URI is on a full disk: <the error's first line>`` (locked, unreachable)."""
+    """``MLflow tracking at URI is on a full disk: <the error's first line>`` (locked, unreachable), or
+    the sqlite file named damaged with the command that moves it aside."""
     reason = str(error).splitlines()[0][:300]
+    path = sqlite_path(uri)
+    if path is not None and sqlite_damaged(error):
+        return f"MLflow tracking at {uri}: {damaged_store(path, reason)}"
     return f"MLflow tracking at {uri} {store_failure(reason)}: {reason}"

@@ -323,6 +323,21 @@ def store_damage(path: Path) -> str | None:
     return None
 
 
+NO_SUCH_RUN = ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
+"""The error codes of MLflow's ``get_run`` for a run id the store does not hold."""
+
+
+def run_or_none(client: MlflowClient, run_id: str) -> Run | None:
+    """The run ``run_id`` names, or ``None`` where the store holds no such run; a store that cannot
+    be read raises (:data:`UNREACHABLE`), for the caller to name the fault, never a missing run."""
+    try:
+        return client.get_run(run_id)
+    except MlflowException as error:
+        if error.error_code in NO_SUCH_RUN:
+            return None
+        raise
+
+
 def damaged_store(path: Path, reason: str) -> str:
     """The line naming the sqlite file at ``path`` as damaged (``reason``: sqlite's words), with the
     command that moves it aside."""

@@ -282,10 +282,15 @@ def test_a_sweep_whose_store_fills_up_says_so_in_lines_and_names_the_sync_that_e
         assert process.returncode == 1 and TRACEBACK not in stderr, (name, stderr)
         assert f"axoexp: MLflow tracking at {uri} is on a full disk (" in stderr, (name, stderr)
         command = f"python -m axoexp.sync {folder / 'sweep'} --tracking-uri {uri}"
-        assert stderr.splitlines()[-1] == (
+        last = stderr.splitlines()[-1]
+        assert last.startswith(
             f"axoexp: the sweep could not end its MLflow runs: MLflow tracking at {uri} is on a full disk: "
-            f"(sqlite3.OperationalError) database or disk is full; once the store is back, end them with: {command}"
-        ), name
+            "(sqlite3.OperationalError) database or disk is full; it ended FAILED: 1 of 1 child runs did not finish ("
+        ), (name, last)
+        assert last.endswith(
+            f"; a job failed or the sweep was interrupted (kept in {folder / 'sweep' / JOURNAL_FILE} for the sync); "
+            f"once the store is back, end them with: {command}"
+        ), (name, last)
         (store / "filler").unlink()
         synced = sync(*command.split()[3:], cwd=folder)
         assert synced.returncode == 0, synced.stderr
@@ -319,7 +324,15 @@ def test_a_sweeps_parent_ends_as_the_sweep_kept_it_else_killed(client, tracking_
             names.HOSTNAME: socket.gethostname(),
         }
         parents[name] = client.create_run(experiment_id(client, "axoexp"), run_name=name, tags=tags)
-    journal_end(tmp_path / "decided", parents["decided"], "axoexp", tracking_uri, "FAILED", "1 of 1 child runs ...")
+    end = {"experiment": "axoexp", "tracking_uri": tracking_uri, "status": "FAILED", "reason": "1 of 1 child runs ..."}
+    assert journal_end(tmp_path / "decided", parents["decided"], **end) is None
+    (tmp_path / "unkept" / JOURNAL_FILE).mkdir(parents=True)  # a folder where the journal's file would be
+    assert journal_end(tmp_path / "unkept", parents["decided"], **end).startswith("cannot open ")
+    other = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'other.db'}")
+    assert sync_journal(other, tmp_path / "decided" / JOURNAL_FILE) == (
+        f"skipped: the sweep's parent run {parents['decided'].info.run_id} is not in this store"
+    )
+    assert other.search_runs([experiment_id(other, "axoexp")]) == [], "no parent of none of the sweep's runs"
     end_dead_runs(client)
     decided, killed = (client.get_run(parents[name].info.run_id) for name in ("decided", "killed"))
     assert decided.info.status == "FAILED" and decided.data.tags[names.FAILURE] == "1 of 1 child runs ..."

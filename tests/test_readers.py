@@ -25,6 +25,7 @@ from axoexp import names
 from axoexp.compare import main as compare_main
 from axoexp.report.__main__ import main as report_main
 from axoexp.signals import CTRL_C
+from axoexp.sync import main as sync_main
 
 COMMANDS = {"axoexp.report": (report_main, []), "axoexp.compare": (compare_main, ["--latest", "2"])}
 
@@ -59,6 +60,32 @@ def test_a_store_that_cannot_be_read_is_one_line(
     assert os.environ[names.HTTP_MAX_RETRIES_ENV] == "2" and os.environ[names.HTTP_TIMEOUT_ENV] == "10"
 
 
+def damaged_beyond_its_schema(folder: Path) -> tuple[Path, list[str]]:
+    """``folder/mlflow.db`` holding two RUNNING runs, its tags' first page overwritten (with
+    :func:`damage_table`), and the runs' ids."""
+    client = MlflowClient(tracking_uri=f"sqlite:///{folder / 'made.db'}")
+    experiment = client.create_experiment("axoexp")
+    run_ids = [client.create_run(experiment, tags={names.SWEEP_ROLE: "parent"}).info.run_id for _ in range(2)]
+    store = Path(shutil.copy(folder / "made.db", folder / "mlflow.db"))  # no connection of this process holds it
+    damage_table(store, "tags")
+    return store, run_ids
+
+
+def test_sync_names_a_store_damaged_beyond_its_schema_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """sync's look for RUNNING runs whose process is gone reads the damaged tags: the file named
+    damaged with the command that moves it aside, exit 2, where it said unreachable, exit 1 (retry)."""
+    store, _ = damaged_beyond_its_schema(tmp_path)
+    capsys.readouterr()
+    uri = f"sqlite:///{store}"
+    assert sync_main(["--tracking-uri", uri]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"axoexp.sync: MLflow tracking at {uri}: {store} is damaged, not a readable MLflow store "
+        f"((sqlite3.DatabaseError) database disk image is malformed); move it aside: mv {store} {store}.broken"
+    ]
+
+
 def damage_table(path: Path, table: str) -> None:
     """Overwrite the first page of ``table`` in the sqlite file ``path``: the schema and the other
     tables still read, so only reading that table finds the damage."""
@@ -78,11 +105,8 @@ def test_a_store_damaged_beyond_its_schema_or_a_dead_server_is_named_never_a_mis
     where the report exited 1 ("retry") and compare said the run ids were no runs; a dead server
     given run ids is named as a store that could not be read, not as a missing run."""
     monkeypatch.setenv(names.HTTP_MAX_RETRIES_ENV, "0")
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'made.db'}")
-    experiment = client.create_experiment("axoexp")
-    run_ids = [client.create_run(experiment, tags={names.SWEEP_ROLE: "parent"}).info.run_id for _ in range(2)]
-    store = Path(shutil.copy(tmp_path / "made.db", tmp_path / "mlflow.db"))  # no connection of this process holds it
-    damage_table(store, "tags")
+    monkeypatch.chdir(tmp_path)  # where a report that read the store would write its figure
+    store, run_ids = damaged_beyond_its_schema(tmp_path)
     capsys.readouterr()  # MLflow's lines as it made the store
     main, args = COMMANDS[command]
     given = ["--parent", run_ids[1]] if command == "axoexp.report" else run_ids

@@ -19,7 +19,7 @@ from mlflow.tracking import MlflowClient
 
 from axoexp import names, report
 from axoexp.errors import NoSweepError, ReportError
-from axoexp.readers import StoreReader, add_store_option, reading, run_or_none
+from axoexp.readers import StoreReader, add_store_option, reading
 from axoexp.report.figure import FIGURE, plot, title
 from axoexp.report.length_figure import LENGTHS_FIGURE, plot_lengths
 from axoexp.report.pareto import (
@@ -34,7 +34,7 @@ from axoexp.report.pareto import (
 from axoexp.report.rows import ReportRow, build_rows, sweep_runs
 from axoexp.report.table import BUCKETS_CSV, FORMATS, format_buckets, format_table
 from axoexp.stdout import print_out
-from axoexp.tracking import newest_run
+from axoexp.tracking import newest_run, run_or_none
 
 
 def latest_parent(client: MlflowClient, experiment: str) -> Run:
