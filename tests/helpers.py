@@ -4,11 +4,12 @@ in a fresh process, a plugin's text, free ports, a real MLflow server and leftov
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -144,6 +145,40 @@ def fill(directory: Path) -> Path:
         except OSError:
             pass
     return filler
+
+
+def start_python(args: Sequence[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """``python ARGS`` in ``cwd`` with SIGINT's default handler, as a terminal's Ctrl-C finds it (a
+    shell's background job would inherit it ignored)."""
+    return subprocess.Popen(
+        [sys.executable, *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+
+def interrupted(process: subprocess.Popen[str], ready: Callable[[], object]) -> str:
+    """Once ``ready()`` returns (the moment the test waits for), SIGINT to ``process``, a terminal's
+    Ctrl-C: its stderr. It is killed if it outlives a minute or ``ready`` fails."""
+    try:
+        ready()
+        process.send_signal(signal.SIGINT)
+        return process.communicate(timeout=60)[1]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
+def wait_for(path: Path, timeout_s: float = 120) -> None:
+    """Until ``path`` exists (a process touches it as it reaches the moment a test waits for)."""
+    deadline = time.monotonic() + timeout_s
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def free_port() -> int:

@@ -4,14 +4,11 @@ starts at once (module fixture ``ran``), each in a folder of its own, and each t
 from __future__ import annotations
 
 import re
-import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO, run_clis
+from helpers import REPO, interrupted, run_clis, start_python, wait_for
 from mlflow.tracking import MlflowClient
 
 from axoexp import names
@@ -172,26 +169,8 @@ def test_ctrl_c_before_a_run_is_one_line_and_exit_130(tmp_path: Path) -> None:
     package's import, a tenth of a second when idle, far longer on a loaded machine)."""
     (tmp_path / "plugins").mkdir()
     (tmp_path / "plugins" / "slow_import.py").write_text(SLOW_IMPORT)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "axoexp"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not (tmp_path / "importing").exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=60)
-        assert process.returncode == 130, stderr
-        assert stderr.strip().splitlines() == [
-            "axoexp: interrupted (SIGINT) outside a run: no run was left unfinished"
-        ], stderr
-        assert not (tmp_path / "mlflow.db").exists()
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate(timeout=60)
+    process = start_python(["-m", "axoexp"], tmp_path)
+    stderr = interrupted(process, lambda: wait_for(tmp_path / "importing"))
+    assert process.returncode == 130, stderr
+    assert stderr.strip().splitlines() == ["axoexp: interrupted (SIGINT) outside a run: no run was left unfinished"]
+    assert not (tmp_path / "mlflow.db").exists()

@@ -7,17 +7,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import sqlite3
-import subprocess
-import sys
-import time
 from contextlib import closing
 from pathlib import Path
 
 import pytest
-from helpers import free_port, start_cli
+from helpers import free_port, interrupted, start_cli, start_python, wait_for
 from mlflow.tracking import MlflowClient
 from test_faults_store import TRACEBACK
 
@@ -134,15 +130,7 @@ def test_ctrl_c_while_the_store_is_read_is_one_line_and_exit_130(command: str, t
         hung.settimeout(60)
         uri = f"http://127.0.0.1:{hung.getsockname()[1]}"
         process = start_cli("--tracking-uri", uri, *COMMANDS[command][1], cwd=tmp_path, module=command)
-        try:
-            connection, _ = hung.accept()  # the command's first request
-            process.send_signal(signal.SIGINT)
-            _, stderr = process.communicate(timeout=60)
-            connection.close()
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.communicate()
+        stderr = interrupted(process, hung.accept)  # at the command's first request
     assert process.returncode == 130 and TRACEBACK not in stderr, stderr
     assert stderr.strip().splitlines() == [f"{command}: {CTRL_C}"], stderr
 
@@ -171,24 +159,7 @@ def test_ctrl_c_while_the_command_imports_is_one_line_and_exit_130(command: str,
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text(SLOW_MLFLOW)
     path = os.pathsep.join(filter(None, [str(tmp_path / "site"), os.environ.get("PYTHONPATH")]))
-    process = subprocess.Popen(
-        [sys.executable, "-m", command],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": path},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not (tmp_path / "importing").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
+    process = start_python(["-m", command], tmp_path, env={**os.environ, "PYTHONPATH": path})
+    stderr = interrupted(process, lambda: wait_for(tmp_path / "importing"))
     assert process.returncode == 130 and TRACEBACK not in stderr, stderr
     assert stderr.strip().splitlines() == [f"{command}: {CTRL_C}"], stderr

@@ -5,14 +5,13 @@ own store has."""
 from __future__ import annotations
 
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from helpers import free_port, start_cli
+from helpers import free_port, interrupted, start_cli
 from mlflow.tracking import MlflowClient
 from test_faults_store import TRACEBACK
 
@@ -117,15 +116,7 @@ def test_sync_gives_up_on_a_dead_server_in_seconds_and_ctrl_c_is_one_line(tmp_pa
         uri = f"http://127.0.0.1:{hung.getsockname()[1]}"
         folder = _unsynced_journal(tmp_path / "outputs" / "hung", uri)
         process = start_cli(str(folder), "--tracking-uri", uri, cwd=tmp_path, module="axoexp.sync")
-        try:
-            connection, _ = hung.accept()  # the sync's first request
-            process.send_signal(signal.SIGINT)
-            _, stderr = process.communicate(timeout=60)
-            connection.close()
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.communicate()
+        stderr = interrupted(process, hung.accept)  # at the sync's first request
     assert process.returncode == 130 and TRACEBACK not in stderr, stderr
     assert stderr.strip().splitlines()[-1] == f"axoexp.sync: {INTERRUPTED}"
 
