@@ -120,6 +120,7 @@ def test_a_store_damaged_beyond_its_schema_or_a_dead_server_is_named_never_a_mis
             assert err.rstrip().endswith(f"move it aside: mv {store} {store}.broken"), err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", COMMANDS)
 def test_ctrl_c_while_the_store_is_read_is_one_line_and_exit_130(command: str, tmp_path: Path) -> None:
     """SIGINT while the command waits on its first request, to a server that accepts and never
