@@ -14,7 +14,6 @@ import argparse
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 from mlflow.environment_variables import MLFLOW_TRACKING_URI
 from mlflow.tracking import MlflowClient
@@ -45,11 +44,11 @@ def add_store_option(parser: argparse.ArgumentParser) -> None:
 
 
 class StoreReader:
-    """What :func:`reading` hands its command to open the store with; it keeps the store's sqlite
-    file, so that damage found only while reading is named with the command that moves it aside."""
+    """What :func:`reading` hands its command to open the store with; it keeps the store's URI, so
+    that damage found only while reading is named with the command that moves it aside."""
 
     def __init__(self) -> None:
-        self.sqlite_file: Path | None = None
+        self.uri: str | None = None
 
     def open(self, tracking_uri: str | None, none_yet: str) -> MlflowClient:
         """A client of the store ``tracking_uri`` names (else ``$MLFLOW_TRACKING_URI``, else
@@ -65,7 +64,7 @@ class StoreReader:
         problem = store_problem(uri, tracking_uri_key(tracking_uri, TRACKING_URI_OPTION))
         if problem:
             raise UnusableStoreError(problem)
-        self.sqlite_file = path
+        self.uri = uri
         return MlflowClient(tracking_uri=uri)
 
 
@@ -85,8 +84,9 @@ def reading(command: str, fault_status: int | None = None) -> Iterator[StoreRead
         print(f"{command}: {error}", file=sys.stderr)
         sys.exit(fault_status or error.exit_code)
     except UNREACHABLE as error:
-        if reader.sqlite_file is not None and sqlite_damaged(error):  # beyond the schema the opening checked
-            print(f"{command}: {damaged_store(reader.sqlite_file, first_line(error))}", file=sys.stderr)
+        damaged = sqlite_damaged(reader.uri, error) if reader.uri is not None else None
+        if damaged is not None:
+            print(f"{command}: {damaged_store(damaged, first_line(error))}", file=sys.stderr)
             sys.exit(fault_status or UnusableStoreError.exit_code)
         print(f"{command}: the MLflow store could not be read: {first_line(error)}", file=sys.stderr)
         sys.exit(fault_status or STORE_FAILED)

@@ -54,7 +54,7 @@ from axoexp.outputs import claim_directory
 from axoexp.plan import plan_experiment, resume_mode
 from axoexp.registry import GROUPS, REGISTRY, Component
 from axoexp.statistics import disturbance
-from axoexp.sync import end_dead_run, process_gone, store_unreachable, sync_journal
+from axoexp.sync import end_dead_run, process_gone, sync_journal
 from axoexp.tracking import (
     UNREACHABLE,
     child_runs,
@@ -64,6 +64,7 @@ from axoexp.tracking import (
     open_client,
     store_lock,
     store_problem,
+    store_unreachable,
     tracking_uri_key,
     with_mlflow_context,
 )

@@ -66,15 +66,14 @@ from axoexp.tracking import (
     UNREACHABLE,
     Tracker,
     bound_http_retries,
-    damaged_store,
     experiment_id,
     open_client,
     resolve_tracking_uri,
     run_or_none,
     sqlite_damaged,
     sqlite_path,
-    store_failure,
     store_problem,
+    store_unreachable,
     tracking_uri_key,
 )
 from axoexp.windows import MEASURED, WARMUP, UpdateTrace, log_traces
@@ -526,14 +525,4 @@ def _main(argv: list[str] | None) -> int:
 
 def _failed_status(uri: str, error: BaseException) -> int:
     """2 for a sqlite store found damaged while syncing (no retry mends it), else 1 (locked, silent)."""
-    return 2 if sqlite_path(uri) is not None and sqlite_damaged(error) else 1
-
-
-def store_unreachable(uri: str, error: BaseException) -> str:
-    """``MLflow tracking at URI is on a full disk: <the error's first line>`` (locked, unreachable), or
-    the sqlite file named damaged with the command that moves it aside."""
-    reason = str(error).splitlines()[0][:300]
-    path = sqlite_path(uri)
-    if path is not None and sqlite_damaged(error):
-        return f"MLflow tracking at {uri}: {damaged_store(path, reason)}"
-    return f"MLflow tracking at {uri} {store_failure(reason)}: {reason}"
+    return 2 if sqlite_damaged(uri, error) is not None else 1

@@ -348,10 +348,11 @@ def _aside(path: Path) -> str:
     return f"mv {path} {path}.broken"
 
 
-def sqlite_damaged(error: BaseException) -> bool:
-    """Whether ``error`` (sqlite's, or one wrapping it) says the database file is damaged."""
+def sqlite_damaged(uri: str, error: BaseException) -> Path | None:
+    """The sqlite file of the store ``uri`` where ``error`` (sqlite's, or one wrapping it), met while
+    reading it past the schema its opening checks, says the file is damaged; else ``None``."""
     text = str(error).lower()
-    return any(phrase in text for phrase in SQLITE_DAMAGED)
+    return sqlite_path(uri) if any(phrase in text for phrase in SQLITE_DAMAGED) else None
 
 
 def store_failure(reason: str) -> str:
@@ -363,6 +364,16 @@ def store_failure(reason: str) -> str:
     if "database or disk is full" in text or "no space left on device" in text:
         return "is on a full disk"
     return "is unreachable"
+
+
+def store_unreachable(uri: str, error: BaseException) -> str:
+    """``MLflow tracking at URI is on a full disk: <the error's first line>`` (locked, unreachable), or
+    the sqlite file named damaged with the command that moves it aside."""
+    reason = str(error).splitlines()[0][:300]
+    damaged = sqlite_damaged(uri, error)
+    if damaged is not None:
+        return f"MLflow tracking at {uri}: {damaged_store(damaged, reason)}"
+    return f"MLflow tracking at {uri} {store_failure(reason)}: {reason}"
 
 
 def sqlite_busy(error: BaseException) -> bool:
