@@ -203,7 +203,7 @@ def _sync_run(client: MlflowClient, path: Path, records: list[dict[str, Any]], c
         complete = stored_updates(client, run.info.run_id) >= len(updates)
         if complete and (names.SYNCED in run.data.tags or not stopped_mid_run):
             already = "already synced to" if names.SYNCED in run.data.tags else "already complete in the store:"
-            return f"{already} run {run.info.run_id} ({run.info.status}, {_counted(updates)}){said}"
+            return f"{already} run {run.info.run_id} ({run.info.status}, {_counted(updates, tags)}){said}"
     gone = process_gone(tags)
     if not ends and not gone and (run is None or run.info.status == RUNNING):
         where = tags.get(names.HOSTNAME, "an unknown host")
@@ -228,15 +228,19 @@ def _sync_run(client: MlflowClient, path: Path, records: list[dict[str, Any]], c
         synced[names.SYNCED] += "; its start record was damaged: the run was found by its journal id"
     if missing:
         synced[names.SYNCED] += f"; missing artifact files: {', '.join(missing)}"
-    if reason and names.FAILURE not in run.data.tags:  # the first failure's reason is the one kept
-        synced[names.FAILURE] = reason[:5000]
+    stored = run.data.tags.get(names.FAILURE)
+    if reason and (stored is None or reason.startswith(stored)):  # the first failure's reason is kept, or
+        synced[names.FAILURE] = reason[:5000]  # completed: a sweep wrote it, then failed to end the parent
     Tracker(client, run.info.run_id).set_tags(synced)
     client.set_terminated(run.info.run_id, status=status, end_time=end_time)
-    return f"synced to run {run.info.run_id} ({status}, {_counted(updates)}){said}"
+    return f"synced to run {run.info.run_id} ({status}, {_counted(updates, tags)}){said}"
 
 
-def _counted(updates: list[dict[str, Any]]) -> str:
-    """``302 updates: 2 warm-up, 300 measured``: the journal's updates, by window."""
+def _counted(updates: list[dict[str, Any]], tags: Mapping[str, str]) -> str:
+    """``302 updates: 2 warm-up, 300 measured``: the journal's updates, by window; a sweep's parent
+    measures none, its journal keeps the end its sweep decided."""
+    if tags.get(names.SWEEP_ROLE) == "parent":
+        return "the end its sweep decided"
     measured = sum(1 for update in updates if update.get("window") == MEASURED)
     return f"{len(updates)} updates: {len(updates) - measured} warm-up, {measured} measured"
 

@@ -311,7 +311,8 @@ def test_a_sweep_whose_store_fills_up_says_so_in_lines_and_names_the_sync_that_e
 
 def test_a_sweeps_parent_ends_as_the_sweep_kept_it_else_killed(client, tracking_uri: str, tmp_path: Path) -> None:
     """A plain sync (no path) finds a sweep's kept end through the parent's ``sweep.dir``: that
-    parent ends as the sweep decided; one whose sweep kept no end (it was killed) ends KILLED."""
+    parent ends as the sweep decided, its reason completed where the sweep wrote only its start
+    before the store failed; one whose sweep kept no end (it was killed) ends KILLED."""
     gone = subprocess.Popen(["true"])
     gone.wait()
     parents = {}
@@ -324,7 +325,9 @@ def test_a_sweeps_parent_ends_as_the_sweep_kept_it_else_killed(client, tracking_
             names.HOSTNAME: socket.gethostname(),
         }
         parents[name] = client.create_run(experiment_id(client, "axoexp"), run_name=name, tags=tags)
-    end = {"experiment": "axoexp", "tracking_uri": tracking_uri, "status": "FAILED", "reason": "1 of 1 child runs ..."}
+    client.set_tag(parents["decided"].info.run_id, names.FAILURE, "1 of 1 child runs ...")  # then the store failed
+    reason = "1 of 1 child runs ...; the store failed as the sweep ended (...)"
+    end = {"experiment": "axoexp", "tracking_uri": tracking_uri, "status": "FAILED", "reason": reason}
     assert journal_end(tmp_path / "decided", parents["decided"], **end) is None
     (tmp_path / "unkept" / JOURNAL_FILE).mkdir(parents=True)  # a folder where the journal's file would be
     assert journal_end(tmp_path / "unkept", parents["decided"], **end).startswith("cannot open ")
@@ -333,9 +336,10 @@ def test_a_sweeps_parent_ends_as_the_sweep_kept_it_else_killed(client, tracking_
         f"skipped: the sweep's parent run {parents['decided'].info.run_id} is not in this store"
     )
     assert other.search_runs([experiment_id(other, "axoexp")]) == [], "no parent of none of the sweep's runs"
-    end_dead_runs(client)
+    said = f"{JOURNAL_FILE}: synced to run {parents['decided'].info.run_id} (FAILED, the end its sweep decided)"
+    assert any(line.endswith(said) for line in end_dead_runs(client))
     decided, killed = (client.get_run(parents[name].info.run_id) for name in ("decided", "killed"))
-    assert decided.info.status == "FAILED" and decided.data.tags[names.FAILURE] == "1 of 1 child runs ..."
+    assert decided.info.status == "FAILED" and decided.data.tags[names.FAILURE] == reason
     assert decided.data.tags[names.SYNCED].startswith(f"from {tmp_path / 'decided' / JOURNAL_FILE} at ")
     assert killed.info.status == "KILLED" and "is gone and never ended this run" in killed.data.tags[names.FAILURE]
 
