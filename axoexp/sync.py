@@ -17,9 +17,10 @@ Then every RUNNING run of those stores (of the default store where no journal wa
 whose process (tags process.pid, hostname) ran on this host and is gone is ended KILLED
 with the reason, from its journal if it has one.
 
-Exit status: 0 done; 2 a path that does not exist or a store that is no usable MLflow store
-(damaged, half-built, an older schema, a file store); 1 a store that was locked by another process
-for 20 s or did not answer (the same command completes the rest later); 130 Ctrl-C.
+Exit status: 0 done; 2 a path that does not exist, a journal that cannot be read (the others are
+synced) or a store that is no usable MLflow store (damaged, half-built, an older schema, a file
+store); 1 a store that was locked by another process for 20 s or did not answer (the same command
+completes the rest later); 130 Ctrl-C.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ MEASURED_PARAM = "run.measured_updates"
 def find_journals(paths: Iterable[Path]) -> Iterator[Path]:
     for path in paths:
         if path.is_dir():
-            yield from sorted(path.rglob(JOURNAL_FILE))
+            yield from sorted(found for found in path.rglob(JOURNAL_FILE) if found.is_file())
         elif path.is_file():
             yield path
 
@@ -488,7 +489,13 @@ def _main(argv: list[str] | None) -> int:
     journals = list(find_journals(args.paths))
     if args.paths and not journals:
         print(f"no {JOURNAL_FILE} below {', '.join(map(str, args.paths))}: nothing to upload", flush=True)
-    targets = [(path, *_target(path, args.tracking_uri, default)) for path in journals]
+    status, targets = 0, list[tuple[Path, str, str]]()
+    for path in journals:
+        try:
+            targets.append((path, *_target(path, args.tracking_uri, default)))
+        except OSError as error:  # reading the journal (_target answers its store's faults)
+            print(f"{path}: skipped: it cannot be read ({error})", flush=True)
+            status = 2
     stores = list(dict.fromkeys(uri for _, uri, _ in targets if uri)) if journals else [default]
     problems = {
         uri: problem for uri in stores if (problem := store_problem(uri, _store_key(uri, args.tracking_uri, default)))
@@ -503,7 +510,6 @@ def _main(argv: list[str] | None) -> int:
             clients[uri] = open_client(uri)
         return clients[uri]
 
-    status = 0
     for path, uri, said in targets:
         if not uri:  # its run is in its own store
             print(f"{path}: {said}", flush=True)

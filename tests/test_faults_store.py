@@ -247,6 +247,7 @@ SWEEP_LAUNCHERS = {  # the parallel one forks its workers from the sweep; Hydra'
     "basic": (),
     "parallel": ("hydra/launcher=parallel",),
     "joblib": ("hydra/launcher=joblib",),
+    "unkept": (),  # the basic launcher, whose sweep folder cannot keep the parent's end either
 }
 
 
@@ -258,7 +259,8 @@ def test_a_sweep_whose_store_fills_up_says_so_in_lines_and_names_the_sync_that_e
     job measures: the job says so in one line, the sweep that it could not end its runs and the
     command that does; no traceback. Once there is room, that command ends every run: the job's
     FINISHED from its journal, the parent as the sweep decided, FAILED (its job failed) naming the
-    store's fault, from the end the sweep kept in its folder: its process was not killed."""
+    store's fault, from the end the sweep kept in its folder: its process was not killed. A sweep
+    whose folder cannot keep that end says so, and the sync ends its parent KILLED."""
     started = {}
     for name, launcher in SWEEP_LAUNCHERS.items():
         folder, store = tmp_path / name, mount(f"{name}-store", "size=4m")
@@ -275,6 +277,8 @@ def test_a_sweep_whose_store_fills_up_says_so_in_lines_and_names_the_sync_that_e
             assert process.poll() is None, process.communicate()
             if any(updates_in(journal) for journal in journals(folder / "sweep")):
                 fill(store)
+                if name == "unkept":  # where the sweep's journal would be
+                    (folder / "sweep" / JOURNAL_FILE).mkdir()
                 waiting.remove(name)
         time.sleep(0.2)
     for name, (folder, store, uri, process) in started.items():
@@ -287,20 +291,27 @@ def test_a_sweep_whose_store_fills_up_says_so_in_lines_and_names_the_sync_that_e
             f"axoexp: the sweep could not end its MLflow runs: MLflow tracking at {uri} is on a full disk: "
             "(sqlite3.OperationalError) database or disk is full; it ended FAILED: 1 of 1 child runs did not finish ("
         ), (name, last)
-        assert last.endswith(
-            f"; a job failed or the sweep was interrupted (kept in {folder / 'sweep' / JOURNAL_FILE} for the sync); "
-            f"once the store is back, end them with: {command}"
-        ), (name, last)
+        kept = (
+            f" (kept in {folder / 'sweep' / JOURNAL_FILE} for the sync); "
+            if name != "unkept"
+            else f", which its folder could not keep (cannot open {folder / 'sweep' / JOURNAL_FILE}: "
+        )
+        assert f"; a job failed or the sweep was interrupted{kept}" in last, (name, last)
+        assert last.endswith(f"once the store is back, end them with: {command}"), (name, last)
         (store / "filler").unlink()
         synced = sync(*command.split()[3:], cwd=folder)
         assert synced.returncode == 0, synced.stderr
         client = MlflowClient(tracking_uri=uri)
         runs = client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
+        parent_ended = "FAILED" if name != "unkept" else "KILLED"
         assert sorted((run.data.tags.get(names.SWEEP_ROLE, "child"), run.info.status) for run in runs) == [
             ("child", "FINISHED"),
-            ("parent", "FAILED"),
+            ("parent", parent_ended),
         ], name
         parent, child = sorted(runs, key=lambda run: names.SWEEP_ROLE not in run.data.tags)
+        if name == "unkept":
+            assert "is gone and never ended this run" in parent.data.tags[names.FAILURE], name
+            continue
         assert parent.data.tags[names.FAILURE] == (
             f"1 of 1 child runs did not finish ({child.info.run_name}); a job failed or the sweep was interrupted; "
             f"the store failed as the sweep ended (MLflow tracking at {uri} is on a full disk: "

@@ -70,6 +70,24 @@ def test_sync_writes_to_the_journal_s_own_store_and_makes_no_second_copy(
     assert not other.exists() and len(_runs(tmp_path / "ro" / "m.db")) == 1
 
 
+def test_a_journal_that_cannot_be_read_is_skipped_in_one_line_and_the_others_synced(
+    finished_run: tuple[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A journal whose reads fail (EIO: /proc/self/mem, which even root cannot read from its start)
+    is one line and exit 2; a folder named journal.jsonl (where a sweep could not keep its end) is
+    no journal; the readable journal is synced."""
+    run_id, outputs = finished_run
+    (tmp_path / "outputs" / "eio").mkdir()
+    (tmp_path / "outputs" / "eio" / JOURNAL_FILE).symlink_to("/proc/self/mem")
+    (tmp_path / "outputs" / "sweep" / JOURNAL_FILE).mkdir(parents=True)
+    assert sync_main([str(tmp_path / "outputs")]) == 2
+    assert capsys.readouterr().out == (
+        f"{tmp_path / 'outputs' / 'eio' / JOURNAL_FILE}: skipped: it cannot be read ([Errno 5] Input/output error)\n"
+        f"{outputs / JOURNAL_FILE}: already complete in the store: run {run_id} "
+        f"(FINISHED, 3 updates: 1 warm-up, 2 measured) in sqlite:///{tmp_path / 'ro' / 'm.db'}\n"
+    )
+
+
 def test_tracking_uri_overrides_a_store_that_lacks_the_run_and_says_so(
     finished_run: tuple[str, Path], tmp_path: Path, empty_store: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
