@@ -99,8 +99,10 @@ class MlflowSweepCallback(Callback):
     def __init__(self) -> None:
         self.client: MlflowClient | None = None
         self.parent_run_id: str | None = None
+        self.parent_created: Run | None = None  # as created: the start of a kept end when the store fails
         self.refused: list[str] = []
         self.uri = self.sweep_dir = self.experiment = ""
+        self.decided = False  # the parent's end was decided: written, or kept in the sweep's folder
         self.kept_end = ""  # the end the sweep decided but could not write, as its last line says it
 
     def _say_refused(self) -> None:
@@ -158,7 +160,7 @@ class MlflowSweepCallback(Callback):
         except UNREACHABLE as error:
             log.error("MLflow tracking at %s is unreachable, so the sweep has no parent run: %s", uri, error)
             return
-        self.client, self.parent_run_id = client, run.info.run_id
+        self.client, self.parent_run_id, self.parent_created = client, run.info.run_id, run
         self.uri, self.sweep_dir, self.experiment = uri, str(sweep_dir.resolve()), str(config.tracking.experiment)
         with read_write(config.hydra.overrides), open_dict(config.hydra.overrides):
             config.hydra.overrides.task.append(f"{PARENT_OVERRIDE_KEY}={self.parent_run_id}")
@@ -207,15 +209,27 @@ class MlflowSweepCallback(Callback):
     def end_parent(self, *, all_jobs_returned: bool) -> None:
         """FINISHED if every job returned and every child run finished, else FAILED. If the store
         fails meanwhile (a full disk, a lock), one line says so and how to end the runs later: the
-        sync it names ends the children from their journals and, where the store failed as the sweep
-        wrote the parent's end, the parent with that end, kept in the sweep's folder (:meth:`_terminate`)."""
-        if self.client is None or self.parent_run_id is None:
+        sync it names ends the children from their journals and the parent with the end the sweep kept
+        in its folder (:meth:`_keep_end`): the one it decided, or, where the store failed before the
+        sweep could read its runs, FAILED (KILLED if it was stopped) saying so."""
+        if self.client is None or self.parent_run_id is None or self.parent_created is None:
             return
         client, parent = self.client, self.parent_run_id
         self.parent_run_id = None
         try:
             self._end_parent(client, parent, all_jobs_returned)
         except UNREACHABLE as error:
+            if not self.decided:
+                stopped_by = signals.received()
+                reason = "its runs could not be read as it ended, so whether they finished is not known; " + (
+                    "every job returned" if all_jobs_returned else "a job failed or the sweep was interrupted"
+                )
+                self._keep_end(
+                    self.parent_created,
+                    "KILLED" if stopped_by else "FAILED",
+                    f"interrupted by {stopped_by}; {reason}" if stopped_by else reason,
+                    error,
+                )
             print(
                 f"axoexp: the sweep could not end its MLflow runs: {store_unreachable(self.uri, error)}; "
                 f"{self.kept_end}once the store is back, end them with: python -m axoexp.sync {self.sweep_dir} "
@@ -273,33 +287,36 @@ class MlflowSweepCallback(Callback):
             raise lost
 
     def _terminate(self, client: MlflowClient, parent: Run, status: str, reason: str | None) -> None:
-        """End the parent run ``status`` (``reason`` in ``axoexp.failure``). Where the store fails, the
-        end is kept in the sweep's folder (:func:`~axoexp.journal.journal_end`): the sweep's process
-        was not killed, so the sync its line names writes this end, not KILLED. A job whose run only
-        that sync completes still failed in the sweep (its exit status said so), so the parent stays
-        FAILED, its reason naming the job and the store's fault."""
+        """End the parent run ``status`` (``reason`` in ``axoexp.failure``); where the store fails, keep
+        that end (:meth:`_keep_end`). A job whose run only the sync completes still failed in the
+        sweep (its exit status said so), so the parent stays FAILED, its reason naming the job and the
+        store's fault."""
+        self.decided = True
         try:
             if reason is not None:
                 client.set_tag(parent.info.run_id, names.FAILURE, reason)
             client.set_terminated(parent.info.run_id, status=status)
         except UNREACHABLE as error:
-            decided = f"it ended {status}{f': {reason}' if reason else ''}"
-            if reason is not None:
-                reason += f"; the store failed as the sweep ended ({store_unreachable(self.uri, error)})"
-            lost = journal_end(
-                Path(self.sweep_dir),
-                parent,
-                experiment=self.experiment,
-                tracking_uri=self.uri,
-                status=status,
-                reason=reason,
-            )
-            self.kept_end = (
-                f"{decided} (kept in {Path(self.sweep_dir) / JOURNAL_FILE} for the sync); "
-                if lost is None
-                else f"{decided}, which its folder could not keep ({lost}): the sync will end the parent KILLED; "
-            )
+            self._keep_end(parent, status, reason, error)
             raise
+
+    def _keep_end(self, parent: Run, status: str, reason: str | None, error: BaseException) -> None:
+        """Keep the parent's end in the sweep's folder (:func:`~axoexp.journal.journal_end`), the
+        store's fault added to its reason, and say it in the sweep's last line: the sweep's process
+        was not killed, so the sync that line names writes this end, not KILLED."""
+        self.decided = True
+        decided = f"it ended {status}{f': {reason}' if reason else ''}"
+        if reason is not None:
+            reason += f"; the store failed as the sweep ended ({store_unreachable(self.uri, error)})"
+        folder = Path(self.sweep_dir)
+        lost = journal_end(
+            folder, parent, experiment=self.experiment, tracking_uri=self.uri, status=status, reason=reason
+        )
+        self.kept_end = (
+            f"{decided} (kept in {folder / JOURNAL_FILE} for the sync); "
+            if lost is None
+            else f"{decided}, which its folder could not keep ({lost}): the sync will end the parent KILLED; "
+        )
 
 
 LAUNCHER_NEEDS = {"SlurmLauncher": ("srun", "slurm", "SLURM")}

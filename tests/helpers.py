@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 PLUGINS = Path(__file__).resolve().parent / "plugins"  # the tests' own: a documented population, a CPU fused executor
 LENGTH_PLUGINS = Path(__file__).resolve().parent / "length_plugins"  # a CPU executor with length buckets
 RAY_PORT_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # Ray then keeps every address on 127.0.0.1
+TRACEBACK = "Traceback (most recent call last)"  # what no user-facing line may hold
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 

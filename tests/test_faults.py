@@ -20,7 +20,7 @@ from pathlib import Path
 import helpers
 import pytest
 import torch
-from helpers import REPO, fill, free_port, run_cli, sleepy_executor_plugin, start_mlflow
+from helpers import REPO, TRACEBACK, fill, free_port, run_cli, sleepy_executor_plugin, start_mlflow
 from mlflow.tracking import MlflowClient
 
 from axoexp import lease, metadata, names, processes
@@ -377,38 +377,63 @@ def hung_server_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callab
 @pytest.mark.slow
 @pytest.mark.usefixtures("hung_server_run")  # it runs beside this test
 def test_server_killed_mid_run_switches_to_the_journal_then_sync(tmp_path: Path, empty_store: Path) -> None:
+    """A run and a sweep of one job measure side by side until the server is killed: each goes on in
+    its journal and names the sync. The sweep cannot read its runs as it ends, so it keeps FAILED,
+    saying so, in its folder; once the server is back, one sync completes every run and ends the
+    parent so, not KILLED (its process ended by itself)."""
     (tmp_path / "server").mkdir()
     shutil.copyfile(empty_store, tmp_path / "server" / "mlflow.db")  # the server need not create its store
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
     server = start_mlflow("server", tmp_path / "server", port, own_session=True)
+    overrides = (
+        "executor=sleepy",
+        "run.warmup_updates=2",
+        "run.measured_updates=300",
+        f"tracking.uri={uri}",
+        "tracking.http_timeout_s=2",
+        "tracking.http_max_retries=0",
+    )
+    sweep_dir = tmp_path / "sweep" / "sweep"
     try:
-        process = start_cli(
-            "executor=sleepy",
-            "run.warmup_updates=2",
-            "run.measured_updates=300",
-            f"tracking.uri={uri}",
-            "tracking.http_timeout_s=2",
-            "tracking.http_max_retries=0",
-            cwd=tmp_path,
+        (tmp_path / "run").mkdir()
+        (tmp_path / "sweep").mkdir()
+        process = start_cli(*overrides, cwd=tmp_path / "run", env=own_leases(tmp_path / "run"))
+        sweep = start_cli(  # a lease folder each: neither waits for the other's CPU lease
+            "-m", *overrides, f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path / "sweep", env=own_leases(tmp_path / "sweep")
         )
-        wait_for_updates(tmp_path / "outputs", 20, process)
+        wait_for_updates(tmp_path / "run" / "outputs", 20, process)
+        wait_for_updates(sweep_dir, 20, sweep)
         _kill_server(server)
         _, stderr = process.communicate(timeout=300)
-        assert process.returncode == 1
-        (journal,) = journals(tmp_path / "outputs")
+        assert process.returncode == 1, stderr
+        (journal,) = journals(tmp_path / "run" / "outputs")
         assert f"axoexp: MLflow tracking at {uri} is unreachable" in stderr
         assert f"python -m axoexp.sync {journal.parent}" in stderr
         assert len(updates_in(journal)) == 302 and read_journal(journal)[-1]["status"] == "FINISHED"
+        _, stderr = sweep.communicate(timeout=300)
+        assert sweep.returncode == 1 and TRACEBACK not in stderr, stderr
+        assert stderr.splitlines()[-1].startswith(
+            f"axoexp: the sweep could not end its MLflow runs: MLflow tracking at {uri} is unreachable"
+        ), stderr
+        assert stderr.splitlines()[-1].endswith(
+            "; it ended FAILED: its runs could not be read as it ended, so whether they finished is not known; a "
+            f"job failed or the sweep was interrupted (kept in {sweep_dir / JOURNAL_FILE} for the sync); once the "
+            f"store is back, end them with: python -m axoexp.sync {sweep_dir} --tracking-uri {uri}"
+        ), stderr
 
         server = start_mlflow("server", tmp_path / "server", port, own_session=True)
-        client, run = only_run(uri)
-        assert run.info.status == "RUNNING", "the server died before the run could end"
-        synced = sync(str(tmp_path / "outputs"), "--tracking-uri", uri, cwd=tmp_path)
-        assert f"synced to run {run.info.run_id} (FINISHED, 302 updates: 2 warm-up, 300 measured)" in synced.stdout, (
-            synced.stderr
-        )
-        client, run = only_run(uri)
+        client = MlflowClient(tracking_uri=uri)
+        runs = client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
+        assert [run.info.status for run in runs] == ["RUNNING"] * 3, "the server died before the runs could end"
+        synced = sync(str(tmp_path / "run" / "outputs"), str(sweep_dir), "--tracking-uri", uri, cwd=tmp_path)
+        assert synced.returncode == 0, synced.stderr
+        roles = {run.data.tags.get(names.SWEEP_ROLE, names.PARENT_RUN_ID in run.data.tags): run for run in runs}
+        assert set(roles) == {"parent", True, False}, "the sweep's parent, its child and the single run"
+        run = roles[False]
+        said = f"synced to run {run.info.run_id} (FINISHED, 302 updates: 2 warm-up, 300 measured)"
+        assert said in synced.stdout, synced.stdout + synced.stderr
+        run = client.get_run(run.info.run_id)
         assert run.info.status == "FINISHED" and run.data.metrics[names.update_metric("count")] == 300
         assert_everything_measured_is_in(client, run, journal)
         assert {a.path for a in client.list_artifacts(run.info.run_id)} == {
@@ -417,6 +442,14 @@ def test_server_killed_mid_run_switches_to_the_journal_then_sync(tmp_path: Path,
             "config.yaml",
             "result.json",
         }
+        parent, child = (client.get_run(roles[role].info.run_id) for role in ("parent", True))
+        assert child.info.status == "FINISHED" and parent.info.status == "FAILED", parent.data.tags
+        reason = parent.data.tags[names.FAILURE]
+        assert reason.startswith(
+            "its runs could not be read as it ended, so whether they finished is not known; a job failed or the "
+            f"sweep was interrupted; the store failed as the sweep ended (MLflow tracking at {uri} is unreachable"
+        ), reason
+        assert parent.data.tags[names.SYNCED].startswith(f"from {sweep_dir / JOURNAL_FILE} at ")
     finally:
         _kill_server(server)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import helpers
 import pytest
 import torch
-from helpers import fill, held_locked, run_cli
+from helpers import TRACEBACK, fill, held_locked, run_cli
 from mlflow.tracking import MlflowClient
 from test_faults import (
     LONG_RUN,
@@ -46,8 +46,6 @@ from axoexp.report.__main__ import main as report_main
 from axoexp.sync import end_dead_run, end_dead_runs, stored_updates, sync_journal
 from axoexp.sync import main as sync_main
 from axoexp.tracking import CREATING_SUFFIX, experiment_id, open_client, store_problem
-
-TRACEBACK = "Traceback (most recent call last)"
 
 
 def assert_one_line(stderr: str, expected: str) -> None:

@@ -13,9 +13,8 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
-from helpers import free_port, interrupted, start_cli, start_python, wait_for
+from helpers import TRACEBACK, free_port, interrupted, start_cli, start_python, wait_for
 from mlflow.tracking import MlflowClient
-from test_faults_store import TRACEBACK
 
 from axoexp import names
 from axoexp.compare import main as compare_main

@@ -11,9 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import free_port, interrupted, start_cli
+from helpers import TRACEBACK, free_port, interrupted, start_cli
 from mlflow.tracking import MlflowClient
-from test_faults_store import TRACEBACK
 
 from axoexp import names
 from axoexp.experiment import run_experiment
