@@ -14,10 +14,12 @@ A row with fewer than 2 runs on a side gets "no verdict" and no interval: the bo
 resamples runs, so with one run the interval would hold only that run's own spread, not the
 run-to-run spread of a shared machine. Measure both sides with sweep.repeats=2 or more.
 
-A row whose runs were contended (timing.contention not none) or noisy (timing.noise high) on
+A row whose runs were contended (timing.contention not none), noisy (timing.noise high) or
+logged without those tags (an older store's: load not recorded, so it cannot claim to be quiet) on
 either side is marked and never counted as a regression; such runs form rows of their own, apart
-from a config's quiet repeats, unless --include-contended pools them (as the report's flag does).
-Quiet rows are matched with quiet rows, contended with contended (else with the config's other row).
+from a config's quiet repeats, unless --include-contended pools them (the report's rule and flag:
+axoexp.report.rows.timing_doubts). Quiet rows are matched with quiet rows, contended with contended
+(else with the config's other row).
 
 A row whose sides were timed on other hardware is marked (other hardware: NVIDIA H200 -> NVIDIA
 A100) and never counted as a regression, nor is one where a side pools runs of several kinds
@@ -64,9 +66,11 @@ from axoexp.report.rows import (
     setting_label,
     sweep_runs,
     swept_keys,
+    timing_doubts,
+    timing_labels,
 )
 from axoexp.report.table import FORMATS, csv_text, grid
-from axoexp.statistics import CONFIDENCE, HIGH, MIN_RUNS, median_ratio_interval
+from axoexp.statistics import CONFIDENCE, MIN_RUNS, median_ratio_interval
 from axoexp.stdout import print_out
 from axoexp.tracking import TRACKING_URI_OPTION, run_or_none
 
@@ -100,8 +104,8 @@ class Comparison:
     ratio_low: float | None  # 95% bootstrap interval of ratio, where both sides have their series
     ratio_high: float | None
     verdict: str  # slower | faster | no change | no verdict | not compared
-    caution: str  # why the verdict does not decide: "contended (cpu)", "noisy", "new FAILED", "one run per side...",
-    # "other hardware: NVIDIA H200 -> NVIDIA A100", ""
+    caution: str  # why the verdict does not decide: "contended (cpu)", "noisy", "load not recorded",
+    # "new FAILED", "one run per side...", "other hardware: NVIDIA H200 -> NVIDIA A100", ""
     regression: bool  # slower, with no caution
     base_runs: int
     new_runs: int
@@ -185,15 +189,6 @@ def too_few_runs(base_runs: int, new_runs: int, set_apart: int = 0) -> str:
     return f"one run {where}: run-to-run spread unknown; measure with sweep.repeats={MIN_RUNS} or more"
 
 
-def untrusted(runs: Sequence[Run]) -> str:
-    """``contended (cpu)``, ``noisy``, both, or ``""``: why these runs' timings do not decide."""
-    contention = sorted({tag for run in runs if (tag := run.data.tags.get(names.TIMING_CONTENTION, "none")) != "none"})
-    reasons = [f"contended ({', '.join(contention)})"] if contention else []
-    if any(run.data.tags.get(names.TIMING_NOISE) == HIGH for run in runs):
-        reasons.append("noisy")
-    return ", ".join(reasons)
-
-
 def other_hardware(base: Sequence[Run], new: Sequence[Run]) -> str:
     """``other hardware: NVIDIA H200 -> NVIDIA A100`` (each part of :func:`hardware` that differs; a side
     that pools several kinds names them all), ``mixed hardware: ...`` where both sides pool the same
@@ -274,7 +269,8 @@ def compare(client: MlflowClient, base: Side, new: Side, threshold: float) -> li
             interval = median_ratio_interval(new_series, base_series)
             ratio, low, high = interval.estimate, interval.low, interval.high
         base_runs, new_runs = [by_id[run_id] for run_id in before.run_ids], [by_id[run_id] for run_id in row.run_ids]
-        timing, elsewhere = untrusted([*base_runs, *new_runs]), other_hardware(base_runs, new_runs)
+        timing = timing_doubts(*timing_labels([*base_runs, *new_runs]))
+        elsewhere = other_hardware(base_runs, new_runs)
         caution = ", ".join(filter(None, [*unfinished, few, timing, elsewhere]))
         outcome = NO_VERDICT if few else verdict(low, high, threshold)
         first = by_id[row.run_id]

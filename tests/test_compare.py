@@ -32,10 +32,12 @@ def _run(
     repeat: int = 0,
     status: str = "FINISHED",
     params: dict[str, str] | None = None,
+    labelled: bool = True,
     **tags: str,
 ) -> str:
     """A FINISHED run of eager at 2x12x4 and ``optimizer.lr=lr`` (and ``params``) whose updates take
-    ``scale`` x UPDATES."""
+    ``scale`` x UPDATES; ``labelled=False``: without timing.contention and timing.noise, as an older
+    store's runs."""
     all_tags = {
         names.component_tag("executor"): "eager",
         names.SHAPE: "2x12x4",
@@ -47,6 +49,8 @@ def _run(
         names.TIMING_NOISE: "low",
         **tags,
     }
+    if not labelled:
+        del all_tags[names.TIMING_CONTENTION], all_tags[names.TIMING_NOISE]
     if parent:
         all_tags[names.PARENT_RUN_ID] = parent
     run_id = client.create_run(experiment, tags=all_tags).info.run_id
@@ -226,6 +230,39 @@ def test_contended_runs_in_use_are_not_counted_as_set_apart(
         "one quiet run on NEW: run-to-run spread unknown; 1 contended run of it set apart "
         "(--include-contended pools them), contended (cpu)"
     )
+
+
+def test_runs_of_an_older_store_without_timing_labels_are_marked_and_never_regressions(
+    client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """BASE from a store older than timing.contention and timing.noise, NEW 1.5x slower and quiet:
+    a timing whose load was never recorded cannot claim to be quiet, so the row is marked, exit 0.
+    Within NEW, an unlabelled repeat is set apart from the quiet ones as a contended one is, and
+    --include-contended pools it (still marked)."""
+    base = _sweep(client, experiment, {"0.1": 1.0, "0.2": 1.0}, labelled=False)
+    new = _sweep(client, experiment, {"0.1": 1.5}, commit="bbbb")
+    _repeats(client, experiment, new, "0.2", 1.5, commit="bbbb")
+    _run(client, experiment, new, "0.2", 1.5, commit="bbbb", repeat=2, labelled=False)
+
+    assert _compare(tracking_uri, base, new, "--format", "json") == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [(row["settings"], row["verdict"], row["caution"], row["regression"]) for row in rows] == [
+        ("optimizer.lr=0.1", "slower", "load not recorded", False),
+        ("optimizer.lr=0.2", "slower", "load not recorded", False),
+        (
+            "optimizer.lr=0.2",
+            "no verdict",
+            "one run on NEW: run-to-run spread unknown; measure with sweep.repeats=2 or more, load not recorded",
+            False,
+        ),
+    ]
+    assert [(row["base_runs"], row["new_runs"]) for row in rows] == [(2, 2), (2, 2), (2, 1)]
+    assert _compare(tracking_uri, base, new, "--format", "json", "--include-contended") == 0
+    pooled = json.loads(capsys.readouterr().out)["rows"]
+    assert [(row["new_runs"], row["caution"], row["regression"]) for row in pooled] == [
+        (2, "load not recorded", False),
+        (3, "load not recorded", False),
+    ]
 
 
 H200 = {names.GPU_NAME: "NVIDIA H200", names.CPU_MODEL: "AMD EPYC 9654 96-Core Processor"}

@@ -35,9 +35,11 @@ def _logged_run(
     *,
     parent: str | None = None,
     status: str = "FINISHED",
-    contention: str | None = None,
+    contention: str | None = "none",
     **params: str,
 ) -> str:
+    """A run of ``executor`` at ``shape``; ``contention=None``: logged without timing labels, as
+    before axoexp recorded them."""
     tags = {names.component_tag("executor"): executor, names.SHAPE: shape}
     if contention is not None:
         tags[names.TIMING_CONTENTION] = contention
@@ -228,6 +230,30 @@ def test_contended_runs_are_rows_of_their_own_without_a_speedup_unless_included(
     pooled = {row.executor: row for row in build_rows(runs, include_contended=True)}
     assert pooled["fast"].repeats == 2 and pooled["fast"].contention == "cpu,gpu-shared"
     assert pooled["fast"].speedup_vs_eager == pytest.approx(25.0 / 16.0)
+
+
+def test_runs_without_timing_labels_are_set_apart_as_load_not_recorded_unless_included(
+    client: MlflowClient, experiment: str
+) -> None:
+    """An older store's runs lack timing.contention and timing.noise: their load is unknown, so they
+    are rows of their own, marked, without a speedup, and no eager baseline, as contended runs are."""
+    parent = client.create_run(experiment, run_name="sweep").info.run_id
+    for executor, median, contention in (("eager", 10.0, "none"), ("eager", 40.0, None), ("fast", 2.0, "none")):
+        _logged_run(client, experiment, executor, "2x12x4", median, parent=parent, contention=contention)
+    _logged_run(client, experiment, "fast", "2x12x4", 8.0, parent=parent, contention=None)
+    runs = sweep_runs(client, client.get_run(parent))
+
+    rows = {(row.executor, row.contention): row for row in build_rows(runs)}
+    assert set(rows) == {("eager", "none"), ("eager", "not recorded"), ("fast", "none"), ("fast", "not recorded")}
+    unrecorded = rows[("fast", "not recorded")]
+    assert (unrecorded.noise, unrecorded.contended, unrecorded.repeats) == ("not recorded", True, 1)
+    assert math.isnan(unrecorded.speedup_vs_eager) and math.isnan(rows[("eager", "not recorded")].speedup_vs_eager)
+    assert rows[("fast", "none")].speedup_vs_eager == pytest.approx(5.0), "quiet against quiet only"
+    assert "not recorded" in format_table(list(rows.values())).splitlines()[-1]
+
+    pooled = {row.executor: row for row in build_rows(runs, include_contended=True)}
+    assert (pooled["fast"].repeats, pooled["fast"].contention, pooled["fast"].contended) == (2, "not recorded", True)
+    assert pooled["fast"].speedup_vs_eager == pytest.approx(25.0 / 5.0)
 
 
 def test_the_mlflow_view_shows_contention_and_noise() -> None:
