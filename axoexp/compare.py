@@ -8,7 +8,9 @@ sweep.* and run.progress; code identity lives in tags, so it never splits a matc
 matched row: the median latency NEW/BASE with a seeded 95% bootstrap interval over both
 sides' runs and their per-update series (axoexp.statistics.median_ratio_interval), and a
 verdict: slower when the whole interval lies above 1 + threshold, faster when it lies below
-1 - threshold, else no change.
+1 - threshold, else no change. A row is not compared where a side did not finish (base FAILED) or
+a run lacks its per-update series (no per-update series (metric per_update/latency_ms) in new run
+ID): the timing column says which.
 
 A row with fewer than 2 runs on a side gets "no verdict" and no interval: the bootstrap
 resamples runs, so with one run the interval would hold only that run's own spread, not the
@@ -189,6 +191,18 @@ def too_few_runs(base_runs: int, new_runs: int, set_apart: int = 0) -> str:
     return f"one run {where}: run-to-run spread unknown; measure with sweep.repeats={MIN_RUNS} or more"
 
 
+def without_series(base: dict[str, list[float]], new: dict[str, list[float]]) -> str:
+    """``no per-update series (metric per_update/latency_ms) in base run X and new run Y``, naming each
+    run whose measured updates (by run id) are empty, or ``""``: why a row is not compared."""
+    missing = [
+        f"{side} run {run_id}"
+        for side, series in (("base", base), ("new", new))
+        for run_id, got in series.items()
+        if not got
+    ]
+    return f"no per-update series (metric {names.UPDATE_SERIES}) in {' and '.join(missing)}" if missing else ""
+
+
 def other_hardware(base: Sequence[Run], new: Sequence[Run]) -> str:
     """``other hardware: NVIDIA H200 -> NVIDIA A100`` (each part of :func:`hardware` that differs; a side
     that pools several kinds names them all), ``mixed hardware: ...`` where both sides pool the same
@@ -256,22 +270,23 @@ def compare(client: MlflowClient, base: Side, new: Side, threshold: float) -> li
         before = before_rows.get((config, contended)) or before_rows.get((config, not contended))
         if before is None:
             continue
-        base_series = [measured_series(client, by_id[run_id]) for run_id in before.run_ids]
-        new_series = [measured_series(client, by_id[run_id]) for run_id in row.run_ids]
+        base_series = {run_id: measured_series(client, by_id[run_id]) for run_id in before.run_ids}
+        new_series = {run_id: measured_series(client, by_id[run_id]) for run_id in row.run_ids}
         low = high = None
         ratio = row.median_ms / before.median_ms
         unfinished = [f"{side} {r.status}" for side, r in (("base", before), ("new", row)) if r.status != "FINISHED"]
-        comparable = not unfinished and all(base_series) and all(new_series)
+        unmeasured = without_series(base_series, new_series)
+        comparable = not unfinished and not unmeasured
         disturbed = [] if contended else [rows.get((config, True)) for rows in (before_rows, new_rows)]
         set_apart = sum(other.repeats for other in disturbed if other is not None and other is not before)
         few = too_few_runs(before.repeats, row.repeats, set_apart) if comparable else ""
         if comparable and not few:
-            interval = median_ratio_interval(new_series, base_series)
+            interval = median_ratio_interval(list(new_series.values()), list(base_series.values()))
             ratio, low, high = interval.estimate, interval.low, interval.high
         base_runs, new_runs = [by_id[run_id] for run_id in before.run_ids], [by_id[run_id] for run_id in row.run_ids]
         timing = timing_doubts(*timing_labels([*base_runs, *new_runs]))
         elsewhere = other_hardware(base_runs, new_runs)
-        caution = ", ".join(filter(None, [*unfinished, few, timing, elsewhere]))
+        caution = ", ".join(filter(None, [*unfinished, unmeasured, few, timing, elsewhere]))
         outcome = NO_VERDICT if few else verdict(low, high, threshold)
         first = by_id[row.run_id]
         comparisons.append(

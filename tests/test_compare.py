@@ -33,11 +33,12 @@ def _run(
     status: str = "FINISHED",
     params: dict[str, str] | None = None,
     labelled: bool = True,
+    series: bool = True,
     **tags: str,
 ) -> str:
     """A FINISHED run of eager at 2x12x4 and ``optimizer.lr=lr`` (and ``params``) whose updates take
     ``scale`` x UPDATES; ``labelled=False``: without timing.contention and timing.noise, as an older
-    store's runs."""
+    store's runs; ``series=False``: its median only, without the per-update series."""
     all_tags = {
         names.component_tag("executor"): "eager",
         names.SHAPE: "2x12x4",
@@ -67,9 +68,10 @@ def _run(
     }
     for key, value in params.items():
         client.log_param(run_id, key, value)
-    series = [value * scale for value in UPDATES]
-    client.log_batch(run_id, metrics=[Metric(names.UPDATE_SERIES, v, 0, step) for step, v in enumerate(series)])
-    client.log_metric(run_id, names.UPDATE_MEDIAN, sorted(series[5:])[len(series[5:]) // 2])
+    latencies = [value * scale for value in UPDATES]
+    if series:
+        client.log_batch(run_id, metrics=[Metric(names.UPDATE_SERIES, v, 0, step) for step, v in enumerate(latencies)])
+    client.log_metric(run_id, names.UPDATE_MEDIAN, sorted(latencies[5:])[len(latencies[5:]) // 2])
     client.set_terminated(run_id, status)
     return run_id
 
@@ -367,6 +369,27 @@ def test_repeats_pool_and_latest_2_compares_the_two_newest_sweeps(
     header, row = capsys.readouterr().out.splitlines()
     record = dict(zip(header.split(","), row.split(","), strict=True))
     assert record["base_runs"] == "3" and record["new_runs"] == "2" and record["verdict"] == "slower"
+
+
+def test_a_row_not_compared_for_a_missing_series_names_the_runs_without_it(
+    client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run logged without its per-update series (its median only) leaves no interval: the row is not
+    compared, and says which run lacks which metric; a row whose series are all there is compared."""
+    base = _sweep(client, experiment, {"0.1": 1.0, "0.2": 1.0})
+    new = client.create_run(experiment, tags={names.SWEEP_ROLE: "parent"}).info.run_id
+    _run(client, experiment, new, "0.1", 1.5, commit="bbbb")
+    lacking = _run(client, experiment, new, "0.1", 1.5, commit="bbbb", repeat=1, series=False)
+    _repeats(client, experiment, new, "0.2", 1.0, commit="bbbb")
+
+    assert _compare(tracking_uri, base, new, "--format", "json") == 0
+    missing, compared = json.loads(capsys.readouterr().out)["rows"]
+    assert (missing["verdict"], missing["ratio_low"], missing["regression"]) == ("not compared", None, False)
+    assert missing["caution"] == f"no per-update series (metric {names.UPDATE_SERIES}) in new run {lacking}"
+    assert (compared["verdict"], compared["caution"]) == ("no change", "")
+    assert _compare(tracking_uri, base, new) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if "optimizer.lr=0.1" in line)
+    assert f"not compared  no per-update series (metric {names.UPDATE_SERIES}) in new run {lacking}" in row
 
 
 def test_one_run_on_a_side_gets_no_verdict_and_says_why(
