@@ -8,6 +8,7 @@ import io
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -378,6 +379,35 @@ def test_out_names_a_figure_file_or_a_directory_for_it_else_one_line(
     assert sorted(path.name for path in tmp_path.iterdir()) == ["artifacts", "figs", "mlflow.db"], (
         "nothing else written"
     )
+
+
+def test_a_figure_that_cannot_be_written_is_refused_before_anything_is_printed(
+    client: MlflowClient, tracking_uri: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """/proc takes no new file, for root too (whom a read-only directory would not stop): an --out
+    there is refused before the store is read, and the sweep's own folder, where --out is not given,
+    before the table is printed; one line, exit 2, nothing printed, nothing logged."""
+    parent = _report_sweep(client, tmp_path)
+    absent = f"sqlite:///{tmp_path / 'absent.db'}"  # read first, it would say there is no store
+    for uri, out, where in (
+        (tracking_uri, "/proc/x.png", "there"),
+        (absent, "/proc/x.png", "there"),
+        (tracking_uri, "/proc", "/proc/report.png"),
+    ):
+        with pytest.raises(SystemExit) as ended:
+            report_main(["--tracking-uri", uri, "--parent", parent, "--out", out])
+        printed, err = capsys.readouterr()
+        assert (ended.value.code, printed) == (2, "")
+        refused = rf"axoexp.report: --out {out}: cannot write {where} \(.+\); choose another path\n"
+        assert re.fullmatch(refused, err), err
+
+    client.set_tag(parent, names.SWEEP_DIR, "/proc")
+    with pytest.raises(SystemExit) as ended:
+        report_main(["--tracking-uri", tracking_uri, "--parent", parent])
+    printed, err = capsys.readouterr()
+    assert (ended.value.code, printed) == (2, "")
+    assert re.fullmatch(r"axoexp.report: cannot write /proc/report.png \(.+\); --out chooses another place\n", err), err
+    assert client.list_artifacts(parent) == []
 
 
 @pytest.mark.slow
