@@ -8,7 +8,9 @@ sweep.* and run.progress; code identity lives in tags, so it never splits a matc
 matched row: the median latency NEW/BASE with a seeded 95% bootstrap interval over both
 sides' runs and their per-update series (axoexp.statistics.median_ratio_interval), and a
 verdict: slower when the whole interval lies above 1 + threshold, faster when it lies below
-1 - threshold, else no change. A row is not compared where a side did not finish (base FAILED) or
+1 - threshold, no change when it lies within [1 - threshold, 1 + threshold], else unclear (it
+reaches beyond the threshold without lying wholly beyond it: too wide to tell). Only slower can be
+a regression. A row is not compared where a side did not finish (base FAILED) or
 a run lacks its per-update series (no per-update series (metric per_update/latency_ms) in new run
 ID): the timing column says which.
 
@@ -77,7 +79,8 @@ from axoexp.stdout import print_out
 from axoexp.tracking import TRACKING_URI_OPTION, run_or_none
 
 DEFAULT_THRESHOLD = "5%"
-SLOWER, FASTER, NO_CHANGE, NOT_COMPARED = "slower", "faster", "no change", "not compared"
+SLOWER, FASTER, NO_CHANGE, UNCLEAR = "slower", "faster", "no change", "unclear"
+NOT_COMPARED = "not compared"
 NO_VERDICT = "no verdict"
 CODE_TAGS = (names.GIT_COMMIT, names.GIT_DIRTY, names.CODE_HASH, names.PLUGINS_HASH)
 HARDWARE_TAGS = (names.GPU_NAME, names.CPU_MODEL)  # what a timing was measured on (hardware())
@@ -105,7 +108,7 @@ class Comparison:
     ratio: float  # new / base median
     ratio_low: float | None  # 95% bootstrap interval of ratio, where both sides have their series
     ratio_high: float | None
-    verdict: str  # slower | faster | no change | no verdict | not compared
+    verdict: str  # slower | faster | no change | unclear | no verdict | not compared
     caution: str  # why the verdict does not decide: "contended (cpu)", "noisy", "load not recorded",
     # "new FAILED", "one run per side...", "other hardware: NVIDIA H200 -> NVIDIA A100", ""
     regression: bool  # slower, with no caution
@@ -165,14 +168,16 @@ def parse_threshold(text: str) -> float:
 
 
 def verdict(low: float | None, high: float | None, threshold: float) -> str:
-    """``slower`` / ``faster`` when the interval of NEW/BASE lies wholly beyond ``1 ± threshold``."""
+    """``slower`` / ``faster`` when the interval of NEW/BASE lies wholly beyond ``1 ± threshold``,
+    ``no change`` when it lies within ``[1 - threshold, 1 + threshold]``, else ``unclear``: it reaches
+    beyond the threshold, so a change that counts is not ruled out, nor shown."""
     if low is None or high is None:
         return NOT_COMPARED
     if low > 1 + threshold:
         return SLOWER
     if high < 1 - threshold:
         return FASTER
-    return NO_CHANGE
+    return NO_CHANGE if 1 - threshold <= low and high <= 1 + threshold else UNCLEAR
 
 
 def too_few_runs(base_runs: int, new_runs: int, set_apart: int = 0) -> str:

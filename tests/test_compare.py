@@ -152,6 +152,22 @@ def test_a_regression_exits_1_and_is_shown_in_capitals(
     assert "against 1 ± 2.5%, given" in capsys.readouterr().out
 
 
+def test_an_interval_too_wide_to_tell_is_unclear_not_no_change(
+    client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """NEW's two repeats 1.0x and 2.0x BASE's: the interval reaches far above 1.05 but not wholly, so
+    neither slower nor no change: unclear, no regression, exit 0."""
+    base = _sweep(client, experiment, {"0.1": 1.0})
+    new = client.create_run(experiment, tags={names.SWEEP_ROLE: "parent"}).info.run_id
+    for repeat, scale in enumerate((1.0, 2.0)):
+        _run(client, experiment, new, "0.1", scale, commit="bbbb", repeat=repeat)
+
+    assert _compare(tracking_uri, base, new, "--format", "json") == 0
+    (row,) = json.loads(capsys.readouterr().out)["rows"]
+    assert row["ratio_low"] < 1.05 < 1.5 < row["ratio_high"]
+    assert (row["verdict"], row["regression"], row["caution"]) == ("unclear", False, "")
+
+
 def test_configs_that_differ_only_in_an_executor_setting_are_compared_apart(
     client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -462,8 +478,9 @@ def test_decide_md_states_the_noise_threshold_the_code_uses() -> None:
 
 def test_verdict_needs_the_whole_interval_beyond_the_threshold() -> None:
     assert verdict(1.06, 1.2, 0.05) == "slower"
-    assert verdict(1.04, 1.2, 0.05) == "no change"
     assert verdict(0.8, 0.94, 0.05) == "faster"
+    assert verdict(0.95, 1.05, 0.05) == verdict(0.99, 1.02, 0.05) == "no change", "within 1 ± threshold"
+    assert verdict(1.04, 1.2, 0.05) == verdict(0.9, 1.02, 0.05) == verdict(0.5, 2.0, 0.05) == "unclear"
     assert verdict(None, None, 0.05) == "not compared"
     assert too_few_runs(2, 3) == "" and too_few_runs(1, 1).startswith("one run per side")
     assert parse_threshold("5%") == pytest.approx(0.05) == parse_threshold("0.05")
@@ -492,4 +509,4 @@ def test_real_single_runs_give_no_verdict_and_repeated_ones_do(
             assert row["caution"].startswith("one run per side: run-to-run spread unknown")
         else:
             assert (row["base_runs"], row["new_runs"]) == (2, 2) and row["ratio_low"] <= row["ratio_high"]
-            assert row["verdict"] in ("slower", "faster", "no change")
+            assert row["verdict"] in ("slower", "faster", "no change", "unclear")
