@@ -8,16 +8,22 @@ sweep.* and run.progress; code identity lives in tags, so it never splits a matc
 matched row: the median latency NEW/BASE with a seeded 95% bootstrap interval over both
 sides' runs and their per-update series (axoexp.statistics.median_ratio_interval), and a
 verdict: slower when the whole interval lies above 1 + threshold, faster when it lies below
-1 - threshold, else no change.
+1 - threshold, no change when it lies within [1 - threshold, 1 + threshold], else unclear (it
+reaches beyond the threshold without lying wholly beyond it: too wide to tell). Only slower can be
+a regression. A row is not compared where a side did not finish (base FAILED) or
+a run lacks its per-update series (no per-update series (metric per_update/latency_ms) in new run
+ID): the timing column says which.
 
 A row with fewer than 2 runs on a side gets "no verdict" and no interval: the bootstrap
 resamples runs, so with one run the interval would hold only that run's own spread, not the
 run-to-run spread of a shared machine. Measure both sides with sweep.repeats=2 or more.
 
-A row whose runs were contended (timing.contention not none) or noisy (timing.noise high) on
+A row whose runs were contended (timing.contention not none), noisy (timing.noise high) or
+logged without those tags (an older store's: load not recorded, so it cannot claim to be quiet) on
 either side is marked and never counted as a regression; such runs form rows of their own, apart
-from a config's quiet repeats, unless --include-contended pools them (as the report's flag does).
-Quiet rows are matched with quiet rows, contended with contended (else with the config's other row).
+from a config's quiet repeats, unless --include-contended pools them (the report's rule and flag:
+axoexp.report.rows.timing_doubts). Quiet rows are matched with quiet rows, contended with contended
+(else with the config's other row).
 
 A row whose sides were timed on other hardware is marked (other hardware: NVIDIA H200 -> NVIDIA
 A100) and never counted as a regression, nor is one where a side pools runs of several kinds
@@ -64,14 +70,17 @@ from axoexp.report.rows import (
     setting_label,
     sweep_runs,
     swept_keys,
+    timing_doubts,
+    timing_labels,
 )
 from axoexp.report.table import FORMATS, csv_text, grid
-from axoexp.statistics import CONFIDENCE, HIGH, MIN_RUNS, median_ratio_interval
+from axoexp.statistics import CONFIDENCE, MIN_RUNS, median_ratio_interval
 from axoexp.stdout import print_out
 from axoexp.tracking import TRACKING_URI_OPTION, run_or_none
 
 DEFAULT_THRESHOLD = "5%"
-SLOWER, FASTER, NO_CHANGE, NOT_COMPARED = "slower", "faster", "no change", "not compared"
+SLOWER, FASTER, NO_CHANGE, UNCLEAR = "slower", "faster", "no change", "unclear"
+NOT_COMPARED = "not compared"
 NO_VERDICT = "no verdict"
 CODE_TAGS = (names.GIT_COMMIT, names.GIT_DIRTY, names.CODE_HASH, names.PLUGINS_HASH)
 HARDWARE_TAGS = (names.GPU_NAME, names.CPU_MODEL)  # what a timing was measured on (hardware())
@@ -99,9 +108,9 @@ class Comparison:
     ratio: float  # new / base median
     ratio_low: float | None  # 95% bootstrap interval of ratio, where both sides have their series
     ratio_high: float | None
-    verdict: str  # slower | faster | no change | no verdict | not compared
-    caution: str  # why the verdict does not decide: "contended (cpu)", "noisy", "new FAILED", "one run per side...",
-    # "other hardware: NVIDIA H200 -> NVIDIA A100", ""
+    verdict: str  # slower | faster | no change | unclear | no verdict | not compared
+    caution: str  # why the verdict does not decide: "contended (cpu)", "noisy", "load not recorded",
+    # "new FAILED", "one run per side...", "other hardware: NVIDIA H200 -> NVIDIA A100", ""
     regression: bool  # slower, with no caution
     base_runs: int
     new_runs: int
@@ -159,14 +168,16 @@ def parse_threshold(text: str) -> float:
 
 
 def verdict(low: float | None, high: float | None, threshold: float) -> str:
-    """``slower`` / ``faster`` when the interval of NEW/BASE lies wholly beyond ``1 ± threshold``."""
+    """``slower`` / ``faster`` when the interval of NEW/BASE lies wholly beyond ``1 ± threshold``,
+    ``no change`` when it lies within ``[1 - threshold, 1 + threshold]``, else ``unclear``: it reaches
+    beyond the threshold, so a change that counts is not ruled out, nor shown."""
     if low is None or high is None:
         return NOT_COMPARED
     if low > 1 + threshold:
         return SLOWER
     if high < 1 - threshold:
         return FASTER
-    return NO_CHANGE
+    return NO_CHANGE if 1 - threshold <= low and high <= 1 + threshold else UNCLEAR
 
 
 def too_few_runs(base_runs: int, new_runs: int, set_apart: int = 0) -> str:
@@ -185,13 +196,16 @@ def too_few_runs(base_runs: int, new_runs: int, set_apart: int = 0) -> str:
     return f"one run {where}: run-to-run spread unknown; measure with sweep.repeats={MIN_RUNS} or more"
 
 
-def untrusted(runs: Sequence[Run]) -> str:
-    """``contended (cpu)``, ``noisy``, both, or ``""``: why these runs' timings do not decide."""
-    contention = sorted({tag for run in runs if (tag := run.data.tags.get(names.TIMING_CONTENTION, "none")) != "none"})
-    reasons = [f"contended ({', '.join(contention)})"] if contention else []
-    if any(run.data.tags.get(names.TIMING_NOISE) == HIGH for run in runs):
-        reasons.append("noisy")
-    return ", ".join(reasons)
+def without_series(base: dict[str, list[float]], new: dict[str, list[float]]) -> str:
+    """``no per-update series (metric per_update/latency_ms) in base run X and new run Y``, naming each
+    run whose measured updates (by run id) are empty, or ``""``: why a row is not compared."""
+    missing = [
+        f"{side} run {run_id}"
+        for side, series in (("base", base), ("new", new))
+        for run_id, got in series.items()
+        if not got
+    ]
+    return f"no per-update series (metric {names.UPDATE_SERIES}) in {' and '.join(missing)}" if missing else ""
 
 
 def other_hardware(base: Sequence[Run], new: Sequence[Run]) -> str:
@@ -261,21 +275,23 @@ def compare(client: MlflowClient, base: Side, new: Side, threshold: float) -> li
         before = before_rows.get((config, contended)) or before_rows.get((config, not contended))
         if before is None:
             continue
-        base_series = [measured_series(client, by_id[run_id]) for run_id in before.run_ids]
-        new_series = [measured_series(client, by_id[run_id]) for run_id in row.run_ids]
+        base_series = {run_id: measured_series(client, by_id[run_id]) for run_id in before.run_ids}
+        new_series = {run_id: measured_series(client, by_id[run_id]) for run_id in row.run_ids}
         low = high = None
         ratio = row.median_ms / before.median_ms
         unfinished = [f"{side} {r.status}" for side, r in (("base", before), ("new", row)) if r.status != "FINISHED"]
-        comparable = not unfinished and all(base_series) and all(new_series)
+        unmeasured = without_series(base_series, new_series)
+        comparable = not unfinished and not unmeasured
         disturbed = [] if contended else [rows.get((config, True)) for rows in (before_rows, new_rows)]
         set_apart = sum(other.repeats for other in disturbed if other is not None and other is not before)
         few = too_few_runs(before.repeats, row.repeats, set_apart) if comparable else ""
         if comparable and not few:
-            interval = median_ratio_interval(new_series, base_series)
+            interval = median_ratio_interval(list(new_series.values()), list(base_series.values()))
             ratio, low, high = interval.estimate, interval.low, interval.high
         base_runs, new_runs = [by_id[run_id] for run_id in before.run_ids], [by_id[run_id] for run_id in row.run_ids]
-        timing, elsewhere = untrusted([*base_runs, *new_runs]), other_hardware(base_runs, new_runs)
-        caution = ", ".join(filter(None, [*unfinished, few, timing, elsewhere]))
+        timing = timing_doubts(*timing_labels([*base_runs, *new_runs]))
+        elsewhere = other_hardware(base_runs, new_runs)
+        caution = ", ".join(filter(None, [*unfinished, unmeasured, few, timing, elsewhere]))
         outcome = NO_VERDICT if few else verdict(low, high, threshold)
         first = by_id[row.run_id]
         comparisons.append(

@@ -32,10 +32,13 @@ def _run(
     repeat: int = 0,
     status: str = "FINISHED",
     params: dict[str, str] | None = None,
+    labelled: bool = True,
+    series: bool = True,
     **tags: str,
 ) -> str:
     """A FINISHED run of eager at 2x12x4 and ``optimizer.lr=lr`` (and ``params``) whose updates take
-    ``scale`` x UPDATES."""
+    ``scale`` x UPDATES; ``labelled=False``: without timing.contention and timing.noise, as an older
+    store's runs; ``series=False``: its median only, without the per-update series."""
     all_tags = {
         names.component_tag("executor"): "eager",
         names.SHAPE: "2x12x4",
@@ -47,6 +50,8 @@ def _run(
         names.TIMING_NOISE: "low",
         **tags,
     }
+    if not labelled:
+        del all_tags[names.TIMING_CONTENTION], all_tags[names.TIMING_NOISE]
     if parent:
         all_tags[names.PARENT_RUN_ID] = parent
     run_id = client.create_run(experiment, tags=all_tags).info.run_id
@@ -63,9 +68,10 @@ def _run(
     }
     for key, value in params.items():
         client.log_param(run_id, key, value)
-    series = [value * scale for value in UPDATES]
-    client.log_batch(run_id, metrics=[Metric(names.UPDATE_SERIES, v, 0, step) for step, v in enumerate(series)])
-    client.log_metric(run_id, names.UPDATE_MEDIAN, sorted(series[5:])[len(series[5:]) // 2])
+    latencies = [value * scale for value in UPDATES]
+    if series:
+        client.log_batch(run_id, metrics=[Metric(names.UPDATE_SERIES, v, 0, step) for step, v in enumerate(latencies)])
+    client.log_metric(run_id, names.UPDATE_MEDIAN, sorted(latencies[5:])[len(latencies[5:]) // 2])
     client.set_terminated(run_id, status)
     return run_id
 
@@ -144,6 +150,22 @@ def test_a_regression_exits_1_and_is_shown_in_capitals(
     assert "| slower |" not in capsys.readouterr().out
     assert _compare(tracking_uri, base, new, "--threshold", "2.5%") == 1
     assert "against 1 ± 2.5%, given" in capsys.readouterr().out
+
+
+def test_an_interval_too_wide_to_tell_is_unclear_not_no_change(
+    client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """NEW's two repeats 1.0x and 2.0x BASE's: the interval reaches far above 1.05 but not wholly, so
+    neither slower nor no change: unclear, no regression, exit 0."""
+    base = _sweep(client, experiment, {"0.1": 1.0})
+    new = client.create_run(experiment, tags={names.SWEEP_ROLE: "parent"}).info.run_id
+    for repeat, scale in enumerate((1.0, 2.0)):
+        _run(client, experiment, new, "0.1", scale, commit="bbbb", repeat=repeat)
+
+    assert _compare(tracking_uri, base, new, "--format", "json") == 0
+    (row,) = json.loads(capsys.readouterr().out)["rows"]
+    assert row["ratio_low"] < 1.05 < 1.5 < row["ratio_high"]
+    assert (row["verdict"], row["regression"], row["caution"]) == ("unclear", False, "")
 
 
 def test_configs_that_differ_only_in_an_executor_setting_are_compared_apart(
@@ -226,6 +248,39 @@ def test_contended_runs_in_use_are_not_counted_as_set_apart(
         "one quiet run on NEW: run-to-run spread unknown; 1 contended run of it set apart "
         "(--include-contended pools them), contended (cpu)"
     )
+
+
+def test_runs_of_an_older_store_without_timing_labels_are_marked_and_never_regressions(
+    client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """BASE from a store older than timing.contention and timing.noise, NEW 1.5x slower and quiet:
+    a timing whose load was never recorded cannot claim to be quiet, so the row is marked, exit 0.
+    Within NEW, an unlabelled repeat is set apart from the quiet ones as a contended one is, and
+    --include-contended pools it (still marked)."""
+    base = _sweep(client, experiment, {"0.1": 1.0, "0.2": 1.0}, labelled=False)
+    new = _sweep(client, experiment, {"0.1": 1.5}, commit="bbbb")
+    _repeats(client, experiment, new, "0.2", 1.5, commit="bbbb")
+    _run(client, experiment, new, "0.2", 1.5, commit="bbbb", repeat=2, labelled=False)
+
+    assert _compare(tracking_uri, base, new, "--format", "json") == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [(row["settings"], row["verdict"], row["caution"], row["regression"]) for row in rows] == [
+        ("optimizer.lr=0.1", "slower", "load not recorded", False),
+        ("optimizer.lr=0.2", "slower", "load not recorded", False),
+        (
+            "optimizer.lr=0.2",
+            "no verdict",
+            "one run on NEW: run-to-run spread unknown; measure with sweep.repeats=2 or more, load not recorded",
+            False,
+        ),
+    ]
+    assert [(row["base_runs"], row["new_runs"]) for row in rows] == [(2, 2), (2, 2), (2, 1)]
+    assert _compare(tracking_uri, base, new, "--format", "json", "--include-contended") == 0
+    pooled = json.loads(capsys.readouterr().out)["rows"]
+    assert [(row["new_runs"], row["caution"], row["regression"]) for row in pooled] == [
+        (2, "load not recorded", False),
+        (3, "load not recorded", False),
+    ]
 
 
 H200 = {names.GPU_NAME: "NVIDIA H200", names.CPU_MODEL: "AMD EPYC 9654 96-Core Processor"}
@@ -332,6 +387,27 @@ def test_repeats_pool_and_latest_2_compares_the_two_newest_sweeps(
     assert record["base_runs"] == "3" and record["new_runs"] == "2" and record["verdict"] == "slower"
 
 
+def test_a_row_not_compared_for_a_missing_series_names_the_runs_without_it(
+    client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run logged without its per-update series (its median only) leaves no interval: the row is not
+    compared, and says which run lacks which metric; a row whose series are all there is compared."""
+    base = _sweep(client, experiment, {"0.1": 1.0, "0.2": 1.0})
+    new = client.create_run(experiment, tags={names.SWEEP_ROLE: "parent"}).info.run_id
+    _run(client, experiment, new, "0.1", 1.5, commit="bbbb")
+    lacking = _run(client, experiment, new, "0.1", 1.5, commit="bbbb", repeat=1, series=False)
+    _repeats(client, experiment, new, "0.2", 1.0, commit="bbbb")
+
+    assert _compare(tracking_uri, base, new, "--format", "json") == 0
+    missing, compared = json.loads(capsys.readouterr().out)["rows"]
+    assert (missing["verdict"], missing["ratio_low"], missing["regression"]) == ("not compared", None, False)
+    assert missing["caution"] == f"no per-update series (metric {names.UPDATE_SERIES}) in new run {lacking}"
+    assert (compared["verdict"], compared["caution"]) == ("no change", "")
+    assert _compare(tracking_uri, base, new) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if "optimizer.lr=0.1" in line)
+    assert f"not compared  no per-update series (metric {names.UPDATE_SERIES}) in new run {lacking}" in row
+
+
 def test_one_run_on_a_side_gets_no_verdict_and_says_why(
     client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -402,8 +478,9 @@ def test_decide_md_states_the_noise_threshold_the_code_uses() -> None:
 
 def test_verdict_needs_the_whole_interval_beyond_the_threshold() -> None:
     assert verdict(1.06, 1.2, 0.05) == "slower"
-    assert verdict(1.04, 1.2, 0.05) == "no change"
     assert verdict(0.8, 0.94, 0.05) == "faster"
+    assert verdict(0.95, 1.05, 0.05) == verdict(0.99, 1.02, 0.05) == "no change", "within 1 ± threshold"
+    assert verdict(1.04, 1.2, 0.05) == verdict(0.9, 1.02, 0.05) == verdict(0.5, 2.0, 0.05) == "unclear"
     assert verdict(None, None, 0.05) == "not compared"
     assert too_few_runs(2, 3) == "" and too_few_runs(1, 1).startswith("one run per side")
     assert parse_threshold("5%") == pytest.approx(0.05) == parse_threshold("0.05")
@@ -432,4 +509,4 @@ def test_real_single_runs_give_no_verdict_and_repeated_ones_do(
             assert row["caution"].startswith("one run per side: run-to-run spread unknown")
         else:
             assert (row["base_runs"], row["new_runs"]) == (2, 2) and row["ratio_low"] <= row["ratio_high"]
-            assert row["verdict"] in ("slower", "faster", "no change")
+            assert row["verdict"] in ("slower", "faster", "no change", "unclear")

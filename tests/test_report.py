@@ -8,6 +8,7 @@ import io
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,9 +36,11 @@ def _logged_run(
     *,
     parent: str | None = None,
     status: str = "FINISHED",
-    contention: str | None = None,
+    contention: str | None = "none",
     **params: str,
 ) -> str:
+    """A run of ``executor`` at ``shape``; ``contention=None``: logged without timing labels, as
+    before axoexp recorded them."""
     tags = {names.component_tag("executor"): executor, names.SHAPE: shape}
     if contention is not None:
         tags[names.TIMING_CONTENTION] = contention
@@ -230,6 +233,30 @@ def test_contended_runs_are_rows_of_their_own_without_a_speedup_unless_included(
     assert pooled["fast"].speedup_vs_eager == pytest.approx(25.0 / 16.0)
 
 
+def test_runs_without_timing_labels_are_set_apart_as_load_not_recorded_unless_included(
+    client: MlflowClient, experiment: str
+) -> None:
+    """An older store's runs lack timing.contention and timing.noise: their load is unknown, so they
+    are rows of their own, marked, without a speedup, and no eager baseline, as contended runs are."""
+    parent = client.create_run(experiment, run_name="sweep").info.run_id
+    for executor, median, contention in (("eager", 10.0, "none"), ("eager", 40.0, None), ("fast", 2.0, "none")):
+        _logged_run(client, experiment, executor, "2x12x4", median, parent=parent, contention=contention)
+    _logged_run(client, experiment, "fast", "2x12x4", 8.0, parent=parent, contention=None)
+    runs = sweep_runs(client, client.get_run(parent))
+
+    rows = {(row.executor, row.contention): row for row in build_rows(runs)}
+    assert set(rows) == {("eager", "none"), ("eager", "not recorded"), ("fast", "none"), ("fast", "not recorded")}
+    unrecorded = rows[("fast", "not recorded")]
+    assert (unrecorded.noise, unrecorded.contended, unrecorded.repeats) == ("not recorded", True, 1)
+    assert math.isnan(unrecorded.speedup_vs_eager) and math.isnan(rows[("eager", "not recorded")].speedup_vs_eager)
+    assert rows[("fast", "none")].speedup_vs_eager == pytest.approx(5.0), "quiet against quiet only"
+    assert "not recorded" in format_table(list(rows.values())).splitlines()[-1]
+
+    pooled = {row.executor: row for row in build_rows(runs, include_contended=True)}
+    assert (pooled["fast"].repeats, pooled["fast"].contention, pooled["fast"].contended) == (2, "not recorded", True)
+    assert pooled["fast"].speedup_vs_eager == pytest.approx(25.0 / 5.0)
+
+
 def test_the_mlflow_view_shows_contention_and_noise() -> None:
     assert {f"tags.`{names.TIMING_CONTENTION}`", f"tags.`{names.TIMING_NOISE}`"} <= set(RUNS_VIEW_COLUMNS)
 
@@ -352,6 +379,35 @@ def test_out_names_a_figure_file_or_a_directory_for_it_else_one_line(
     assert sorted(path.name for path in tmp_path.iterdir()) == ["artifacts", "figs", "mlflow.db"], (
         "nothing else written"
     )
+
+
+def test_a_figure_that_cannot_be_written_is_refused_before_anything_is_printed(
+    client: MlflowClient, tracking_uri: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """/proc takes no new file, for root too (whom a read-only directory would not stop): an --out
+    there is refused before the store is read, and the sweep's own folder, where --out is not given,
+    before the table is printed; one line, exit 2, nothing printed, nothing logged."""
+    parent = _report_sweep(client, tmp_path)
+    absent = f"sqlite:///{tmp_path / 'absent.db'}"  # read first, it would say there is no store
+    for uri, out, where in (
+        (tracking_uri, "/proc/x.png", "there"),
+        (absent, "/proc/x.png", "there"),
+        (tracking_uri, "/proc", "/proc/report.png"),
+    ):
+        with pytest.raises(SystemExit) as ended:
+            report_main(["--tracking-uri", uri, "--parent", parent, "--out", out])
+        printed, err = capsys.readouterr()
+        assert (ended.value.code, printed) == (2, "")
+        refused = rf"axoexp.report: --out {out}: cannot write {where} \(.+\); choose another path\n"
+        assert re.fullmatch(refused, err), err
+
+    client.set_tag(parent, names.SWEEP_DIR, "/proc")
+    with pytest.raises(SystemExit) as ended:
+        report_main(["--tracking-uri", tracking_uri, "--parent", parent])
+    printed, err = capsys.readouterr()
+    assert (ended.value.code, printed) == (2, "")
+    assert re.fullmatch(r"axoexp.report: cannot write /proc/report.png \(.+\); --out chooses another place\n", err), err
+    assert client.list_artifacts(parent) == []
 
 
 @pytest.mark.slow

@@ -10,6 +10,11 @@ CSV or JSON (--format). The figure shows median latency against the swept dimens
 over eager per executor. Both are written to the sweep's output directory and logged to the
 parent run.
 
+Runs measured under contention, with high noise, or logged without those labels (an older store's:
+a timing whose load was not recorded cannot claim to be quiet) form rows of their own, marked in the
+contention and noise columns and hollow in the figure, without a speedup, and are no eager baseline,
+unless --include-contended pools them; compare sets them apart by the same rule (rows.timing_doubts).
+
 Runs with batches of different lengths (population.lengths) add a table per length bucket
 (bucket, the lengths it holds, updates, median, p10, p90, padding overhead; with --format csv
 the file report_buckets.csv) and the figure report_lengths.png: each bucket's median latency
@@ -21,8 +26,10 @@ figure.py (the figure), length_figure.py (latency against length), pareto.py (a 
 front) and __main__.py (the command). None imports torch or the executors.
 
 Exit status (axoexp.readers): 0 done; 2 with one line on bad input (no sweep, an unknown --parent,
-an --out that cannot be written) or a store that is no usable MLflow store (damaged, half-built, an
-older schema, a file store); 1 with one line where the store failed (locked by another process for
-20 s, a server that does not answer): the same command may work later; 130 with one line on Ctrl-C.
+an --out where no file can be written, checked before the store is read, or a sweep's output
+directory where none can, checked before anything is printed) or a store that is no usable MLflow
+store (damaged, half-built, an older schema, a file store); 1 with one line where the store failed
+(locked by another process for 20 s, a server that does not answer): the same command may work
+later; 130 with one line on Ctrl-C.
 A reader that stops early (| head) is no fault: the files are still written, exit 0.
 """

@@ -8,6 +8,7 @@ if __name__ == "__main__":  # python -m: run_command imports this module anew, C
     run_command("axoexp.report", "axoexp.report.__main__")
 
 import argparse
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -44,26 +45,51 @@ def latest_parent(client: MlflowClient, experiment: str) -> Run:
     return run
 
 
-def output_dir(parent: Run) -> Path:
-    """The sweep's own output directory where it still exists, else the current directory."""
+def default_figure(parent: Run) -> Path:
+    """:data:`FIGURE` in the sweep's own output directory where it still exists, else in the current
+    directory; one line where it cannot be written."""
     sweep_dir = Path(parent.data.tags.get(names.SWEEP_DIR, "."))
-    return sweep_dir if sweep_dir.is_dir() else Path(".")
+    figure = (sweep_dir if sweep_dir.is_dir() else Path(".")) / FIGURE
+    reason = unwritable(figure)
+    if reason:
+        raise ReportError(f"cannot write {figure} ({reason}); --out chooses another place")
+    return figure
 
 
 def figure_path(out: Path) -> Path:
     """Where ``--out`` puts the figure: a file of a type matplotlib writes, in an existing directory,
-    or :data:`FIGURE` in an existing directory; one line otherwise."""
+    or :data:`FIGURE` in an existing directory, where a file can be written; one line otherwise."""
     if out.is_dir():
-        return out / FIGURE
-    types = FigureCanvasBase.get_supported_filetypes()
-    if out.suffix.lstrip(".").lower() not in types:
-        raise ReportError(
-            f"--out {out}: neither an existing directory nor a figure file; end it in one of "
-            + ", ".join(f".{kind}" for kind in sorted(types))
-        )
-    if not out.parent.is_dir():
-        raise ReportError(f"--out {out}: directory {out.parent} does not exist; create it or choose another path")
-    return out
+        figure = out / FIGURE
+    else:
+        types = FigureCanvasBase.get_supported_filetypes()
+        if out.suffix.lstrip(".").lower() not in types:
+            raise ReportError(
+                f"--out {out}: neither an existing directory nor a figure file; end it in one of "
+                + ", ".join(f".{kind}" for kind in sorted(types))
+            )
+        if not out.parent.is_dir():
+            raise ReportError(f"--out {out}: directory {out.parent} does not exist; create it or choose another path")
+        figure = out
+    reason = unwritable(figure)
+    if reason:
+        where = "there" if figure == out else figure
+        raise ReportError(f"--out {out}: cannot write {where} ({reason}); choose another path")
+    return figure
+
+
+def unwritable(path: Path) -> str:
+    """Why no file can be written at ``path``, in the system's words, or ``""``: it is opened to append
+    (nothing is written) and, where it did not exist, removed again."""
+    existed = os.path.lexists(path)  # a link, even a dangling one, is kept
+    try:
+        with path.open("ab"):
+            pass
+    except OSError as error:
+        return error.strerror or str(error)
+    if not existed:
+        path.unlink()
+    return ""
 
 
 def named_run(client: MlflowClient, run_id: str) -> Run:
@@ -131,6 +157,7 @@ def run_report(store: StoreReader, argv: list[str] | None = None) -> None:
     if not runs and parent.data.tags.get(names.SWEEP_ROLE) != "parent":
         print_out(single_run_line(parent))
         return
+    figure = out or default_figure(parent)  # refused before anything is printed
     rows = build_rows(runs, client, parent.info.run_id, include_contended=args.include_contended)
     table = format_table(rows, args.format)
     heading = f"{parent.info.run_name} ({parent.info.status}, parent run {parent.info.run_id})\n"
@@ -143,7 +170,6 @@ def run_report(store: StoreReader, argv: list[str] | None = None) -> None:
         print_out(front_text)
     elif objectives:  # stdout stays the table
         print(front_text, file=sys.stderr)
-    figure = out or output_dir(parent) / FIGURE
     written = write_files(rows, figure, title(parent, runs), table, args.format)
     if objectives:
         written.append(figure.with_name(PARETO_FIGURE))

@@ -60,8 +60,9 @@ def title(parent: Run, runs: list[Run]) -> str:
 def plot(rows: list[ReportRow], heading: str, path: Path) -> Figure:
     """Latency against the swept dimension (one panel per combination of the other swept
     settings, one colour per executor, p10-p90 bars) and, where eager runs exist, the speedup
-    over eager per executor. Rows measured under contention or with high noise are hollow
-    (and their speedup bars hatched). Returns the saved figure, for reading back."""
+    over eager per executor. Rows measured under contention, with high noise or without their load
+    recorded (:attr:`ReportRow.contended`) are hollow (and their speedup bars hatched). Returns the
+    saved figure, for reading back."""
     finished = [row for row in rows if row.status == "FINISHED" and not math.isnan(row.median_ms)]
     x_label = x_dimension(finished)
     panel_labels = [label for label, _ in (finished[0].settings if finished else ()) if label != x_label]
@@ -142,7 +143,7 @@ def plot(rows: list[ReportRow], heading: str, path: Path) -> Figure:
     return figure
 
 
-CONTENDED_LABEL = "hollow: contended or\nnoisy, not compared"
+CONTENDED_LABEL = "hollow: contended, noisy\nor load not recorded,\nnot compared"
 ANNOTATED_POINTS = 8
 """A panel with at most this many points prints each median beside it."""
 MIN_TICKS = 3

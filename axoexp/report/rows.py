@@ -13,13 +13,14 @@ from mlflow.tracking import MlflowClient
 
 from axoexp import names
 from axoexp.registry import GROUPS
-from axoexp.statistics import HIGH, LOW, MIN_RUNS, LatencySummary, disturbance, median_ratio_interval
+from axoexp.statistics import HIGH, LOW, MIN_RUNS, LatencySummary, median_ratio_interval
 from axoexp.tracking import child_runs
 
 EXECUTOR_KEY = f"{names.EXECUTOR_PARAM_PREFIX}name"
 POPULATION_PREFIX = "population."
 LENGTHS_KEY = f"{POPULATION_PREFIX}lengths"
 BASELINE = "eager"
+NOT_RECORDED = "not recorded"  # a timing label a run lacks: logged before axoexp recorded its load
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,9 @@ class ReportRow:
     speedup_high: float | None = None  # (statistics.median_ratio_interval)
     repeats: int = 1  # FINISHED runs of the same config pooled into this row (sweep.repeats)
     run_ids: tuple[str, ...] = ()
-    contention: str = ""  # timing.contention of its runs: none, or what disturbed them (cpu, gpu-shared, ...)
-    noise: str = ""  # timing.noise of its runs: low, or high where any run's was
+    contention: str = ""  # timing.contention of its runs (timing_labels): none, or what disturbed them (cpu,
+    # gpu-shared, ...) and "not recorded" where a run lacks the tag
+    noise: str = ""  # timing.noise of its runs: low, or high where any run's was, else not recorded where one lacks it
     lengths: str = ""  # population.lengths where its batches' lengths differ, e.g. uniform:32:256
     padded: bool = False  # its executor padded batches to length buckets (tag lengths.buckets), else exact lengths
     padding_overhead: float = math.nan  # padded steps / real steps (median over its runs)
@@ -61,8 +63,9 @@ class ReportRow:
 
     @property
     def contended(self) -> bool:
-        """Measured under contention or with high noise: not a number to compare speeds by."""
-        return self.contention not in ("", "none") or self.noise == HIGH
+        """Measured under contention, with high noise or without its load recorded (:func:`timing_doubts`):
+        not a number to compare speeds by."""
+        return bool(timing_doubts(self.contention, self.noise))
 
     def setting(self, label: str) -> str:
         return dict(self.settings).get(label, "")
@@ -176,7 +179,7 @@ def _group(runs: list[Run], client: MlflowClient | None, include_contended: bool
     single = []
     for run in runs:
         if run.info.status == "FINISHED":
-            contended = not include_contended and bool(disturbance(run.data.tags))
+            contended = not include_contended and _doubted([run])
             pooled[(config_key(run), run.data.tags.get(executor_tag), contended)].append(run)
         else:
             single.append([run])
@@ -187,14 +190,32 @@ def _group(runs: list[Run], client: MlflowClient | None, include_contended: bool
     return groups
 
 
-def _labels(runs: list[Run]) -> tuple[str, str]:
-    """The runs' ``timing.contention`` (``none``, or every kind seen) and ``timing.noise``
-    (``high`` where any run's was); blank for runs logged without them."""
-    contentions = {tag for run in runs if (tag := run.data.tags.get(names.TIMING_CONTENTION)) is not None}
-    kinds = sorted({kind for value in contentions for kind in value.split(",") if kind and kind != "none"})
-    contention = ",".join(kinds) or ("none" if contentions else "")
-    noises = {run.data.tags.get(names.TIMING_NOISE) for run in runs} - {None}
-    return contention, HIGH if HIGH in noises else LOW if noises else ""
+def timing_labels(runs: Sequence[Run]) -> tuple[str, str]:
+    """The runs' ``timing.contention`` (``none``, or every kind seen) and ``timing.noise`` (``high``
+    where any run's was, else ``low``), :data:`NOT_RECORDED` where a run lacks the tag: one logged
+    before axoexp recorded them (the contention then lists it among the kinds)."""
+    contentions = [run.data.tags.get(names.TIMING_CONTENTION) for run in runs]
+    kinds = sorted({kind for value in contentions if value for kind in value.split(",") if kind and kind != "none"})
+    contention = ",".join(kinds + ([NOT_RECORDED] if None in contentions else [])) or "none"
+    noises = {run.data.tags.get(names.TIMING_NOISE) for run in runs}
+    return contention, HIGH if HIGH in noises else NOT_RECORDED if None in noises else LOW
+
+
+def timing_doubts(contention: str, noise: str) -> str:
+    """Why timings with these labels (:func:`timing_labels`) cannot be compared: ``contended (cpu)``,
+    ``noisy``, ``load not recorded`` (a timing whose load is unknown cannot claim to be quiet), several
+    of them, or ``""`` for a quiet timing. The one rule for the report and compare."""
+    kinds = [kind for kind in contention.split(",") if kind and kind not in ("none", NOT_RECORDED)]
+    reasons = [f"contended ({', '.join(kinds)})"] if kinds else []
+    if noise == HIGH:
+        reasons.append("noisy")
+    if NOT_RECORDED in (noise, *contention.split(",")):
+        reasons.append("load not recorded")
+    return ", ".join(reasons)
+
+
+def _doubted(runs: Sequence[Run]) -> bool:
+    return bool(timing_doubts(*timing_labels(runs)))
 
 
 def build_rows(
@@ -206,18 +227,17 @@ def build_rows(
     """One row per config and executor (runs that differ in an executor setting are rows apart),
     with its speedup over the FINISHED eager runs of the same parameters, the executor's aside.
     FINISHED repeats of a config (``sweep.repeats``) are pooled into one row; other runs stand
-    alone. Runs measured under contention or with high noise (:func:`axoexp.statistics.disturbance`)
-    form rows of their own, marked, without a speedup, and are no eager baseline, unless
-    ``include_contended`` pools them with the rest. With ``client``, each speedup of a row and a
-    baseline of :data:`~axoexp.statistics.MIN_RUNS` runs or more (``sweep.repeats``) carries a 95%
-    bootstrap interval from the per-update series (:func:`axoexp.statistics.median_ratio_interval`,
-    seeded); a single run's interval would hold only its own spread, so it has none. With
-    ``parent_id``, a run that is not that parent's child is marked ``reused``."""
+    alone. Runs measured under contention or with high noise, or without those labels (an older
+    store's: :func:`timing_doubts`), form rows of their own, marked, without a speedup, and are no
+    eager baseline, unless ``include_contended`` pools them with the rest. With ``client``, each
+    speedup of a row and a baseline of :data:`~axoexp.statistics.MIN_RUNS` runs or more
+    (``sweep.repeats``) carries a 95% bootstrap interval from the per-update series
+    (:func:`axoexp.statistics.median_ratio_interval`, seeded); a single run's interval would hold only
+    its own spread, so it has none. With ``parent_id``, a run that is not that parent's child is
+    marked ``reused``."""
     executor_tag = names.component_tag("executor")
     groups = _group(runs, client, include_contended)
-    quiet = {
-        id(group): include_contended or not any(disturbance(run.data.tags) for run in group.runs) for group in groups
-    }
+    quiet = {id(group): include_contended or not _doubted(group.runs) for group in groups}
     eager = {
         _pairing_key(group.runs[0]): group
         for group in groups
@@ -243,7 +263,7 @@ def build_rows(
         ):
             interval = median_ratio_interval(baseline.series, group.series)
             speedup, low, high = interval.estimate, interval.low, interval.high
-        contention, noise = _labels(group.runs)
+        contention, noise = timing_labels(group.runs)
         buckets_tag = first.data.tags.get(names.LENGTH_BUCKETS)
         rows.append(
             ReportRow(
