@@ -22,7 +22,7 @@ A row whose runs were contended (timing.contention not none), noisy (timing.nois
 logged without those tags (an older store's: load not recorded, so it cannot claim to be quiet) on
 either side is marked and never counted as a regression; such runs form rows of their own, apart
 from a config's quiet repeats, unless --include-contended pools them (the report's rule and flag:
-axoexp.report.rows.timing_doubts). Quiet rows are matched with quiet rows, contended with contended
+axoexp.statistics.timing_doubts). Quiet rows are matched with quiet rows, contended with contended
 (else with the config's other row).
 
 A row whose sides were timed on other hardware is marked (other hardware: NVIDIA H200 -> NVIDIA
@@ -70,11 +70,9 @@ from axoexp.report.rows import (
     setting_label,
     sweep_runs,
     swept_keys,
-    timing_doubts,
-    timing_labels,
 )
 from axoexp.report.table import FORMATS, csv_text, grid
-from axoexp.statistics import CONFIDENCE, MIN_RUNS, median_ratio_interval
+from axoexp.statistics import CONFIDENCE, MIN_RUNS, doubts, median_ratio_interval
 from axoexp.stdout import print_out
 from axoexp.tracking import TRACKING_URI_OPTION, run_or_none
 
@@ -289,7 +287,7 @@ def compare(client: MlflowClient, base: Side, new: Side, threshold: float) -> li
             interval = median_ratio_interval(list(new_series.values()), list(base_series.values()))
             ratio, low, high = interval.estimate, interval.low, interval.high
         base_runs, new_runs = [by_id[run_id] for run_id in before.run_ids], [by_id[run_id] for run_id in row.run_ids]
-        timing = timing_doubts(*timing_labels([*base_runs, *new_runs]))
+        timing = doubts([run.data.tags for run in (*base_runs, *new_runs)])
         elsewhere = other_hardware(base_runs, new_runs)
         caution = ", ".join(filter(None, [*unfinished, unmeasured, few, timing, elsewhere]))
         outcome = NO_VERDICT if few else verdict(low, high, threshold)

@@ -25,6 +25,7 @@ idle 16-CPU host, on all 16 CPUs and on 2 of them: every idle run stayed at or b
 above (the 6 others were slowed uniformly, which a spread cannot show).
 benchmarks/results/noise-threads_*_2026-12-03_*.json keep every latency."""
 LOW, HIGH = "low", "high"
+NOT_RECORDED = "not recorded"  # a timing label a run lacks: logged before axoexp recorded its load
 MIN_RUNS = 2
 """Runs per side that a ratio's bootstrap interval (and a verdict from it) needs: the interval
 resamples runs, so with one run it holds only that run's own spread, not the run-to-run spread
@@ -49,16 +50,33 @@ def noise_verdict(relative_iqr: float) -> str:
     return LOW if relative_iqr <= NOISE_THRESHOLD else HIGH
 
 
-def disturbance(tags: Mapping[str, str]) -> str:
-    """What disturbed a run's timing, from its tags: ``contention cpu``, ``noise high`` or both;
-    ``""`` for a run measured quietly (or one logged before axoexp labelled its timings)."""
-    found = []
-    contention = tags.get(names.TIMING_CONTENTION, "none")
-    if contention != "none":
-        found.append(f"contention {contention}")
-    if tags.get(names.TIMING_NOISE) == HIGH:
-        found.append(f"noise {HIGH}")
-    return ", ".join(found)
+def timing_labels(runs_tags: Sequence[Mapping[str, str]]) -> tuple[str, str]:
+    """Runs' ``timing.contention`` (``none``, or every kind seen) and ``timing.noise`` (``high``
+    where any run's was, else ``low``), from their tags; :data:`NOT_RECORDED` where a run lacks the
+    tag, one logged before axoexp recorded them (the contention then lists it among the kinds)."""
+    contentions = [tags.get(names.TIMING_CONTENTION) for tags in runs_tags]
+    kinds = sorted({kind for value in contentions if value for kind in value.split(",") if kind and kind != "none"})
+    contention = ",".join(kinds + ([NOT_RECORDED] if None in contentions else [])) or "none"
+    noises = {tags.get(names.TIMING_NOISE) for tags in runs_tags}
+    return contention, HIGH if HIGH in noises else NOT_RECORDED if None in noises else LOW
+
+
+def timing_doubts(contention: str, noise: str) -> str:
+    """Why timings with these labels (:func:`timing_labels`) are no quiet timings: ``contended
+    (cpu)``, ``noisy``, ``load not recorded`` (a timing whose load is unknown cannot claim to be
+    quiet), several of them, or ``""``. The one rule of the report, compare and resume."""
+    kinds = [kind for kind in contention.split(",") if kind and kind not in ("none", NOT_RECORDED)]
+    reasons = [f"contended ({', '.join(kinds)})"] if kinds else []
+    if noise == HIGH:
+        reasons.append("noisy")
+    if NOT_RECORDED in (noise, *contention.split(",")):
+        reasons.append("load not recorded")
+    return ", ".join(reasons)
+
+
+def doubts(runs_tags: Sequence[Mapping[str, str]]) -> str:
+    """:func:`timing_doubts` of runs, from their tags."""
+    return timing_doubts(*timing_labels(runs_tags))
 
 
 @dataclass(frozen=True)

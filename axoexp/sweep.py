@@ -53,7 +53,7 @@ from axoexp.journal import JOURNAL_FILE, START, journal_end, process_tags, read_
 from axoexp.outputs import claim_directory
 from axoexp.plan import plan_experiment, resume_mode
 from axoexp.registry import GROUPS, REGISTRY, Component
-from axoexp.statistics import disturbance
+from axoexp.statistics import doubts
 from axoexp.sync import end_dead_run, process_gone, sync_journal
 from axoexp.tracking import (
     UNREACHABLE,
@@ -567,14 +567,14 @@ def _decide(client: MlflowClient, config: DictConfig, parent_id: str, mode: str)
         for run in same_key
         if run.info.status == "FINISHED" and all(math.isfinite(value) for value in run.data.metrics.values())
     ]
-    quiet = [run for run in finished if config.sweep.resume_contended or not disturbance(run.data.tags)]
+    quiet = [run for run in finished if config.sweep.resume_contended or not doubts([run.data.tags])]
     if quiet:
         return Resume(quiet[0])
     if finished:
         return Resume(
             None,
-            f"contended: the earlier run {finished[0].info.run_id} was measured with "
-            f"{disturbance(finished[0].data.tags)} (sweep.resume_contended=true reuses it)",
+            f"contended: the earlier run {finished[0].info.run_id} is no quiet timing "
+            f"({doubts([finished[0].data.tags])}; sweep.resume_contended=true reuses it)",
         )
     if same_key:
         run = same_key[0]

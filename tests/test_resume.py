@@ -102,22 +102,28 @@ def test_an_unknown_resume_mode_is_refused_naming_the_choices(make_config) -> No
 
 
 def test_resume_measures_again_where_the_earlier_run_was_contended_and_says_why(make_config, client) -> None:
+    """Contended, noisy, or of an older store that never recorded its load: no quiet timing to reuse."""
     experiment = experiment_id(client, "axoexp")
-    earlier = _sweep(client, experiment, "population.neurons=2,3")
+    earlier = _sweep(client, experiment, "population.neurons=2,3,4")
     job = make_config("population.neurons=2")
     contended = _finished(client, experiment, job, parent=earlier, timing_contention="cpu", timing_noise="high")
     _finished(client, experiment, make_config("population.neurons=3"), parent=earlier, timing_noise="high")
-    current = _sweep(client, experiment, "population.neurons=2,3")
+    unlabelled = _finished(client, experiment, make_config("population.neurons=4"), parent=earlier)
+    for label in (names.TIMING_CONTENTION, names.TIMING_NOISE):
+        client.delete_tag(unlabelled, label)
+    current = _sweep(client, experiment, "population.neurons=2,3,4")
 
     resume = _resume(make_config("population.neurons=2", f"sweep.parent_run_id={current}"), 0)
     assert resume.run is None
     assert resume.remeasure_reason == (
-        f"contended: the earlier run {contended} was measured with contention cpu, noise high "
-        "(sweep.resume_contended=true reuses it)"
+        f"contended: the earlier run {contended} is no quiet timing (contended (cpu), noisy; "
+        "sweep.resume_contended=true reuses it)"
     )
     assert client.get_run(current).data.tags[f"{names.REMEASURED_PREFIX}job0"] == resume.remeasure_reason
     noisy_resume = _resume(make_config("population.neurons=3", f"sweep.parent_run_id={current}"), 1)
-    assert noisy_resume.run is None and "with noise high" in noisy_resume.remeasure_reason
+    assert noisy_resume.run is None and "(noisy;" in noisy_resume.remeasure_reason
+    unlabelled_resume = _resume(make_config("population.neurons=4", f"sweep.parent_run_id={current}"), 2)
+    assert unlabelled_resume.run is None and "(load not recorded;" in unlabelled_resume.remeasure_reason
 
     allowed = make_config("population.neurons=2", f"sweep.parent_run_id={current}", "sweep.resume_contended=true")
     assert _reused(allowed, 0).info.run_id == contended

@@ -13,7 +13,7 @@ parent run.
 Runs measured under contention, with high noise, or logged without those labels (an older store's:
 a timing whose load was not recorded cannot claim to be quiet) form rows of their own, marked in the
 contention and noise columns and hollow in the figure, without a speedup, and are no eager baseline,
-unless --include-contended pools them; compare sets them apart by the same rule (rows.timing_doubts).
+unless --include-contended pools them; compare sets them apart by the same rule (axoexp.statistics.timing_doubts).
 
 Runs with batches of different lengths (population.lengths) add a table per length bucket
 (bucket, the lengths it holds, updates, median, p10, p90, padding overhead; with --format csv

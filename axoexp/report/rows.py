@@ -13,14 +13,13 @@ from mlflow.tracking import MlflowClient
 
 from axoexp import names
 from axoexp.registry import GROUPS
-from axoexp.statistics import HIGH, LOW, MIN_RUNS, LatencySummary, median_ratio_interval
+from axoexp.statistics import MIN_RUNS, LatencySummary, doubts, median_ratio_interval, timing_doubts, timing_labels
 from axoexp.tracking import child_runs
 
 EXECUTOR_KEY = f"{names.EXECUTOR_PARAM_PREFIX}name"
 POPULATION_PREFIX = "population."
 LENGTHS_KEY = f"{POPULATION_PREFIX}lengths"
 BASELINE = "eager"
-NOT_RECORDED = "not recorded"  # a timing label a run lacks: logged before axoexp recorded its load
 
 
 @dataclass(frozen=True)
@@ -190,32 +189,8 @@ def _group(runs: list[Run], client: MlflowClient | None, include_contended: bool
     return groups
 
 
-def timing_labels(runs: Sequence[Run]) -> tuple[str, str]:
-    """The runs' ``timing.contention`` (``none``, or every kind seen) and ``timing.noise`` (``high``
-    where any run's was, else ``low``), :data:`NOT_RECORDED` where a run lacks the tag: one logged
-    before axoexp recorded them (the contention then lists it among the kinds)."""
-    contentions = [run.data.tags.get(names.TIMING_CONTENTION) for run in runs]
-    kinds = sorted({kind for value in contentions if value for kind in value.split(",") if kind and kind != "none"})
-    contention = ",".join(kinds + ([NOT_RECORDED] if None in contentions else [])) or "none"
-    noises = {run.data.tags.get(names.TIMING_NOISE) for run in runs}
-    return contention, HIGH if HIGH in noises else NOT_RECORDED if None in noises else LOW
-
-
-def timing_doubts(contention: str, noise: str) -> str:
-    """Why timings with these labels (:func:`timing_labels`) cannot be compared: ``contended (cpu)``,
-    ``noisy``, ``load not recorded`` (a timing whose load is unknown cannot claim to be quiet), several
-    of them, or ``""`` for a quiet timing. The one rule for the report and compare."""
-    kinds = [kind for kind in contention.split(",") if kind and kind not in ("none", NOT_RECORDED)]
-    reasons = [f"contended ({', '.join(kinds)})"] if kinds else []
-    if noise == HIGH:
-        reasons.append("noisy")
-    if NOT_RECORDED in (noise, *contention.split(",")):
-        reasons.append("load not recorded")
-    return ", ".join(reasons)
-
-
 def _doubted(runs: Sequence[Run]) -> bool:
-    return bool(timing_doubts(*timing_labels(runs)))
+    return bool(doubts([run.data.tags for run in runs]))
 
 
 def build_rows(
@@ -263,7 +238,7 @@ def build_rows(
         ):
             interval = median_ratio_interval(baseline.series, group.series)
             speedup, low, high = interval.estimate, interval.low, interval.high
-        contention, noise = timing_labels(group.runs)
+        contention, noise = timing_labels([run.data.tags for run in group.runs])
         buckets_tag = first.data.tags.get(names.LENGTH_BUCKETS)
         rows.append(
             ReportRow(
