@@ -125,9 +125,14 @@ class RefusedTargetError(ConfigError):
 
 
 class ReportError(AxoexpError):
-    """``python -m axoexp.report`` cannot write where ``--out`` says, or could not write a file."""
+    """``python -m axoexp.report`` cannot write where ``--out`` says: refused before it prints."""
 
     exit_code = 2
+
+
+class ReportWriteError(AxoexpError):
+    """``python -m axoexp.report`` could not write a file it began (a full disk): the same command may
+    work later (exit 1)."""
 
 
 class ComparisonError(AxoexpError):

@@ -34,6 +34,7 @@ from test_faults import (
     updates_in,
     wait_for_updates,
 )
+from test_report import report_sweep
 
 from axoexp import lease, names, tracking
 from axoexp.compare import main as compare_main
@@ -351,6 +352,23 @@ def test_a_sweeps_parent_ends_as_the_sweep_kept_it_else_killed(client, tracking_
     assert decided.info.status == "FAILED" and decided.data.tags[names.FAILURE] == reason
     assert decided.data.tags[names.SYNCED].startswith(f"from {tmp_path / 'decided' / JOURNAL_FILE} at ")
     assert killed.info.status == "KILLED" and "is gone and never ended this run" in killed.data.tags[names.FAILURE]
+
+
+def test_a_report_whose_disk_fills_as_it_writes_is_one_line_and_exit_1(
+    client: MlflowClient, tracking_uri: str, tmp_path: Path, mount, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--out on a disk with room for an empty file (the check before anything is read) but not the
+    figure: the table is printed, then one line naming the file, exit 1 (the same command may work
+    later), where 2 would say that nothing was done."""
+    parent = report_sweep(client, tmp_path)
+    small = mount("small", "size=8k")
+    with pytest.raises(SystemExit) as ended:
+        report_main(["--tracking-uri", tracking_uri, "--parent", parent, "--out", str(small)])
+    printed, err = capsys.readouterr()
+    assert ended.value.code == 1 and "executor" in printed, printed
+    assert err == (
+        f"axoexp.report: could not write {small / 'report.png'}: No space left on device; --out chooses another place\n"
+    )
 
 
 # --- output folders ---------------------------------------------------------------------------------

@@ -340,7 +340,7 @@ def test_the_report_answers_a_single_run_in_one_line_and_an_unknown_parent_with_
     assert capsys.readouterr().err == f"axoexp.report: --parent nope: no such run at {tracking_uri}\n"
 
 
-def _report_sweep(client: MlflowClient, tmp_path: Path) -> str:
+def report_sweep(client: MlflowClient, tmp_path: Path) -> str:
     """A sweep's parent with two runs, in an experiment whose artifacts go to ``tmp_path/artifacts``."""
     experiment = client.create_experiment("axoexp", artifact_location=str(tmp_path / "artifacts"))
     parent = client.create_run(experiment, run_name="sweep", tags={names.SWEEP_ROLE: "parent"}).info.run_id
@@ -353,7 +353,7 @@ def _report_sweep(client: MlflowClient, tmp_path: Path) -> str:
 def test_out_names_a_figure_file_or_a_directory_for_it_else_one_line(
     client: MlflowClient, tracking_uri: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    parent = _report_sweep(client, tmp_path)
+    parent = report_sweep(client, tmp_path)
     folder = tmp_path / "figs"
     (folder / "mlruns").mkdir(parents=True)  # a directory with a store in it: only the figure is logged
     argv = ["--tracking-uri", tracking_uri, "--parent", parent, "--format", "csv", "--out"]
@@ -387,7 +387,7 @@ def test_a_figure_that_cannot_be_written_is_refused_before_anything_is_printed(
     """/proc takes no new file, for root too (whom a read-only directory would not stop): an --out
     there is refused before the store is read, and the sweep's own folder, where --out is not given,
     before the table is printed; one line, exit 2, nothing printed, nothing logged."""
-    parent = _report_sweep(client, tmp_path)
+    parent = report_sweep(client, tmp_path)
     absent = f"sqlite:///{tmp_path / 'absent.db'}"  # read first, it would say there is no store
     for uri, out, where in (
         (tracking_uri, "/proc/x.png", "there"),
@@ -415,7 +415,7 @@ def test_a_reader_that_stops_early_still_gets_the_files_written(
     client: MlflowClient, tracking_uri: str, tmp_path: Path
 ) -> None:
     """``report --format csv | head -1``: the reader closes the pipe; the figure and CSV still follow."""
-    parent = _report_sweep(client, tmp_path)
+    parent = report_sweep(client, tmp_path)
     read, write = os.pipe()
     os.close(read)
     try:

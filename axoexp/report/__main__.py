@@ -19,7 +19,7 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from axoexp import names, report
-from axoexp.errors import NoSweepError, ReportError
+from axoexp.errors import NoSweepError, ReportError, ReportWriteError
 from axoexp.readers import StoreReader, add_store_option, reading
 from axoexp.report.figure import FIGURE, plot, title
 from axoexp.report.length_figure import LENGTHS_FIGURE, plot_lengths
@@ -186,7 +186,9 @@ def local_file(path: Path) -> Iterator[None]:
     try:
         yield
     except OSError as error:
-        raise ReportError(f"could not write {path}: {error.strerror or error}; --out chooses another place") from None
+        raise ReportWriteError(
+            f"could not write {path}: {error.strerror or error}; --out chooses another place"
+        ) from None
 
 
 def write_files(rows: list[ReportRow], figure: Path, heading: str, table: str, style: str) -> list[Path]:
