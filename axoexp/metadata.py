@@ -126,18 +126,36 @@ def _uncommitted_diff(excluded: Iterable[Path]) -> str | None:
 
 
 def cpu_model() -> str:
-    """The CPU's model name (``AMD EPYC 9654 96-Core Processor``): what tells two hosts' CPUs apart.
-    On Linux ``platform.processor()`` is empty or names only the architecture (``x86_64``), so
-    ``/proc/cpuinfo`` comes first; the architecture only where it names no model."""
+    """The CPU's model (``AMD EPYC 9654 96-Core Processor``): what tells two hosts' CPUs apart.
+    ``platform.processor()`` names only the architecture on Linux (``x86_64``, ``aarch64``), so
+    ``/proc/cpuinfo`` comes first (:func:`cpuinfo_model`), then macOS's brand string; the
+    architecture only where neither names a model."""
     try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        model = cpuinfo_model(Path("/proc/cpuinfo").read_text())
     except OSError:
-        lines = []
-    for line in lines:
+        model = None
+    if model is None and sys.platform == "darwin":
+        try:
+            found = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True)
+            model = found.stdout.strip() or None  # Apple M2 Pro
+        except OSError:
+            model = None
+    return model or platform.processor() or platform.machine()
+
+
+def cpuinfo_model(cpuinfo: str) -> str | None:
+    """The model ``/proc/cpuinfo`` names: its ``model name`` (x86), else, on Arm, which has none,
+    the architecture with the first core's implementer and part (``aarch64 (CPU implementer 0x41,
+    part 0xd4f)``, a Neoverse V2 of a Grace host), which tell Arm designs apart."""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
-        if key.strip() == "model name" and value.strip():
-            return value.strip()
-    return platform.processor() or platform.machine()
+        fields.setdefault(key.strip(), value.strip())
+    if fields.get("model name"):
+        return fields["model name"]
+    if fields.get("CPU implementer") and fields.get("CPU part"):
+        return f"{platform.machine()} (CPU implementer {fields['CPU implementer']}, part {fields['CPU part']})"
+    return None
 
 
 def device_identity(device: torch.device) -> dict[str, str]:

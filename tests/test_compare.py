@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from helpers import REPO, run_clis
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from axoexp import names
+from axoexp import metadata, names
 from axoexp.compare import main, parse_threshold, too_few_runs, verdict
 from axoexp.errors import ComparisonError
 from axoexp.statistics import MIN_RUNS, NOISE_THRESHOLD
@@ -281,6 +282,29 @@ def test_runs_of_an_older_store_without_timing_labels_are_marked_and_never_regre
         (2, "load not recorded", False),
         (3, "load not recorded", False),
     ]
+
+
+GRACE_CPUINFO = """processor\t: 0
+BogoMIPS\t: 2000.00
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm
+CPU implementer\t: 0x41
+CPU architecture: 8
+CPU variant\t: 0x0
+CPU part\t: 0xd4f
+CPU revision\t: 0
+"""
+
+
+def test_the_cpu_model_tells_arm_designs_apart_where_cpuinfo_names_no_model() -> None:
+    """x86's ``model name``; on Arm (a Grace host's Neoverse V2 here), which has none, its implementer
+    and part, not the bare architecture that every Arm host shares."""
+    assert metadata.cpuinfo_model("processor\t: 0\nmodel name\t: AMD EPYC 9654 96-Core Processor\n") == (
+        "AMD EPYC 9654 96-Core Processor"
+    )
+    grace = metadata.cpuinfo_model(GRACE_CPUINFO)
+    assert grace == f"{platform.machine()} (CPU implementer 0x41, part 0xd4f)"
+    assert grace != metadata.cpuinfo_model(GRACE_CPUINFO.replace("0xd4f", "0xd0c")), "Neoverse N1 apart"
+    assert metadata.cpuinfo_model("processor\t: 0\n") is None
 
 
 H200 = {names.GPU_NAME: "NVIDIA H200", names.CPU_MODEL: "AMD EPYC 9654 96-Core Processor"}
