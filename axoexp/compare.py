@@ -178,17 +178,19 @@ def verdict(low: float | None, high: float | None, threshold: float) -> str:
     return NO_CHANGE if 1 - threshold <= low and high <= 1 + threshold else UNCLEAR
 
 
-def too_few_runs(base_runs: int, new_runs: int, set_apart: int = 0) -> str:
+def too_few_runs(base_runs: int, new_runs: int, set_apart: int = 0, contended: bool = False) -> str:
     """Why a row gets no verdict for lack of repeats, e.g. ``one run per side: ...``; ``""`` when both
-    sides have :data:`~axoexp.statistics.MIN_RUNS` runs or more. ``set_apart``: the config's contended
-    runs, in a row of their own, that would have made up the repeats."""
+    sides have :data:`~axoexp.statistics.MIN_RUNS` runs or more. ``set_apart``: the config's runs of
+    the other kind (contended for a quiet row, quiet for a ``contended`` one), in a row of their own,
+    that would have made up the repeats."""
     short = [side for side, runs in (("BASE", base_runs), ("NEW", new_runs)) if runs < MIN_RUNS]
     if not short:
         return ""
     where = "per side" if len(short) == 2 else f"on {short[0]}"
     if set_apart:
+        kind, other = ("contended", "quiet") if contended else ("quiet", "contended")
         return (
-            f"one quiet run {where}: run-to-run spread unknown; {set_apart} contended run"
+            f"one {kind} run {where}: run-to-run spread unknown; {set_apart} {other} run"
             f"{'s' if set_apart != 1 else ''} of it set apart (--include-contended pools them)"
         )
     return f"one run {where}: run-to-run spread unknown; measure with sweep.repeats={MIN_RUNS} or more"
@@ -262,17 +264,20 @@ def latest_two(client: MlflowClient, experiment: str) -> tuple[str, str]:
 
 
 def compare(client: MlflowClient, base: Side, new: Side, threshold: float) -> list[Comparison]:
-    """Every row of ``new`` that ``base`` has too, matched by config and executor: quiet rows with
-    quiet rows and contended with contended, else with the config's other row, so a config's
-    contended runs are compared apart and never stand in for its quiet repeats."""
+    """Every config both sides ran, matched by config and executor: quiet rows with quiet rows and
+    contended with contended, a side without that kind lending its other row, so a config's contended
+    runs are compared apart and never stand in for its quiet repeats, and neither side's quiet runs
+    go unshown (NEW's rows first, then those only BASE has a kind of)."""
     by_id = {run.info.run_id: run for run in [*base.runs, *new.runs]}
     swept = [key for key in swept_keys([*base.runs, *new.runs]) if key != EXECUTOR_KEY]
     before_rows, new_rows = _by_config(base.rows, by_id), _by_config(new.rows, by_id)
-    comparisons = []
-    for (config, contended), row in new_rows.items():
+    comparisons, paired = [], set()
+    for config, contended in dict.fromkeys([*new_rows, *before_rows]):
+        row = new_rows.get((config, contended)) or new_rows.get((config, not contended))
         before = before_rows.get((config, contended)) or before_rows.get((config, not contended))
-        if before is None:
+        if row is None or before is None or (id(before), id(row)) in paired:
             continue
+        paired.add((id(before), id(row)))
         base_series = {run_id: measured_series(client, by_id[run_id]) for run_id in before.run_ids}
         new_series = {run_id: measured_series(client, by_id[run_id]) for run_id in row.run_ids}
         low = high = None
@@ -280,9 +285,11 @@ def compare(client: MlflowClient, base: Side, new: Side, threshold: float) -> li
         unfinished = [f"{side} {r.status}" for side, r in (("base", before), ("new", row)) if r.status != "FINISHED"]
         unmeasured = without_series(base_series, new_series)
         comparable = not unfinished and not unmeasured
-        disturbed = [] if contended else [rows.get((config, True)) for rows in (before_rows, new_rows)]
-        set_apart = sum(other.repeats for other in disturbed if other is not None and other is not before)
-        few = too_few_runs(before.repeats, row.repeats, set_apart) if comparable else ""
+        others = [rows.get((config, not contended)) for rows in (before_rows, new_rows)]
+        set_apart = sum(
+            other.repeats for other in others if other is not None and other is not before and other is not row
+        )
+        few = too_few_runs(before.repeats, row.repeats, set_apart, contended) if comparable else ""
         if comparable and not few:
             interval = median_ratio_interval(list(new_series.values()), list(base_series.values()))
             ratio, low, high = interval.estimate, interval.low, interval.high

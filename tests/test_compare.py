@@ -230,6 +230,30 @@ def test_a_quiet_row_short_of_repeats_says_its_contended_runs_were_set_apart(
     )
 
 
+def test_a_quiet_run_of_base_is_compared_where_new_has_only_contended_runs(
+    client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """BASE's two repeats, one contended; NEW's two both contended: BASE's quiet run is compared with
+    NEW's contended row (it went unshown), and the contended pair's row names BASE's quiet run as set
+    apart instead of asking for the repeats BASE has."""
+    contended = {names.TIMING_CONTENTION: "cpu"}
+    base = client.create_run(experiment, tags={names.SWEEP_ROLE: "parent"}).info.run_id
+    quiet = _run(client, experiment, base, "0.1", 1.0, commit="aaaa")
+    _run(client, experiment, base, "0.1", 1.0, commit="aaaa", repeat=1, **contended)
+    client.set_terminated(base, "FINISHED")
+    new = _sweep(client, experiment, {"0.1": 1.0}, commit="bbbb", **contended)
+
+    assert _compare(tracking_uri, base, new, "--format", "json") == 0
+    disturbed, lent = json.loads(capsys.readouterr().out)["rows"]
+    assert (disturbed["base_runs"], disturbed["new_runs"]) == (1, 2)
+    assert disturbed["caution"] == (
+        "one contended run on BASE: run-to-run spread unknown; 1 quiet run of it set apart "
+        "(--include-contended pools them), contended (cpu)"
+    )
+    assert lent["base_run_ids"] == [quiet] and lent["new_run_ids"] == disturbed["new_run_ids"]
+    assert lent["caution"].endswith("contended (cpu)") and not lent["regression"]
+
+
 def test_contended_runs_in_use_are_not_counted_as_set_apart(
     client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -271,7 +295,8 @@ def test_runs_of_an_older_store_without_timing_labels_are_marked_and_never_regre
         (
             "optimizer.lr=0.2",
             "no verdict",
-            "one run on NEW: run-to-run spread unknown; measure with sweep.repeats=2 or more, load not recorded",
+            "one contended run on NEW: run-to-run spread unknown; 2 quiet runs of it set apart (--include-contended "
+            "pools them), load not recorded",
             False,
         ),
     ]
