@@ -59,6 +59,7 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from axoexp import names
+from axoexp.console import plural
 from axoexp.errors import ComparisonError
 from axoexp.readers import StoreReader, add_store_option, reading
 from axoexp.report.rows import (
@@ -190,8 +191,8 @@ def too_few_runs(base_runs: int, new_runs: int, set_apart: int = 0, contended: b
     if set_apart:
         kind, other = ("contended", "quiet") if contended else ("quiet", "contended")
         return (
-            f"one {kind} run {where}: run-to-run spread unknown; {set_apart} {other} run"
-            f"{'s' if set_apart != 1 else ''} of it set apart (--include-contended pools them)"
+            f"one {kind} run {where}: run-to-run spread unknown; {plural(set_apart, f'{other} run')} of it set apart "
+            "(--include-contended pools them)"
         )
     return f"one run {where}: run-to-run spread unknown; measure with sweep.repeats={MIN_RUNS} or more"
 
@@ -395,7 +396,7 @@ def format_comparison(comparisons: list[Comparison], base: Side, new: Side, styl
     if style == "csv":
         return csv_text([field.name for field in fields(Comparison)], [list(_record(c).values()) for c in comparisons])
     lines = [
-        f"{side.label}: {len(side.runs)} runs; "
+        f"{side.label}: {plural(len(side.runs), 'run')}; "
         + "; ".join(
             ", ".join(f"{tag} {value[:12] if tag.endswith('sha256') else value}" for tag, value in identity.items())
             for identity in (side.code(), side.hardware(), side.environment())

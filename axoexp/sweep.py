@@ -46,6 +46,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from axoexp import collector, metadata, names, processes, signals
 from axoexp.config import one_line
+from axoexp.console import plural
 from axoexp.describe import sweep_run_name
 from axoexp.errors import ConfigError, StoreError, SweepRefusedError
 from axoexp.job_process import SWEEP_PROCESS_ENV, sweep_process_marker
@@ -263,18 +264,19 @@ class MlflowSweepCallback(Callback):
         if all_jobs_returned and not unfinished and not refused and not died and not stopped_by:
             self._terminate(client, parent_run, "FINISHED", None)
             return
-        reason = f"{len(unfinished)} of {len(children)} child runs did not finish"
-        if unfinished:
-            reason += f" ({', '.join(sorted(str(child.info.run_name) for child in unfinished))})"
+        parts = []
+        if unfinished or not (refused or died):  # else "0 of 3 child runs did not finish" said nothing
+            which = f" ({', '.join(sorted(str(child.info.run_name) for child in unfinished))})" if unfinished else ""
+            parts.append(f"{len(unfinished)} of {len(children)} child runs did not finish{which}")
         if refused:
             jobs = f"{len(refused)} job{'s were' if len(refused) != 1 else ' was'}"
-            reason += f"; {jobs} refused before creating a run (tags {names.REFUSED_PREFIX}*)"
-        for job, how in sorted(died.items()):
-            reason += f"; {job} died: {how}"
+            parts.append(f"{jobs} refused before creating a run (tags {names.REFUSED_PREFIX}*)")
+        parts += [f"{job} died: {how}" for job, how in sorted(died.items())]
         if stopped_by:
-            reason = f"interrupted by {stopped_by}; {reason}"
+            parts.insert(0, f"interrupted by {stopped_by}")
         elif not all_jobs_returned and not refused and not died:
-            reason += "; a job failed or the sweep was interrupted"
+            parts.append("a job failed or the sweep was interrupted")
+        reason = "; ".join(parts)
         status = "KILLED" if stopped_by else "FAILED"
         self._terminate(client, parent_run, status, reason)
         for child in sorted(
@@ -632,11 +634,11 @@ def print_reuse(client: MlflowClient, parent: Run, children: int, stopped: bool 
         if any(value.startswith(NEW) and SAME_SWEEPS in value for value in said)
         else ""
     )
-    parts = [f"{measured} {new} new job{'s' if new != 1 else ''} (no earlier run to reuse{elsewhere})"] if new else []
+    parts = [f"{measured} {plural(new, 'new job')} (no earlier run to reuse{elsewhere})"] if new else []
     if counts:
         remeasured = sum(counts.values())
         parts.append(
-            f"{again} {remeasured} job{'s' if remeasured != 1 else ''}: "
+            f"{again} {plural(remeasured, 'job')}: "
             + ", ".join(f"{count} {reason}" for reason, count in sorted(counts.items()))
             + " (each job's line says which run or file)"
         )

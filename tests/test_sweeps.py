@@ -21,6 +21,8 @@ from test_faults import start_cli
 from axoexp import names
 from axoexp.experiment import run_experiment
 from axoexp.journal import read_journal_lines
+from axoexp.sweep import MlflowSweepCallback
+from axoexp.tracking import experiment_id
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
@@ -121,6 +123,33 @@ def test_failing_job_fails_the_parent_but_keeps_the_others(sweeps) -> None:
         "01 eager 2x12x4 neurons=2 measured_updates=3": "FINISHED",
         "03 flaky 2x12x4 neurons=2 measured_updates=3": "FAILED",
     }
+
+
+@pytest.mark.parametrize(
+    ("child_status", "reason"),
+    [
+        ("FINISHED", "1 job was refused before creating a run (tags axoexp.refused.*)"),
+        (
+            "FAILED",
+            "1 of 1 child runs did not finish (child); 1 job was refused before creating a run (tags axoexp.refused.*)",
+        ),
+    ],
+)
+def test_a_sweeps_reason_names_only_what_went_wrong(
+    client: MlflowClient, tracking_uri: str, tmp_path: Path, child_status: str, reason: str
+) -> None:
+    """A sweep whose one fault is a refused job says that, not also "0 of 1 child runs did not finish"."""
+    experiment = experiment_id(client, "axoexp")
+    refused = {names.SWEEP_ROLE: "parent", f"{names.REFUSED_PREFIX}job0": "population.neurons=0: ..."}
+    parent = client.create_run(experiment, tags=refused)
+    child = client.create_run(experiment, run_name="child", tags={names.PARENT_RUN_ID: parent.info.run_id})
+    client.set_terminated(child.info.run_id, child_status)
+    sweep = MlflowSweepCallback()
+    sweep.client, sweep.parent_run_id, sweep.parent_created = client, parent.info.run_id, parent
+    sweep.uri, sweep.sweep_dir, sweep.experiment = tracking_uri, str(tmp_path), "axoexp"
+    sweep.end_parent(all_jobs_returned=True)
+    ended = client.get_run(parent.info.run_id)
+    assert (ended.info.status, ended.data.tags[names.FAILURE]) == ("FAILED", reason)
 
 
 @pytest.mark.usefixtures("migrated_store")
