@@ -444,6 +444,8 @@ def run_compare(store: StoreReader, argv: list[str] | None = None) -> int:
         raise ComparisonError(f"--latest={args.latest}: only --latest 2 (BASE the older, NEW the newer) is supported")
     if (args.latest is None) == (len(args.runs) != 2) or (args.latest is not None and args.runs):
         raise ComparisonError(f"runs={' '.join(args.runs) or '(none)'}: give BASE NEW (two run ids) or --latest 2")
+    if len(args.runs) == 2 and args.runs[0] == args.runs[1]:
+        raise ComparisonError(f"runs={' '.join(args.runs)}: BASE and NEW are one run; give two run ids")
     client = store.open(args.tracking_uri, f"give {TRACKING_URI_OPTION} or run something first")
     base_id, new_id = latest_two(client, args.experiment) if args.latest else args.runs
     base = load_side(client, base_id, "BASE", args.include_contended)

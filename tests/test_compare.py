@@ -486,6 +486,7 @@ def test_bad_input_is_one_line_and_exit_2(
         ((run, "nosuchrun"), "axoexp.compare: NEW=nosuchrun: no such run in this store"),
         ((run,), "axoexp.compare: runs=" + run + ": give BASE NEW (two run ids) or --latest 2"),
         ((run, run, "--threshold", "lots"), "axoexp.compare: --threshold=lots: not a fraction"),
+        ((run, run), f"axoexp.compare: runs={run} {run}: BASE and NEW are one run; give two run ids"),
         ((run, other), f"axoexp.compare: BASE={run} NEW={other}: no config and executor was measured on both sides"),
     ):
         assert _compare(tracking_uri, *args) == 2
