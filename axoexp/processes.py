@@ -35,9 +35,9 @@ def command_line(pid: int) -> str:
         return ""
 
 
-def descendants(pid: int | None = None) -> list[int]:
-    """Every process below ``pid`` (default: this one)."""
+def descendants(pid: int | None = None, recursive: bool = True) -> list[int]:
+    """Every process below ``pid`` (default: this one); its children alone unless ``recursive``."""
     try:
-        return [child.pid for child in psutil.Process(os.getpid() if pid is None else pid).children(recursive=True)]
+        return [child.pid for child in psutil.Process(os.getpid() if pid is None else pid).children(recursive)]
     except psutil.NoSuchProcess:
         return []

@@ -175,8 +175,9 @@ class MlflowSweepCallback(Callback):
         workers = _workers()
         if not workers or self.client is None or self.parent_run_id is None:
             return
+        own = [pid for pid in processes.descendants(recursive=False) if pid in workers]  # theirs are not workers
         print(
-            f"axoexp: {signal_name}: stopping {len(workers)} worker processes, "
+            f"axoexp: {signal_name}: stopping {plural(len(own), 'worker')}, "
             f"waiting up to {WORKER_GRACE_S:.0f} s for their runs to end",
             file=sys.stderr,
             flush=True,

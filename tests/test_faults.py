@@ -297,7 +297,7 @@ def test_stopping_a_parallel_sweep_ends_every_run_and_leaves_no_workers(tmp_path
             env={lease.LEASE_DIR_ENV: str(directory / "leases")},
         )
         started[launcher] = directory, process
-    found, workers = {}, {}
+    found, workers, stderr = {}, {}, {}
     try:
         for launcher, (directory, process) in started.items():
             found[launcher] = wait_for_updates(directory / "outputs", 10, process, jobs=2)
@@ -305,11 +305,12 @@ def test_stopping_a_parallel_sweep_ends_every_run_and_leaves_no_workers(tmp_path
     finally:
         for _, process in started.values():
             process.send_signal(signal.SIGTERM)
-        for _, process in started.values():
-            process.communicate(timeout=60)
+        for launcher, (_, process) in started.items():
+            stderr[launcher] = process.communicate(timeout=60)[1]
     time.sleep(1)
     for launcher, (directory, process) in started.items():
         assert process.returncode == 128 + signal.SIGTERM, launcher
+        assert "axoexp: SIGTERM: stopping 2 workers, waiting up to 10 s" in stderr[launcher], stderr[launcher]
         assert not [
             pid
             for pid in workers[launcher]
