@@ -18,7 +18,7 @@ from axosim.support_surrogate import SupportP4Config
 from axoexp.errors import CheckpointError, ConfigError, first_line
 from axoexp.interfaces import PopulationSetup
 from axoexp.lengths import LENGTHS_SYNTAX, Lengths, parse_lengths
-from axoexp.registry import AT_LEAST_ONE, Bounds, component
+from axoexp.registry import AT_LEAST_ONE, NON_NEGATIVE, Bounds, component
 
 WARMUP_STEPS = 4
 """AxoSim-Lite forecasts after each 4-step input patch: its first 4 output steps are warm-up zeros,
@@ -269,7 +269,7 @@ def lite(
         int | str | list[int] | None, f"each batch's time steps, drawn once per batch from the seed: {LENGTHS_SYNTAX}"
     ] = None,
     eval_batches: Annotated[
-        int, "held-out batches, never adapted on: eval_loss_before and eval_loss_after", AT_LEAST_ONE
+        int, "held-out batches, never adapted on: eval_loss_before and eval_loss_after (0: no evaluation)", NON_NEGATIVE
     ] = 2,
     batch_size: Annotated[
         int, "independent streams per update (B), run through forward_batch; the loss is their mean", AT_LEAST_ONE
@@ -289,8 +289,8 @@ def lite(
     Targets are the outputs of a *teacher*: the same population with every
     adaptation bank perturbed by Gaussian noise of std ``target_perturbation``, so the
     targets are reachable by adapting the banks. ``eval_batches`` more batches of the same
-    teacher, drawn from a generator of their own, are held out for evaluation. With
-    ``checkpoint`` the model dimensions come from the checkpoint and
+    teacher, drawn from a generator of their own, are held out for evaluation (0: none, no
+    evaluation). With ``checkpoint`` the model dimensions come from the checkpoint and
     ``branches``..``morphologies`` are ignored.
     """
     problems = config_problems(
