@@ -113,6 +113,17 @@ def test_a_finished_run_keeps_its_banks_and_evaluates_them_on_held_out_batches(m
     assert "metrics.`eval_loss_before`" in view and "metrics.`eval_loss_after`" in view
 
 
+def test_eval_batches_0_turns_the_held_out_evaluation_off(make_config, client, tmp_path) -> None:
+    result = run_experiment(make_config(*SHORT, "population.eval_batches=0"), output_dir=_folder(tmp_path / "out"))
+    run = client.get_run(result.run_id)
+    assert run.info.status == "FINISHED" and result.eval_batches == 0
+    assert result.eval_loss_before is result.eval_loss_after is None
+    assert not {names.EVAL_LOSS_BEFORE, names.EVAL_LOSS_AFTER} & run.data.metrics.keys(), "no eval loss is logged"
+    assert run.data.tags[names.BANKS_SHA256], "the banks are still kept"
+    summary = format_result(result)
+    assert "eval loss" not in summary and re.search(r"\nloss +[0-9.]+ -> [0-9.]+", summary), summary
+
+
 SAVE_BANKS = """
 import sys
 from pathlib import Path

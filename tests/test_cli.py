@@ -15,7 +15,7 @@ from axoexp import names
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
-USER_ERRORS = [
+USER_ERRORS = [  # (the overrides, space-separated; the one line printed)
     (
         "population.neurons=abc",
         "population.neurons=abc: Value 'abc' of type 'str' could not be converted to Integer",
@@ -38,9 +38,13 @@ USER_ERRORS = [
     ("population.neurons=0", "invalid experiment config: population.neurons=0: must be at least 1"),
     (
         "population.time_steps=4",
-        "invalid experiment config: loss=causal_mse: a causal loss skips the first 4 warm-up steps, so it needs "
-        "more than 4 time steps, and the population's predictions have 4; give the population more time steps "
-        "or lower loss.warmup_steps",
+        "invalid experiment config: population.time_steps=4: AxoSim-Lite's first 4 outputs are warm-up, with no "
+        "gradient to adapt on, so an update needs more than 4 time steps; use population.time_steps=5 or more",
+    ),
+    (  # the loss's own warm-up is shorter than the population's: planned, then a traceback, before
+        "loss.warmup_steps=1 population.time_steps=3",
+        "invalid experiment config: population.time_steps=3: AxoSim-Lite's first 4 outputs are warm-up, with no "
+        "gradient to adapt on, so an update needs more than 4 time steps; use population.time_steps=5 or more",
     ),
     (
         "executor=graphs",
@@ -61,7 +65,7 @@ COMMANDS = {  # a name: the command's arguments
     "multirun": ("-m", "population.neurons=2,5", "run.measured_updates=3"),
     "shipped plugin": ("loss=log_cosh", "run.measured_updates=3"),
     "describe": ("--describe",),
-    **{override: (override,) for override, _ in USER_ERRORS},
+    **{overrides: tuple(overrides.split(" ")) for overrides, _ in USER_ERRORS},
 }
 
 
@@ -130,9 +134,9 @@ def test_shipped_example_plugin_is_found_in_plugins_of_the_cwd(ran) -> None:
     assert "mlflow run" in result.stdout
 
 
-@pytest.mark.parametrize("override, message", USER_ERRORS)
-def test_user_errors_exit_2_with_one_line_and_no_run(ran, override: str, message: str) -> None:
-    result, folder = ran[override]
+@pytest.mark.parametrize("overrides, message", USER_ERRORS)
+def test_user_errors_exit_2_with_one_line_and_no_run(ran, overrides: str, message: str) -> None:
+    result, folder = ran[overrides]
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [f"axoexp: {message}"], result.stderr
     assert "Traceback" not in result.stderr

@@ -96,12 +96,14 @@ NO_BANK = ("population.train_behavior=false", "population.train_morphology=false
     [
         (
             ("population.time_steps=4",),
-            "loss=causal_mse: a causal loss skips the first 4 warm-up steps, so it needs more than 4 time steps, "
-            "and the population's predictions have 4; give the population more time steps or lower loss.warmup_steps",
+            "population.time_steps=4: AxoSim-Lite's first 4 outputs are warm-up, with no gradient to adapt on, "
+            "so an update needs more than 4 time steps; use population.time_steps=5 or more",
         ),
         (
             ("loss=huber", "loss.warmup_steps=12"),
-            "loss=huber: a causal loss skips the first 12 warm-up steps",
+            "population.time_steps=12 with loss.warmup_steps=12: loss=huber leaves out the first 12 outputs, so "
+            "an update needs more than 12 time steps; use population.time_steps=13 or more, or loss.warmup_steps=11 "
+            "or less",
         ),
         (NO_BANK, "population trains no adaptation bank: set at least one of population.train_behavior"),
     ],
@@ -112,7 +114,7 @@ def test_planning_refuses_what_a_factory_cannot_build(make_config, overrides: tu
 
 
 def test_planning_lets_through_what_the_factories_can_build(make_config) -> None:
-    plan_experiment(make_config("population.time_steps=4", "loss=mse"))
+    plan_experiment(make_config("population.time_steps=5", "loss=mse"))
     plan_experiment(make_config("population.time_steps=5"))
     plan_experiment(make_config(*NO_BANK[1:]))
 

@@ -196,7 +196,8 @@ def test_thread_calibration_consumes_no_update(make_config, client) -> None:
         ),
         (
             ["loss=mse", "population.lengths=[3,12]"],
-            "population.lengths=[3, 12]: a batch may have 3 steps, but AxoSim-Lite's first 4 outputs are warm-up",
+            "population.lengths=[3, 12]: a batch may have 3 steps, but AxoSim-Lite's first 4 outputs are warm-up, "
+            "with no gradient to adapt on, so every batch needs more than 4 time steps; use lengths of 5 or more",
         ),
         (["tracking.experiment="], "tracking.experiment='': name an MLflow experiment (default axoexp)"),
         (

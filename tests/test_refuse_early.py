@@ -9,9 +9,14 @@ import sys
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
-from axoexp.errors import ConfigError
+from axoexp.components.population import lite
+from axoexp.errors import ConfigError, IncompatibleComponentsError
+from axoexp.interfaces import LossFn, adaptation_parameters
 from axoexp.plan import plan_experiment
+
+CPU = torch.device("cpu")
 
 # A fresh process builds the lite population with PARAMS, holds it and runs two eager updates
 # (what a run holds at its peak: every batch and held-out batch, the teacher's targets, the
@@ -68,23 +73,43 @@ def test_the_memory_estimate_covers_the_measured_peak_within_one_and_a_half_time
     assert grown <= estimate <= 1.5 * grown, f"estimate {estimate / 2**20:.1f} MiB, measured {grown / 2**20:.1f} MiB"
 
 
+WARM_UP = "AxoSim-Lite's first 4 outputs are warm-up, with no gradient to adapt on"
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [
         (
             ["population.time_steps=3", "loss=causal_mse"],
-            "loss=causal_mse: a causal loss skips the first 4 warm-up steps, so it needs more than 4 time steps, "
-            "and the population's predictions have 3",
+            f"population.time_steps=3: {WARM_UP}, so an update needs more than 4 time steps; "
+            "use population.time_steps=5 or more",
         ),
-        (
-            ["population.time_steps=1", "loss=mse"],
-            "population.time_steps=1: AxoSim-Lite's first 4 outputs are warm-up, with no gradient to adapt on; "
-            "use at least 4 (more than that for a causal loss)",
-        ),
-        (["population.time_steps=3", "loss=huber"], "population.time_steps=3: AxoSim-Lite's first 4 outputs"),
+        (["population.time_steps=1", "loss=mse"], f"population.time_steps=1: {WARM_UP}"),
+        (["population.time_steps=4", "loss=mse"], f"population.time_steps=4: {WARM_UP}"),
+        (["population.time_steps=3", "loss=huber"], f"population.time_steps=3: {WARM_UP}"),
+        (["population.time_steps=3", "loss=huber", "loss.warmup_steps=2"], f"population.time_steps=3: {WARM_UP}"),
+        (["population.time_steps=3", "loss.warmup_steps=1"], f"population.time_steps=3: {WARM_UP}"),
         (
             ["population.time_steps=8", "loss=causal_mse", "loss.warmup_steps=8"],
-            "loss=causal_mse: a causal loss skips the first 8 warm-up steps",
+            "population.time_steps=8 with loss.warmup_steps=8: loss=causal_mse leaves out the first 8 outputs, so an "
+            "update needs more than 8 time steps; use population.time_steps=9 or more, or loss.warmup_steps=7 or less",
+        ),
+        (
+            ["population.time_steps=4", "loss=huber", "loss.warmup_steps=6"],
+            "population.time_steps=4 with loss.warmup_steps=6: loss=huber leaves out the first 6 outputs, so an "
+            "update needs more than 6 time steps; use population.time_steps=7 or more",
+        ),
+        (
+            ["population.lengths=uniform:4:40", "loss=mse"],
+            f"population.lengths='uniform:4:40': a batch may have 4 steps, but {WARM_UP}, so every batch needs "
+            "more than 4 time steps; use lengths of 5 or more",
+        ),
+        (["population.lengths=[4]", "loss=mse"], "population.lengths=[4]: a batch may have 4 steps, but"),
+        (
+            ["population.lengths=[6,12]", "loss.warmup_steps=8"],
+            "population.lengths=[6, 12] with loss.warmup_steps=8: a batch may have 6 steps, but loss=causal_mse "
+            "leaves out the first 8 outputs, so every batch needs more than 8 time steps; use lengths of 9 or more, "
+            "or loss.warmup_steps=5 or less",
         ),
     ],
 )
@@ -98,4 +123,48 @@ def test_updates_too_short_for_the_loss_are_refused_while_planning_in_one_line(m
 
 def test_a_loss_whose_warm_up_leaves_steps_is_planned(make_config) -> None:
     plan_experiment(make_config("population.time_steps=9", "loss=causal_mse", "loss.warmup_steps=8"))
-    plan_experiment(make_config("population.time_steps=4", "loss=mse"))
+    plan_experiment(make_config("population.time_steps=5", "loss=mse"))
+    plan_experiment(make_config("population.lengths=uniform:5:40", "loss=mse"))
+    plan_experiment(make_config("population.lengths=[9,12]", "loss=huber", "loss.warmup_steps=8"))
+
+
+def adapts(time_steps: int, loss: LossFn) -> bool:
+    """Whether an Adam update of a real lite population on a batch of ``time_steps`` steps changes
+    its loss on that batch."""
+    setup = lite(device=CPU, dtype=torch.float32, seed=0, time_steps=time_steps)
+    inputs, targets = setup.batches[0]
+    optimizer = torch.optim.Adam(adaptation_parameters(setup.module), lr=1e-2)
+    try:
+        before = loss(setup.module(inputs), targets)
+    except IncompatibleComponentsError:  # a causal loss with no step left after its warm-up
+        return False
+    if not before.requires_grad:  # no output the banks reach: backward would raise
+        return False
+    before.backward()
+    optimizer.step()
+    with torch.no_grad():
+        return loss(setup.module(inputs), targets).item() != before.item()
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [("loss=mse",), ("loss=huber", "loss.warmup_steps=2"), ("loss=causal_mse",), ("loss=huber", "loss.warmup_steps=6")],
+    ids=" ".join,
+)
+def test_planning_accepts_exactly_the_time_steps_whose_updates_adapt(make_config, loaded_registry, overrides) -> None:
+    """Found on real populations, not assumed: each time step count from 1 to 8 is planned exactly
+    when an update on it changes the loss (the smallest accepted adapts, the largest refused does not)."""
+    verdicts = {}
+    for time_steps in range(1, 9):
+        config = make_config(*overrides, f"population.time_steps={time_steps}")
+        params = OmegaConf.to_container(config.loss)
+        loss = loaded_registry.get("loss", params.pop("name")).build(params)
+        try:
+            plan_experiment(config)
+        except ConfigError:
+            planned = False
+        else:
+            planned = True
+        verdicts[time_steps] = planned, adapts(time_steps, loss)
+    assert all(planned == adapted for planned, adapted in verdicts.values()), f"(planned, adapts): {verdicts}"
+    assert {planned for planned, _ in verdicts.values()} == {True, False}, "the boundary lies inside the range"

@@ -17,11 +17,12 @@ from axosim.support_surrogate import SupportP4Config
 
 from axoexp.errors import CheckpointError, ConfigError, first_line
 from axoexp.interfaces import PopulationSetup
-from axoexp.lengths import LENGTHS_SYNTAX, parse_lengths
-from axoexp.registry import AT_LEAST_ONE, Bounds, component
+from axoexp.lengths import LENGTHS_SYNTAX, Lengths, parse_lengths
+from axoexp.registry import AT_LEAST_ONE, NON_NEGATIVE, Bounds, component
 
 WARMUP_STEPS = 4
-"""AxoSim-Lite forecasts after each 4-step input patch: its first 4 output steps are warm-up."""
+"""AxoSim-Lite forecasts after each 4-step input patch: its first 4 output steps are warm-up zeros,
+with no gradient (axosim.support_surrogate fills them before the first forecast)."""
 
 
 LITE_KIND = "adaptive-support-p4-surrogate"
@@ -142,8 +143,7 @@ teacher's temporaries (measured: up to 10 % at 200x12x4; 20 % leaves a margin)."
 def config_problems(params: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
     """What planning refuses in ``lite``'s settings (``params``, defaults included): no bank to
     train, a ``checkpoint_sha256`` pin without the ``checkpoint`` it pins, a bad ``lengths`` value,
-    or an update shorter than AxoSim-Lite's 4-step warm-up (its outputs then have no gradient)
-    under a loss that does not already refuse it for its own warm-up."""
+    or a batch that may have no step to adapt on (:func:`too_short_problem`)."""
     problems = []
     if not any(params.get(bank, True) for bank in ("train_behavior", "train_morphology", "train_synaptic")):
         problems.append(
@@ -160,21 +160,41 @@ def config_problems(params: Mapping[str, Any], config: Mapping[str, Any]) -> lis
     except ValueError as error:
         problems.append(str(error))
         return problems
-    time_steps, loss = params.get("time_steps"), config.get("loss") or {}
-    if loss.get("warmup_steps"):
-        return problems
-    warmup = f"AxoSim-Lite's first {WARMUP_STEPS} outputs are warm-up, with no gradient to adapt on"
-    if lengths is not None and lengths.low < WARMUP_STEPS:
-        problems.append(
-            f"population.lengths={params['lengths']!r}: a batch may have {lengths.low} steps, but {warmup}; "
-            f"use lengths of at least {WARMUP_STEPS} (more than that for a causal loss)"
+    return problems + list(filter(None, [too_short_problem(params, lengths, config.get("loss") or {})]))
+
+
+def too_short_problem(params: Mapping[str, Any], lengths: Lengths | None, loss: Mapping[str, Any]) -> str | None:
+    """Why some batch would have no output step that carries a gradient into the loss, else ``None``.
+
+    AxoSim-Lite's outputs 0..3 are warm-up zeros (:data:`WARMUP_STEPS`), so only steps 4.. carry a
+    gradient, for every bank and ``batch_size``; the loss leaves out its first ``loss.warmup_steps``
+    (0 where it has none). A batch of T steps adapts only if T > max(4, ``loss.warmup_steps``); the
+    shortest batch decides: ``time_steps``, or the shortest length ``lengths`` allows (it may be drawn,
+    for an adapted batch or a held-out one). Without ``time_steps`` (the factory's own check) only
+    ``lengths`` is judged."""
+    shortest = params.get("time_steps") if lengths is None else lengths.low
+    skipped = loss.get("warmup_steps")
+    if not isinstance(skipped, int) or skipped <= WARMUP_STEPS:
+        skipped = WARMUP_STEPS
+    if not isinstance(shortest, int) or shortest > skipped:
+        return None
+    if lengths is None:
+        subject, may, per = f"population.time_steps={shortest}", "", "an update"
+        fix = f"population.time_steps={skipped + 1}"
+    else:
+        subject, may, per = (
+            f"population.lengths={params['lengths']!r}",
+            f"a batch may have {shortest} steps, but ",
+            "every batch",
         )
-    elif lengths is None and isinstance(time_steps, int) and time_steps < WARMUP_STEPS:
-        problems.append(
-            f"population.time_steps={time_steps}: {warmup}; "
-            f"use at least {WARMUP_STEPS} (more than that for a causal loss)"
-        )
-    return problems
+        fix = f"lengths of {skipped + 1}"
+    if skipped == WARMUP_STEPS:
+        reason, lower = f"AxoSim-Lite's first {WARMUP_STEPS} outputs are warm-up, with no gradient to adapt on", ""
+    else:
+        subject += f" with loss.warmup_steps={skipped}"
+        reason = f"loss={loss.get('name')} leaves out the first {skipped} outputs"
+        lower = f", or loss.warmup_steps={shortest - 1} or less" if shortest > WARMUP_STEPS else ""
+    return f"{subject}: {may}{reason}, so {per} needs more than {skipped} time steps; use {fix} or more{lower}"
 
 
 def longest_steps(params: Mapping[str, Any]) -> int:
@@ -228,7 +248,11 @@ def lite(
     dtype: torch.dtype,
     seed: int,
     neurons: Annotated[int, "population size", AT_LEAST_ONE] = 3,
-    time_steps: Annotated[int, "native 1 ms steps per update; the first 4 outputs are warm-up", AT_LEAST_ONE] = 12,
+    time_steps: Annotated[
+        int,
+        "native 1 ms steps per update: more than 4 (the first 4 outputs are warm-up) and than loss.warmup_steps",
+        AT_LEAST_ONE,
+    ] = 12,
     contacts: Annotated[int, "retained incoming contacts per neuron", AT_LEAST_ONE] = 4,
     branches: Annotated[int, "model dimension: dendritic branches (ignored with a checkpoint)", AT_LEAST_ONE] = 16,
     route_features: Annotated[int, "model dimension: routing features (ignored with a checkpoint)", AT_LEAST_ONE] = 8,
@@ -245,7 +269,7 @@ def lite(
         int | str | list[int] | None, f"each batch's time steps, drawn once per batch from the seed: {LENGTHS_SYNTAX}"
     ] = None,
     eval_batches: Annotated[
-        int, "held-out batches, never adapted on: eval_loss_before and eval_loss_after", AT_LEAST_ONE
+        int, "held-out batches, never adapted on: eval_loss_before and eval_loss_after (0: no evaluation)", NON_NEGATIVE
     ] = 2,
     batch_size: Annotated[
         int, "independent streams per update (B), run through forward_batch; the loss is their mean", AT_LEAST_ONE
@@ -265,8 +289,8 @@ def lite(
     Targets are the outputs of a *teacher*: the same population with every
     adaptation bank perturbed by Gaussian noise of std ``target_perturbation``, so the
     targets are reachable by adapting the banks. ``eval_batches`` more batches of the same
-    teacher, drawn from a generator of their own, are held out for evaluation. With
-    ``checkpoint`` the model dimensions come from the checkpoint and
+    teacher, drawn from a generator of their own, are held out for evaluation (0: none, no
+    evaluation). With ``checkpoint`` the model dimensions come from the checkpoint and
     ``branches``..``morphologies`` are ignored.
     """
     problems = config_problems(
