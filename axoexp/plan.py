@@ -357,6 +357,12 @@ def loss_problems(loss: Component, params: dict[str, Any], probe: PopulationSetu
             f"loss={loss.name} returns a tensor of shape {tuple(value.shape)}, not a scalar: an update's "
             "backward needs one number; reduce it (e.g. .mean())"
         ]
+    if not value.requires_grad:
+        return [
+            f"loss={loss.name} on this population's shortest batch ({shortest[0].shape[-2]} time steps) depends on "
+            "none of the banks it adapts (no gradient), so an update would adapt nothing (e.g. every output the "
+            "loss reads is a warm-up output); give the population more time steps"
+        ]
     if where.type == "cpu" and not torch.isfinite(value):
         return [
             f"loss={loss.name} is {value.item()} on this population's shortest batch before any update "

@@ -236,6 +236,10 @@ def _after_warmup() -> LossFn:
     return lambda prediction, target: (prediction[:, 12:] - target[:, 12:]).pow(2).mean()
 
 
+def _targets_only() -> LossFn:
+    return lambda prediction, target: (prediction.detach() - target).pow(2).mean()
+
+
 def _strict_sgd(*, parameters: list[torch.nn.Parameter], capturable: bool, lr: float = 0.1) -> torch.optim.Optimizer:
     if lr > 1:
         raise ValueError(f"Invalid learning rate: {lr}")
@@ -256,6 +260,7 @@ def wrapped(registry: Registry) -> Registry:
     registry.register("loss", "wrong_axis", _wrong_axis, source=__file__)
     registry.register("loss", "unreduced", _unreduced, source=__file__)
     registry.register("loss", "after_warmup", _after_warmup, source=__file__)
+    registry.register("loss", "targets_only", _targets_only, source=__file__)
     registry.register("optimizer", "strict_sgd", _strict_sgd, source=__file__)
     registry.register("optimizer", "tensor_lr", _tensor_lr, source=__file__)
     register_configs(registry)
@@ -287,6 +292,13 @@ def test_a_loss_that_is_not_finite_before_any_update_is_refused_while_planning(
 ) -> None:
     with pytest.raises(ConfigError, match=r"loss=after_warmup is nan on this population's shortest batch before"):
         plan_experiment(make_config("loss=after_warmup"), wrapped)
+
+
+def test_a_loss_that_no_bank_reaches_is_refused_while_planning(make_config: Callable, wrapped: Registry) -> None:
+    """No gradient from the loss to the banks (here it detaches the predictions; a plugin population's
+    too-short batches, all warm-up, do the same): the run's updates would adapt nothing."""
+    with pytest.raises(ConfigError, match=r"loss=targets_only on this population's shortest batch \(12 time steps\) "):
+        plan_experiment(make_config("loss=targets_only"), wrapped)
 
 
 def test_an_optimizer_that_refuses_its_settings_is_refused_while_planning(
