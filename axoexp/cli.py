@@ -31,6 +31,7 @@ from axoexp.config import describe, one_line, register_configs, unchosen_group
 from axoexp.errors import AxoexpError, ConfigError, RefusedTargetError, quiet_store_errors, shown
 from axoexp.plugins import load_plugins
 from axoexp.signals import OUTSIDE_A_RUN, OUTSIDE_A_RUN_EXIT, Interrupted
+from axoexp.stdout import flush_out, print_out, reader_gone
 
 if TYPE_CHECKING:
     from axoexp.plan import Plan
@@ -85,17 +86,16 @@ def _experiment(config: DictConfig, hydra_config: HydraConf) -> float | None:
         run_name = lambda plan: describe_run.job_run_name(plan, job_number, overrides)  # noqa: E731
         resume = sweep.resume_job(config, hydra_config.job.num)
         if resume.run is not None:
-            print(
+            print_out(
                 f"reused {job_name}: FINISHED as MLflow run {resume.run.info.run_id} "
-                f"'{resume.run.info.run_name}' (sweep.resume=false re-measures)",
-                flush=True,
+                f"'{resume.run.info.run_name}' (sweep.resume=false re-measures)"
             )
             return None
         if resume.remeasure_reason:  # said and recorded once planning accepts the job: a refused job says only why
             line = f"measuring {job_name}: {resume.remeasure_reason}"
 
             def say_and_record(plan: Plan) -> None:
-                print(line, flush=True)
+                print_out(line)
                 sweep.note_remeasured_job(config, job_number, resume.remeasure_reason)
 
             on_planned = say_and_record
@@ -121,7 +121,7 @@ def _experiment(config: DictConfig, hydra_config: HydraConf) -> float | None:
         if _tracebacks_wanted:
             raise
         _exit_with(str(error), error.exit_code)
-    print(format_result(result), flush=True)
+    print_out(format_result(result))
     return result.update.median
 
 
@@ -153,7 +153,7 @@ def _main() -> None:
         _exit_with(unchosen, 2)
     wallclock.mark("imports")
     if DESCRIBE_FLAG in sys.argv[1:]:
-        print(describe(registry))
+        print_out(describe(registry))
         return
     os.environ[USERS_FULL_ERROR_ENV] = "1" if _tracebacks_wanted else "0"  # for the sweep's spawned workers
     os.environ[FULL_ERROR_ENV] = "1"  # Hydra then raises instead of printing; we report below
@@ -163,6 +163,9 @@ def _main() -> None:
     try:
         with nullcontext() if multirun else composed_once():
             hydra_app()
+        _exit_without_teardown()
+    except BrokenPipeError:  # Hydra's print of --help or --cfg, its reader gone (| head); axoexp's own never raise it
+        reader_gone(sys.stdout)
         _exit_without_teardown()
     except Interrupted as interrupted:  # the run ended KILLED with what was measured
         _exit_with(f"{interrupted}; {interrupted.run_outcome}", interrupted.exit_code)
@@ -192,7 +195,7 @@ def _exit_without_teardown() -> NoReturn:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading._shutdown()  # type: ignore[attr-defined]  # as the interpreter does before the handlers
     atexit._run_exitfuncs()
-    sys.stdout.flush()
+    flush_out()
     sys.stderr.flush()
     os._exit(0)
 

@@ -40,6 +40,7 @@ from optuna.trial import TrialState
 
 from axoexp import names, signals
 from axoexp.errors import ConfigError, SearchError
+from axoexp.stdout import print_out
 from axoexp.tracking import UNREACHABLE, configure_tracking, flatten, open_client, sqlite_path
 
 SAMPLERS = ("tpe", "nsga2", "random")
@@ -367,14 +368,14 @@ class Search:
             f"{len(complete)} complete",
             *(f"{fails[kind]} {shown}" for kind, shown in FAIL_KINDS.items() if fails[kind]),
         ]
-        print(f"study {study.study_name}: {len(study.trials)} trials, {', '.join(counts)}", flush=True)
+        print_out(f"study {study.study_name}: {len(study.trials)} trials, {', '.join(counts)}")
         if not complete:
             return
         for trial in sorted(study.best_trials, key=lambda trial: trial.number):
             values = ", ".join(
                 f"{metric}={value:.4g}" for metric, value in zip(self.objectives, trial.values, strict=True)
             )
-            print(f"  best: trial {trial.number}: {values}  {_params_text(trial.params)}", flush=True)
+            print_out(f"  best: trial {trial.number}: {values}  {_params_text(trial.params)}")
 
 
 def _params_text(params: dict[str, Any]) -> str:

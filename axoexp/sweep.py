@@ -55,6 +55,7 @@ from axoexp.outputs import claim_directory
 from axoexp.plan import plan_experiment, resume_mode
 from axoexp.registry import GROUPS, REGISTRY, Component
 from axoexp.statistics import doubts
+from axoexp.stdout import print_out
 from axoexp.sync import end_dead_run, process_gone, sync_journal
 from axoexp.tracking import (
     UNREACHABLE,
@@ -644,15 +645,14 @@ def print_reuse(client: MlflowClient, parent: Run, children: int, stopped: bool 
             + " (each job's line says which run or file)"
         )
     if parts:
-        print("; ".join(parts), flush=True)
+        print_out("; ".join(parts))
     reused = [value for key, value in parent.data.tags.items() if key.startswith(names.REUSED_PREFIX)]
     if not reused:
         return
     sources = []
     for run_id in dict.fromkeys(client.get_run(run_id).data.tags.get(names.PARENT_RUN_ID) for run_id in reused):
         sources.append(f"'{client.get_run(run_id).info.run_name}' ({run_id})" if run_id else "single runs")
-    print(
+    print_out(
         f"reused {len(reused)} of {len(reused) + children + len(refused)} jobs from {', '.join(sources)} "
-        "(sweep.resume=false re-measures)",
-        flush=True,
+        "(sweep.resume=false re-measures)"
     )

@@ -60,6 +60,7 @@ from axoexp.journal import (
     read_journal_lines,
 )
 from axoexp.signals import CTRL_C, OUTSIDE_A_RUN_EXIT
+from axoexp.stdout import print_out
 from axoexp.tracking import (
     SQLITE_PREFIX,
     TRACKING_URI_KEY,
@@ -488,13 +489,13 @@ def _main(argv: list[str] | None) -> int:
     default = resolve_tracking_uri(args.tracking_uri)
     journals = list(find_journals(args.paths))
     if args.paths and not journals:
-        print(f"no {JOURNAL_FILE} below {', '.join(map(str, args.paths))}: nothing to upload", flush=True)
+        print_out(f"no {JOURNAL_FILE} below {', '.join(map(str, args.paths))}: nothing to upload")
     status, targets = 0, list[tuple[Path, str, str]]()
     for path in journals:
         try:
             targets.append((path, *_target(path, args.tracking_uri, default)))
         except OSError as error:  # reading the journal (_target answers its store's faults)
-            print(f"{path}: skipped: it cannot be read ({error})", flush=True)
+            print_out(f"{path}: skipped: it cannot be read ({error})")
             status = 2
     stores = list(dict.fromkeys(uri for _, uri, _ in targets if uri)) if journals else [default]
     problems = {
@@ -512,24 +513,28 @@ def _main(argv: list[str] | None) -> int:
 
     for path, uri, said in targets:
         if not uri:  # its run is in its own store
-            print(f"{path}: {said}", flush=True)
+            print_out(f"{path}: {said}")
         elif uri in problems:
-            print(f"{path}: skipped: {problems[uri]}", flush=True)
+            print_out(f"{path}: skipped: {problems[uri]}")
             status = 2
-        else:
+        else:  # stdout is written outside the try: a reader gone (| head) is no unreachable store
             try:
-                where = "" if uri == absolute_store(default, Path.cwd()) and not said else f" in {uri}"
-                print(f"{path}: {sync_journal(client(uri), path)}{where}{said}", flush=True)
+                synced = sync_journal(client(uri), path)
             except UNREACHABLE as error:
                 print(f"axoexp.sync: {path}: {store_unreachable(uri, error)}", file=sys.stderr, flush=True)
                 status = max(status, _failed_status(uri, error))
+            else:
+                where = "" if uri == absolute_store(default, Path.cwd()) and not said else f" in {uri}"
+                print_out(f"{path}: {synced}{where}{said}")
     for uri in (uri for uri in stores if uri not in problems):
         try:
-            for line in end_dead_runs(client(uri)):
-                print(line, flush=True)
+            ended = end_dead_runs(client(uri))
         except UNREACHABLE as error:
             print(f"axoexp.sync: {store_unreachable(uri, error)}", file=sys.stderr, flush=True)
             status = max(status, _failed_status(uri, error))
+        else:
+            for line in ended:
+                print_out(line)
     return status
 
 

@@ -28,13 +28,15 @@ from axoexp.errors import RefusedTargetError
 TARGET_KEYS = ("_target_", "()", "class")
 SWEEP_CALLBACK_KEY = "hydra.callbacks.mlflow_sweep._target_"
 SWEEP_CALLBACK = "axoexp.sweep.MlflowSweepCallback"
+LOGGING = (("logging.", "colorlog.", "axoexp."), (logging.Formatter, logging.Handler, logging.Filter))
+"""What logging's configs may name: axoexp's own too, its console handler (:class:`axoexp.stdout.ConsoleHandler`)."""
 ALLOWED: dict[str, tuple[tuple[str, ...], tuple[type, ...]]] = {
     # place (key prefix): (module prefixes, what the class must be)
     "hydra.callbacks.": (("axoexp.", "hydra."), (Callback,)),
     "hydra.launcher.": (("hydra.", "hydra_plugins."), (Launcher,)),
     "hydra.sweeper.": (("hydra.", "hydra_plugins."), (Sweeper,)),
-    "hydra.job_logging.": (("logging.", "colorlog."), (logging.Formatter, logging.Handler, logging.Filter)),
-    "hydra.hydra_logging.": (("logging.", "colorlog."), (logging.Formatter, logging.Handler, logging.Filter)),
+    "hydra.job_logging.": LOGGING,
+    "hydra.hydra_logging.": LOGGING,
     "": (("axoexp.", "hydra."), (object,)),  # anywhere else (axoexp itself instantiates nothing)
 }
 

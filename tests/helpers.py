@@ -50,26 +50,28 @@ def run_cli(
 
 
 def start_cli(
-    *args: str, cwd: Path, module: str = "axoexp", env: dict[str, str] | None = None
+    *args: str, cwd: Path, module: str = "axoexp", env: dict[str, str] | None = None, stdout: int = subprocess.PIPE
 ) -> subprocess.Popen[str]:
-    """``python -m MODULE ARGS`` started in a fresh process, its output piped: :func:`run_cli` for
-    commands that run side by side or are signalled while they run."""
+    """``python -m MODULE ARGS`` started in a fresh process, its output piped (or stdout to the file
+    descriptor ``stdout``): :func:`run_cli` for commands that run side by side or are signalled while they run."""
     return subprocess.Popen(
         [sys.executable, "-m", module, *args],
         cwd=cwd,
         text=True,
         env=_cli_env(env),
-        stdout=subprocess.PIPE,
+        stdout=stdout,
         stderr=subprocess.PIPE,
     )
 
 
 def run_clis(
-    calls: Sequence[tuple[Sequence[str], Path, dict[str, str] | None]], timeout: float = 300
+    calls: Sequence[tuple[Sequence[str], Path, dict[str, str] | None]],
+    timeout: float = 300,
+    stdout: int = subprocess.PIPE,
 ) -> list[subprocess.CompletedProcess[str]]:
     """:func:`run_cli` of each ``(args, cwd, env)``, all started at once: for commands that share
     nothing (each its own folder), as a process's start-up (imports) is most of a short command."""
-    started = [start_cli(*args, cwd=cwd, env=env) for args, cwd, env in calls]
+    started = [start_cli(*args, cwd=cwd, env=env, stdout=stdout) for args, cwd, env in calls]
     try:
         finished = []
         for process in started:
@@ -134,6 +136,17 @@ def held_locked(store: Path) -> Iterator[None]:
     finally:
         holder.kill()
         holder.wait()
+
+
+@contextmanager
+def gone_reader() -> Iterator[int]:
+    """The write end of a pipe whose reader has gone, as ``| head -0`` leaves it: writes to it fail (EPIPE)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        yield write
+    finally:
+        os.close(write)
 
 
 def fill(directory: Path) -> Path:

@@ -4,14 +4,17 @@ starts at once (module fixture ``ran``), each in a folder of its own, and each t
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 from pathlib import Path
+from subprocess import CompletedProcess
 
 import pytest
-from helpers import REPO, interrupted, run_clis, start_python, wait_for
+from helpers import REPO, gone_reader, interrupted, run_clis, start_python, wait_for
 from mlflow.tracking import MlflowClient
 
 from axoexp import names
+from axoexp.lease import LEASE_DIR_ENV
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
@@ -77,6 +80,63 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[subprocess.
     (folders["shipped plugin"] / "plugins").symlink_to(REPO / "plugins")
     results = run_clis([(arguments, folders[name], None) for name, arguments in COMMANDS.items()])
     return {name: (result, folders[name]) for name, result in zip(COMMANDS, results, strict=True)}
+
+
+LOG_ON_STDERR = (
+    "hydra.hydra_logging.handlers.console.stream=ext://sys.stderr",
+    "hydra.job_logging.handlers.console.stream=ext://sys.stderr",
+)
+READER_GONE = {  # a name: the command's arguments, run with stdout a pipe whose reader has gone (| head -0)
+    "run": ("run.measured_updates=3",),  # its log's first line meets the closed pipe
+    "sweep": ("-m", "population.neurons=2,3", "run.measured_updates=3", *LOG_ON_STDERR),  # each job's summary does
+    "parallel sweep": ("-m", "hydra/launcher=parallel", "population.neurons=2,3", "run.measured_updates=3"),
+}
+
+
+@pytest.fixture(scope="module")
+def reader_gone(
+    tmp_path_factory: pytest.TempPathFactory, empty_store: Path
+) -> dict[str, tuple[CompletedProcess, list]]:
+    """How each of ``READER_GONE`` ended and the runs it left: all at once, each in a folder of its own
+    with a copy of the empty store and its own leases (else each waits for the CPU another holds)."""
+    folders = {name: tmp_path_factory.mktemp("gone") for name in READER_GONE}
+    for folder in folders.values():
+        shutil.copyfile(empty_store, folder / "mlflow.db")
+    with gone_reader() as stdout:
+        calls = [
+            (arguments, folders[name], {LEASE_DIR_ENV: str(folders[name] / "leases")})
+            for name, arguments in READER_GONE.items()
+        ]
+        results = run_clis(calls, stdout=stdout)
+    found = {}
+    for (name, folder), result in zip(folders.items(), results, strict=True):
+        client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
+        found[name] = result, client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
+    return found
+
+
+def test_a_run_whose_reader_has_gone_logs_everything_and_exits_0(reader_gone) -> None:
+    """``python -m axoexp | head -2``: the reader gone is no fault. The run printed a ``--- Logging
+    error ---`` and a call stack for each later log line, then "cannot write 'None': Broken pipe;
+    choose a writable output folder", exit 2; now it says nothing and exits 0."""
+    result, (run,) = reader_gone["run"]
+    assert (result.returncode, result.stderr) == (0, "")
+    assert run.info.status == "FINISHED" and run.data.metrics[names.update_metric("count")] == 3
+
+
+@pytest.mark.parametrize("sweep", ["sweep", "parallel sweep"])
+def test_a_sweep_whose_reader_has_gone_runs_every_job_and_exits_0(reader_gone, sweep: str) -> None:
+    """``python -m axoexp -m ... | head -1``, with the basic launcher (its log on stderr: each job's
+    process meets the closed pipe with its summary, the sweep's with its last line) and with the
+    parallel one (its log on stdout, the sweep's process and its worker meet it)."""
+    result, runs = reader_gone[sweep]
+    assert result.returncode == 0, result.stderr
+    assert all(line.startswith("[") for line in result.stderr.splitlines()), f"its log lines alone: {result.stderr}"
+    parents = [run for run in runs if run.data.tags.get(names.SWEEP_ROLE) == "parent"]
+    jobs = [run for run in runs if run not in parents]
+    assert [run.info.status for run in runs] == ["FINISHED"] * 3 and len(parents) == 1
+    assert sorted(run.data.params["population.neurons"] for run in jobs) == ["2", "3"]
+    assert all(run.data.metrics[names.update_metric("count")] == 3 for run in jobs)
 
 
 def test_default_command_prints_timings_and_logs_to_mlflow_db_in_cwd(ran) -> None:

@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import TRACEBACK, free_port, interrupted, start_cli
+from helpers import TRACEBACK, free_port, gone_reader, interrupted, start_cli
 from mlflow.tracking import MlflowClient
+from mlflow.utils.time import get_current_time_millis
 
 from axoexp import names
 from axoexp.experiment import run_experiment
@@ -105,12 +106,20 @@ def test_tracking_uri_overrides_a_store_that_lacks_the_run_and_says_so(
     assert not (tmp_path / "ro" / "m.db").exists(), "the lost store is not created again"
 
 
-def _unsynced_journal(folder: Path, uri: str) -> Path:
-    """A journal of a run whose store never answered: its start record, nothing more."""
+ELSEWHERE = {names.PROCESS_PID: "1", names.HOSTNAME: "elsewhere"}  # a process sync cannot check
+GONE = {names.PROCESS_PID: "1", names.HOSTNAME: socket.gethostname(), names.PROCESS_START: "0.00"}
+"""A process of this host that is gone: its pid 1 did not start in 1970."""
+
+
+def _unsynced_journal(folder: Path, uri: str, tags: dict[str, str] = ELSEWHERE) -> Path:
+    """A journal of a run whose store never answered: its start record (its process's ``tags``), nothing more."""
     folder.mkdir(parents=True)
     journal = Journal(folder / JOURNAL_FILE)
-    tags = {names.PROCESS_PID: "1", names.HOSTNAME: "elsewhere"}
-    journal.append(START, journal_id=journal.id, run_id=None, experiment="axoexp", tracking_uri=uri, tags=tags)
+    tags = {**tags, names.JOURNAL_ID: journal.id, names.JOURNAL: str(journal.path.resolve())}
+    now = get_current_time_millis()
+    journal.append(
+        START, journal_id=journal.id, run_id=None, experiment="axoexp", tracking_uri=uri, tags=tags, start_time=now
+    )
     journal.close()
     return folder
 
@@ -136,6 +145,21 @@ def test_sync_gives_up_on_a_dead_server_in_seconds_and_ctrl_c_is_one_line(tmp_pa
         stderr = interrupted(process, hung.accept)  # at the sync's first request
     assert process.returncode == 130 and TRACEBACK not in stderr, stderr
     assert stderr.strip().splitlines()[-1] == f"axoexp.sync: {INTERRUPTED}"
+
+
+@pytest.mark.slow
+def test_a_reader_that_stops_early_leaves_every_journal_synced(tmp_path: Path, migrated_store: Path) -> None:
+    """``sync outputs/ | head -0``: the reader is gone before the first journal's line, which is no
+    fault of the store (it was called unreachable, exit 1, for every journal): all are synced, exit 0."""
+    uri = f"sqlite:///{migrated_store}"
+    journals = [_unsynced_journal(tmp_path / "outputs" / name, uri, GONE) / JOURNAL_FILE for name in "abc"]
+    with gone_reader() as stdout:
+        process = start_cli(str(tmp_path / "outputs"), cwd=tmp_path, module="axoexp.sync", stdout=stdout)
+        stderr = process.communicate(timeout=300)[1]
+    assert (process.returncode, stderr) == (0, "")
+    runs = _runs(migrated_store)
+    assert sorted(run.data.tags[names.JOURNAL] for run in runs) == list(map(str, journals))
+    assert all(run.info.status == "KILLED" and names.SYNCED in run.data.tags for run in runs)
 
 
 def test_an_unusable_store_is_named_by_where_it_was_set(
