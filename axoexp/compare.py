@@ -59,7 +59,6 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from axoexp import names
-from axoexp.console import plural
 from axoexp.errors import ComparisonError
 from axoexp.readers import StoreReader, add_store_option, reading
 from axoexp.report.rows import (
@@ -74,7 +73,7 @@ from axoexp.report.rows import (
 )
 from axoexp.report.table import FORMATS, csv_text, grid
 from axoexp.statistics import CONFIDENCE, MIN_RUNS, doubts, median_ratio_interval
-from axoexp.stdout import print_out
+from axoexp.stdout import plural, print_out
 from axoexp.tracking import TRACKING_URI_OPTION, run_or_none
 
 DEFAULT_THRESHOLD = "5%"

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from axoexp import names
 from axoexp.statistics import HIGH, NOISE_THRESHOLD, noise_verdict
+from axoexp.stdout import plural
 
 if TYPE_CHECKING:  # annotations only: importing experiment here would load torch and mlflow early
     from axoexp.experiment import ExperimentResult
@@ -92,8 +93,3 @@ def noise_label(relative_iqr: float) -> str:
     ``noise low (IQR/median 0.398 <= 0.5)``."""
     verdict = noise_verdict(relative_iqr)
     return f"noise {verdict} (IQR/median {relative_iqr:.3f} {'>' if verdict == HIGH else '<='} {NOISE_THRESHOLD:g})"
-
-
-def plural(count: int, noun: str) -> str:
-    """``1 thread``, ``2 threads``."""
-    return f"{count} {noun}{'' if count == 1 else 's'}"

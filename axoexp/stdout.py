@@ -43,3 +43,8 @@ class ConsoleHandler(logging.StreamHandler[TextIO]):
             reader_gone(self.stream)
         else:
             super().handleError(record)
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 thread``, ``2 threads``: a count in a line a command prints."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"

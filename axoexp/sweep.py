@@ -46,7 +46,6 @@ from omegaconf.errors import OmegaConfBaseException
 
 from axoexp import collector, metadata, names, processes, signals
 from axoexp.config import one_line
-from axoexp.console import plural
 from axoexp.describe import sweep_run_name
 from axoexp.errors import ConfigError, StoreError, SweepRefusedError
 from axoexp.job_process import SWEEP_PROCESS_ENV, sweep_process_marker
@@ -55,7 +54,7 @@ from axoexp.outputs import claim_directory
 from axoexp.plan import plan_experiment, resume_mode
 from axoexp.registry import GROUPS, REGISTRY, Component
 from axoexp.statistics import doubts
-from axoexp.stdout import print_out
+from axoexp.stdout import plural, print_out
 from axoexp.sync import end_dead_run, process_gone, sync_journal
 from axoexp.tracking import (
     UNREACHABLE,
