@@ -42,6 +42,7 @@ FULL_ERROR_ENV = "HYDRA_FULL_ERROR"
 USERS_FULL_ERROR_ENV = "AXOEXP_USERS_HYDRA_FULL_ERROR"
 """The user's own ``HYDRA_FULL_ERROR``, kept for the sweep's worker processes, which inherit ours."""
 CONFIG_ERRORS = (ConfigCompositionException, OverrideParseException, OmegaConfBaseException)
+HYDRA_ONE_COMMAND = "Only one of --run, --multirun, --cfg"  # Hydra's ValueError for -m with --cfg, say
 _tracebacks_wanted = os.environ.get(USERS_FULL_ERROR_ENV, os.environ.get(FULL_ERROR_ENV)) == "1"
 
 
@@ -176,6 +177,10 @@ def _main() -> None:
             _exit_with(str(error), 1 if multirun and not isinstance(error, RefusedTargetError) else error.exit_code)
         composing = isinstance(error, ConfigCompositionException | OverrideParseException)  # before any job ran
         _exit_with(one_line(error), 1 if multirun and not composing else 2)
+    except ValueError as error:
+        if not str(error).startswith(HYDRA_ONE_COMMAND) or _tracebacks_wanted:
+            raise
+        _exit_with(f"{str(error).replace('--shell_completion', '--shell-completion')}; give one of them", 2)
     except OSError as error:  # Hydra creating the output folder or writing its files there
         if _tracebacks_wanted:
             raise

@@ -202,11 +202,21 @@ def unchosen_group(arguments: Sequence[str], registry: Registry) -> str | None:
 
 def one_line(error: BaseException) -> str:
     """A Hydra or OmegaConf composition error as one line: key, value and what is expected."""
-    from hydra.errors import MissingConfigException  # loaded wherever Hydra raised it
+    from hydra.errors import MissingConfigException, OverrideParseException  # loaded wherever Hydra raised it
 
     if isinstance(error, MissingConfigException) and error.missing_cfg_file and error.options is not None:
         group, _, option = error.missing_cfg_file.rpartition("/")
         return f"{group}={option}: no such option; valid {group} options: {', '.join(sorted(error.options))}"
+    if isinstance(error, OverrideParseException):  # Hydra's grammar: "no viable alternative at input '[64,128'"
+        return (
+            f"{error.override}: not an override Hydra can read ({str(error).strip().splitlines()[0]}); write "
+            "key=value, a list as key=[a,b], a string with , [ ] = or spaces quoted: key='a b'"
+        )
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    appended = re.fullmatch(r"Could not append to config\. An item is already at '(.*)'\.", first)
+    if appended:  # Hydra's hints follow on lines of their own
+        key = appended.group(1)
+        return f"+{key}: the config has {key} already; drop the + to set it (a + adds a key the config lacks)"
     cause = error.__cause__
     unknown = _unknown_key(cause) if isinstance(cause, OmegaConfBaseException) else None
     if unknown:

@@ -60,6 +60,20 @@ USER_ERRORS = [  # (the overrides, space-separated; the one line printed)
         "population.neurons=3,64: several values outside a sweep; to sweep over them add -m (--multirun), for a list "
         "write population.neurons=[3,64], for a string quote it: population.neurons='3,64'",
     ),
+    (
+        "population.lengths=[64,128",
+        "population.lengths=[64,128: not an override Hydra can read (no viable alternative at input '[64,128'); "
+        "write key=value, a list as key=[a,b], a string with , [ ] = or spaces quoted: key='a b'",
+    ),
+    (
+        "+population.neurons=5",
+        "+population.neurons: the config has population.neurons already; drop the + to set it (a + adds a key the "
+        "config lacks)",
+    ),
+    (
+        "-m --cfg job",
+        "Only one of --run, --multirun, --cfg, --info and --shell-completion can be specified; give one of them",
+    ),
 ]
 COMMANDS = {  # a name: the command's arguments
     "default": ("executor=eager", "loss=causal_mse"),
