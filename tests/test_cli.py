@@ -82,6 +82,7 @@ COMMANDS = {  # a name: the command's arguments
     "multirun": ("-m", "population.neurons=2,5", "run.measured_updates=3"),
     "shipped plugin": ("loss=log_cosh", "run.measured_updates=3"),
     "describe": ("--describe",),
+    "no logging": ("hydra/job_logging=disabled", "hydra/hydra_logging=disabled", "run.measured_updates=3"),
     **{overrides: tuple(overrides.split(" ")) for overrides, _ in USER_ERRORS},
 }
 
@@ -215,6 +216,15 @@ def test_user_errors_exit_2_with_one_line_and_no_run(ran, overrides: str, messag
     assert result.stderr.strip().splitlines() == [f"axoexp: {message}"], result.stderr
     assert "Traceback" not in result.stderr
     assert not (folder / "mlflow.db").exists()
+
+
+def test_hydras_own_logging_options_replace_axoexps_whole(ran) -> None:
+    """hydra/job_logging=disabled: no log lines, no axoexp.log (axoexp's handler settings, merged into
+    Hydra's option, made it fail: "Unable to configure handler 'file'"); the summary still prints."""
+    result, folder = ran["no logging"]
+    assert result.returncode == 0, result.stderr
+    assert "MLflow run" not in result.stdout and "update " in result.stdout
+    assert not list(folder.rglob("axoexp.log")) and list(folder.rglob("journal.jsonl"))
 
 
 def test_describe_explains_every_key_with_type_default_and_help(ran) -> None:
