@@ -17,10 +17,10 @@ Then every RUNNING run of those stores (of the default store where no journal wa
 whose process (tags process.pid, hostname) ran on this host and is gone is ended KILLED
 with the reason, from its journal if it has one.
 
-Exit status: 0 done; 2 a path that does not exist, a journal that cannot be read (the others are
-synced) or a store that is no usable MLflow store (damaged, half-built, an older schema, a file
-store); 1 a store that was locked by another process for 20 s or did not answer (the same command
-completes the rest later); 130 Ctrl-C.
+Exit status: 0 done; 2 a path that does not exist, a journal that cannot be read or a file that
+is no journal (the others are synced) or a store that is no usable MLflow store (damaged,
+half-built, an older schema, a file store); 1 a store that was locked by another process for 20 s
+or did not answer (the same command completes the rest later); 130 Ctrl-C.
 """
 
 from __future__ import annotations
@@ -429,6 +429,15 @@ def run_in_store(uri: str, path: Path) -> Run | None:
         return None
 
 
+def not_a_journal(path: Path) -> str | None:
+    """Why ``path`` is no journal (``python -m axoexp.sync README.md``): none of its lines is a record,
+    and it is more than one write cut off (a process killed as it wrote its start record); else ``None``."""
+    contents = read_journal_lines(path)
+    if contents.records or not contents.damaged or (contents.damaged == [1] and contents.cut_at_end):
+        return None
+    return f"none of its {len(contents.damaged)} lines is a journal record: it is no axoexp journal"
+
+
 def _target(path: Path, explicit: str | None, default: str) -> tuple[str, str]:
     """The store a journal's run goes to and what to say about it: its own store, unless
     ``--tracking-uri`` names another (said; and refused, in words, where its own store has the run)."""
@@ -493,9 +502,13 @@ def _main(argv: list[str] | None) -> int:
     status, targets = 0, list[tuple[Path, str, str]]()
     for path in journals:
         try:
-            targets.append((path, *_target(path, args.tracking_uri, default)))
+            refused = not_a_journal(path)
+            if refused is None:
+                targets.append((path, *_target(path, args.tracking_uri, default)))
         except OSError as error:  # reading the journal (_target answers its store's faults)
-            print_out(f"{path}: skipped: it cannot be read ({error})")
+            refused = f"it cannot be read ({error})"
+        if refused is not None:
+            print_out(f"{path}: skipped: {refused}")
             status = 2
     stores = list(dict.fromkeys(uri for _, uri, _ in targets if uri)) if journals else [default]
     problems = {

@@ -74,15 +74,19 @@ def test_a_journal_that_cannot_be_read_is_skipped_in_one_line_and_the_others_syn
     finished_run: tuple[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A journal whose reads fail (EIO: /proc/self/mem, which even root cannot read from its start)
-    is one line and exit 2; a folder named journal.jsonl (where a sweep could not keep its end) is
-    no journal; the readable journal is synced."""
+    and a file none of whose lines is a record are one line each and exit 2; a folder named
+    journal.jsonl (where a sweep could not keep its end) is no journal; the readable journal is synced."""
     run_id, outputs = finished_run
     (tmp_path / "outputs" / "eio").mkdir()
     (tmp_path / "outputs" / "eio" / JOURNAL_FILE).symlink_to("/proc/self/mem")
     (tmp_path / "outputs" / "sweep" / JOURNAL_FILE).mkdir(parents=True)
+    (tmp_path / "outputs" / "notes").mkdir()
+    (tmp_path / "outputs" / "notes" / JOURNAL_FILE).write_text("# my notes\nrun 3 was odd\n")
     assert sync_main([str(tmp_path / "outputs")]) == 2
     assert capsys.readouterr().out == (
         f"{tmp_path / 'outputs' / 'eio' / JOURNAL_FILE}: skipped: it cannot be read ([Errno 5] Input/output error)\n"
+        f"{tmp_path / 'outputs' / 'notes' / JOURNAL_FILE}: skipped: none of its 2 lines is a journal record: it is "
+        "no axoexp journal\n"
         f"{outputs / JOURNAL_FILE}: already complete in the store: run {run_id} "
         f"(FINISHED, 3 updates: 1 warm-up, 2 measured) in sqlite:///{tmp_path / 'ro' / 'm.db'}\n"
     )
