@@ -16,6 +16,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,12 @@ MAX_BATCH = 1000  # MLflow's limit on metrics per log_batch call
 MAX_PARAM_LENGTH = 500
 SQLITE_LOCKED = ("database is locked", "database table is locked")  # how sqlite says SQLITE_BUSY, SQLITE_LOCKED
 SQLITE_DAMAGED = ("database disk image is malformed", "file is not a database")  # SQLITE_CORRUPT, SQLITE_NOTADB
+SQLITE_HEADER = b"SQLite format 3\x00"
+"""The first bytes of every SQLite database file (an empty file is none yet: a new store is made there)."""
+MLFLOW_TABLES = frozenset({"experiments", "runs"})
+"""Tables that mark an SQLite database as an MLflow store, the first MLflow creates (``alembic_version``
+alone does not: Alembic's, of any application that uses it, Optuna's among them)."""
+MAX_TABLES_NAMED = 6  # of another application's database, in the line that refuses it
 STORE_LOCK_WAIT_S = 20
 """Seconds a check waits for a sqlite store another process holds locked (MLflow's own busy timeout)."""
 UNREACHABLE = (MlflowException, requests.exceptions.RequestException, OSError)
@@ -235,9 +242,10 @@ def sqlite_path(tracking_uri: str) -> Path | None:
 
 def store_problem(tracking_uri: str, key: str = TRACKING_URI_KEY) -> str | None:
     """Why the store cannot be used, found in a moment (MLflow itself retries ~100 s): a file store
-    (:func:`file_store_problem`), or a sqlite file that cannot be written; ``key`` says where the URI
-    was set. A sqlite file another process holds locked raises :class:`StoreLockedError` (not a
-    problem of the config: the same command works once the lock is gone)."""
+    (:func:`file_store_problem`), a sqlite file that cannot be written, or one that is no usable
+    MLflow store (:func:`store_damage`); ``key`` says where the URI was set. A sqlite file another
+    process holds locked raises :class:`StoreLockedError` (not a problem of the config: the same
+    command works once the lock is gone)."""
     file_store = file_store_problem(tracking_uri)
     if file_store:
         return f"{key}={tracking_uri}: {file_store}"
@@ -288,16 +296,20 @@ def _holds_data(path: Path) -> bool:
 
 
 def store_damage(path: Path) -> str | None:
-    """Why the sqlite file at ``path`` is not a usable MLflow store, with the command that
-    repairs it or moves it aside; ``None`` when it is one. Reads only its schema (milliseconds);
-    raises :class:`StoreLockedError` where another process holds it locked for
-    :data:`STORE_LOCK_WAIT_S`."""
+    """Why the sqlite file at ``path`` is not a usable MLflow store, and what to do: a file of another
+    kind or another application's database is named as such (choose another path), and only an MLflow
+    store, damaged, half-built or of an older schema, gets the command that moves it aside or upgrades
+    it; ``None`` when it is a usable one. Reads its header and schema (milliseconds); raises
+    :class:`StoreLockedError` where another process holds it locked for :data:`STORE_LOCK_WAIT_S`."""
+    foreign = _not_sqlite(path)
+    if foreign:
+        return foreign
     try:
         with closing(sqlite3.connect(path, timeout=STORE_LOCK_WAIT_S)) as database:
             tables = {row[0] for row in database.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             version = None
-            if "alembic_version" in tables:
-                row = database.execute("SELECT version_num FROM alembic_version").fetchone()
+            if "alembic_version" in tables:  # Alembic's own table, of any application that migrates with it
+                row = database.execute("SELECT * FROM alembic_version").fetchone()
                 version = row[0] if row else None
             runs = database.execute("SELECT count(*) FROM runs").fetchone()[0] if "runs" in tables else 0
     except sqlite3.DatabaseError as error:
@@ -306,7 +318,17 @@ def store_damage(path: Path) -> str | None:
                 f"{path} is locked by another process ({error} for {STORE_LOCK_WAIT_S} s); the store is not "
                 "damaged: retry once that process is done with it"
             ) from None
-        return damaged_store(path, str(error))
+        return (
+            f"{path} is a damaged SQLite database ({error}): its tables cannot be read, so whether it is an "
+            "MLflow store is not known; choose another path"
+        )
+    if not tables & MLFLOW_TABLES and version not in _migrations()[0]:  # no revision of MLflow's
+        named = sorted(tables)[:MAX_TABLES_NAMED]
+        more = f", ... ({len(tables)} in all)" if len(tables) > len(named) else ""
+        return (
+            f"{path} is an SQLite database of another application (tables: {', '.join(named) or 'none'}{more}), "
+            "not an MLflow store; choose another path"
+        )
     head = latest_schema_revision()
     leftovers = [table for table in tables if table.startswith("_alembic_tmp_")]
     # an empty store not at the newest schema is taken for a half-built one (an upgrade could fail on it)
@@ -339,9 +361,23 @@ def run_or_none(client: MlflowClient, run_id: str) -> Run | None:
 
 
 def damaged_store(path: Path, reason: str) -> str:
-    """The line naming the sqlite file at ``path`` as damaged (``reason``: sqlite's words), with the
-    command that moves it aside."""
-    return f"{path} is damaged, not a readable MLflow store ({reason}); move it aside: {_aside(path)}"
+    """The line naming the MLflow store at ``path`` as damaged (``reason``: sqlite's words), found while
+    reading it past the schema :func:`store_damage` checked, with the command that moves it aside; a
+    file that is no SQLite database (by now) is named as such, without it."""
+    return (
+        _not_sqlite(path) or f"{path} is damaged, not a readable MLflow store ({reason}); move it aside: {_aside(path)}"
+    )
+
+
+def _not_sqlite(path: Path) -> str | None:
+    """Why the file at ``path`` is no SQLite database (its header) or cannot be read; ``None`` for one."""
+    try:
+        with path.open("rb") as file:
+            if file.read(len(SQLITE_HEADER)) == SQLITE_HEADER:
+                return None
+    except OSError as error:
+        return f"{path} cannot be read ({error.strerror}); choose another path"
+    return f"{path} is not an SQLite database, so not an MLflow store; choose another path"
 
 
 def _aside(path: Path) -> str:
@@ -382,25 +418,33 @@ def sqlite_busy(error: BaseException) -> bool:
     return any(phrase in text for phrase in SQLITE_LOCKED) or "busy" in text
 
 
+@cache
+def _migrations() -> tuple[dict[str, str], bool]:
+    """MLflow's store schemas as its migration scripts name them: each revision with the one it
+    upgrades (``"None"`` for the first), and whether every script is one plain migration."""
+    upgrades: dict[str, str] = {}
+    plain = True
+    for script in (Path(mlflow.__file__).parent / "store" / "db_migrations" / "versions").glob("[!_]*.py"):
+        text = script.read_text()
+        revision = _REVISION.search(text)
+        parent = _DOWN_REVISION.search(text)
+        if revision is None or parent is None:
+            plain = False
+        else:
+            upgrades[revision[1]] = parent[1] or parent[2]
+    return upgrades, plain
+
+
 def latest_schema_revision() -> str:
     """The newest store schema this MLflow knows: the one migration no other names as its
     ``down_revision``, read from MLflow's migration scripts (milliseconds). Alembic's own reading
     (``mlflow.store.db.utils._get_latest_schema_revision``) imports SQLAlchemy and Alembic, about
     half a second that planning's main thread would spend before the store's thread imports them
     anyway; it answers where the scripts are not one plain chain (a merge, a branch)."""
-    revisions: set[str] = set()
-    parents: set[str] = set()
-    for script in (Path(mlflow.__file__).parent / "store" / "db_migrations" / "versions").glob("[!_]*.py"):
-        text = script.read_text()
-        revision = _REVISION.search(text)
-        parent = _DOWN_REVISION.search(text)
-        if revision is None or parent is None:
-            revisions.clear()  # not a plain migration script
-            break
-        revisions.add(revision[1])
-        parents.add(parent[1] or parent[2])
-    heads = revisions - parents
-    if len(heads) == 1 and len(parents - {"None"}) == len(revisions) - 1:
+    upgrades, plain = _migrations()
+    parents = set(upgrades.values())
+    heads = set(upgrades) - parents
+    if plain and len(heads) == 1 and len(parents - {"None"}) == len(upgrades) - 1:
         return heads.pop()
     from mlflow.store.db.utils import _get_latest_schema_revision
 
