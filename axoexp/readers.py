@@ -3,7 +3,7 @@ the store opened for reading, or one line saying why it cannot be, and the exit 
 
 Exit status, as every axoexp command has it: 2 when the command refused (bad input, or a store
 that is no usable MLflow store: damaged, half-built, of an older schema, a file store, another
-application's file), 1 when
+application's file, a database without its driver), 1 when
 the store failed (another process held the sqlite file locked for 20 s, a server did not
 answer), so that the same command may work later; 130 Ctrl-C, in one line too. compare's 1 is
 its verdict, a regression: it exits 2 on every fault.

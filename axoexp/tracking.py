@@ -36,6 +36,7 @@ from mlflow.utils.uri import get_uri_scheme
 from omegaconf import DictConfig
 
 from axoexp import names
+from axoexp.databases import database_problem
 from axoexp.errors import StoreError, StoreLockedError
 
 _REVISION = re.compile(r"""^revision\s*=\s*["']([0-9A-Za-z_]+)["']\s*$""", re.MULTILINE)
@@ -241,14 +242,15 @@ def sqlite_path(tracking_uri: str) -> Path | None:
 
 
 def store_problem(tracking_uri: str, key: str = TRACKING_URI_KEY) -> str | None:
-    """Why the store cannot be used, found in a moment (MLflow itself retries ~100 s): a file store
+    """Why the store cannot be used, found in a moment (MLflow itself retries ~100 s): a database whose
+    driver is missing (:func:`~axoexp.databases.database_problem`), a file store
     (:func:`file_store_problem`), a sqlite file that cannot be written, or one that is no usable
     MLflow store (:func:`store_damage`); ``key`` says where the URI was set. A sqlite file another
     process holds locked raises :class:`StoreLockedError` (not a problem of the config: the same
     command works once the lock is gone)."""
-    file_store = file_store_problem(tracking_uri)
-    if file_store:
-        return f"{key}={tracking_uri}: {file_store}"
+    outside = database_problem(tracking_uri) or file_store_problem(tracking_uri)
+    if outside:
+        return f"{key}={tracking_uri}: {outside}"
     path = sqlite_path(tracking_uri)
     if path is None or str(path) == ":memory:":
         return None
