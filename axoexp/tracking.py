@@ -57,6 +57,7 @@ SQLITE_LOCKED = ("database is locked", "database table is locked")  # how sqlite
 SQLITE_DAMAGED = ("database disk image is malformed", "file is not a database")  # SQLITE_CORRUPT, SQLITE_NOTADB
 SQLITE_HEADER = b"SQLite format 3\x00"
 """The first bytes of every SQLite database file (an empty file is none yet: a new store is made there)."""
+WAL_OFFSET, WAL_FORMAT = 18, b"\x02\x02"  # the header's file format versions of a database in WAL mode
 MLFLOW_TABLES = frozenset({"experiments", "runs"})
 """Tables that mark an SQLite database as an MLflow store, the first MLflow creates (``alembic_version``
 alone does not: Alembic's, of any application that uses it, Optuna's among them)."""
@@ -241,13 +242,14 @@ def sqlite_path(tracking_uri: str) -> Path | None:
     return Path(tracking_uri[len(SQLITE_PREFIX) :].partition("?")[0]).expanduser()
 
 
-def store_problem(tracking_uri: str, key: str = TRACKING_URI_KEY) -> str | None:
+def store_problem(tracking_uri: str, key: str = TRACKING_URI_KEY, *, writes: bool = True) -> str | None:
     """Why the store cannot be used, found in a moment (MLflow itself retries ~100 s): a database whose
     driver is missing (:func:`~axoexp.databases.database_problem`), a file store
-    (:func:`file_store_problem`), a sqlite file that cannot be written, or one that is no usable
-    MLflow store (:func:`store_damage`); ``key`` says where the URI was set. A sqlite file another
-    process holds locked raises :class:`StoreLockedError` (not a problem of the config: the same
-    command works once the lock is gone)."""
+    (:func:`file_store_problem`), a sqlite file that is no usable MLflow store (:func:`store_damage`),
+    or one that cannot be written (:func:`store_read_only`) where the caller ``writes`` (a run, a
+    sweep, sync; the report and compare only read); ``key`` says where the URI was set. A sqlite file
+    another process holds locked raises :class:`StoreLockedError` (not a problem of the config: the
+    same command works once the lock is gone)."""
     outside = database_problem(tracking_uri) or file_store_problem(tracking_uri)
     if outside:
         return f"{key}={tracking_uri}: {outside}"
@@ -262,15 +264,24 @@ def store_problem(tracking_uri: str, key: str = TRACKING_URI_KEY) -> str | None:
         return f"{key}={tracking_uri}: directory {directory} does not exist; create it or choose another path"
     if path.is_dir():
         return f"{key}={tracking_uri}: {path} is a directory, not a database file"
-    if path.exists() and not os.access(path, os.W_OK):
-        return f"{key}={tracking_uri}: {path} is not writable; choose a writable path"
-    if not _can_create_files_in(directory):  # sqlite writes its journal beside the database
-        return f"{key}={tracking_uri}: no file can be created in {directory}; choose a writable path"
+    read_only = store_read_only(path) if writes else None
+    if read_only:
+        return f"{key}={tracking_uri}: {read_only}; choose a writable path"
     try:
         damage = store_damage(path) if _holds_data(path) else None
     except StoreLockedError as error:
         raise StoreLockedError(f"{key}={tracking_uri}: {error}") from None
     return f"{key}={tracking_uri}: {damage}" if damage else None
+
+
+def store_read_only(path: Path) -> str | None:
+    """Why the sqlite file at ``path`` cannot be written (it, or the journal sqlite writes beside it):
+    permissions, a read-only mount, a pseudo file system such as /proc; ``None`` where it can."""
+    if path.exists() and not os.access(path, os.W_OK):
+        return f"{path} is not writable"
+    if not _can_create_files_in(path.parent.resolve()):
+        return f"no file can be created in {path.parent.resolve()}"
+    return None
 
 
 def file_store_problem(tracking_uri: str) -> str | None:
@@ -320,6 +331,11 @@ def store_damage(path: Path) -> str | None:
                 f"{path} is locked by another process ({error} for {STORE_LOCK_WAIT_S} s); the store is not "
                 "damaged: retry once that process is done with it"
             ) from None
+        if _in_wal_mode(path) and not _can_create_files_in(path.parent):
+            return (
+                f"{path} is in WAL mode on a read-only file system, where sqlite cannot read it without its "
+                f"{path.name}-shm file; copy it, and its {path.name}-wal file if there is one, to a writable place"
+            )
         return (
             f"{path} is a damaged SQLite database ({error}): its tables cannot be read, so whether it is an "
             "MLflow store is not known; choose another path"
@@ -380,6 +396,16 @@ def _not_sqlite(path: Path) -> str | None:
     except OSError as error:
         return f"{path} cannot be read ({error.strerror}); choose another path"
     return f"{path} is not an SQLite database, so not an MLflow store; choose another path"
+
+
+def _in_wal_mode(path: Path) -> bool:
+    """Whether the SQLite database at ``path`` is in WAL mode, by its header."""
+    try:
+        with path.open("rb") as file:
+            file.seek(WAL_OFFSET)
+            return file.read(len(WAL_FORMAT)) == WAL_FORMAT
+    except OSError:
+        return False
 
 
 def _aside(path: Path) -> str:

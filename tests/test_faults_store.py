@@ -434,6 +434,52 @@ def test_a_report_whose_disk_fills_as_it_writes_is_one_line_and_exit_1(
     )
 
 
+def test_a_read_only_store_serves_the_report_and_compare_and_a_run_and_sync_refuse_it(
+    make_config, client: MlflowClient, tmp_path: Path, mount, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A copy of a store on a read-only mount: the report and compare said it was not writable, exit 2,
+    though they only read it. compare compares; the report prints its table, writes its files and
+    says in its line that they were not logged to the parent run, exit 0. A run and sync, which write,
+    refuse it before anything runs. sqlite reads such a file as it is in MLflow's rollback-journal
+    mode; one in WAL mode it cannot read without its -shm file, which is named, not called damaged."""
+    parent = report_sweep(client, tmp_path)
+    shelf = mount("shelf", "size=8m")
+    store = Path(shutil.copyfile(tmp_path / "mlflow.db", shelf / "existing.db"))
+    wal = Path(shutil.copyfile(store, shelf / "wal.db"))
+    with closing(sqlite3.connect(wal)) as database:
+        database.execute("PRAGMA journal_mode = WAL")  # kept in the header; closing removes -wal and -shm
+    subprocess.run(["mount", "-o", "remount,ro", str(shelf)], check=True)
+    uri = f"sqlite:///{store}"
+    out = tmp_path / "out"
+    out.mkdir()
+    report_main(["--tracking-uri", uri, "--parent", parent, "--out", str(out)])
+    printed, err = capsys.readouterr()
+    assert "sweep (FINISHED" in printed and "3x12x4" in printed, printed
+    logged = f"not logged to the parent run: the store is read-only, {store} is not writable"
+    assert err == f"report: {out / 'report.png'} ({logged})\n"
+    assert (out / "report.png").stat().st_size > 0 and MlflowClient(uri).list_artifacts(parent) == []
+    with pytest.raises(SystemExit) as ended:
+        compare_main(["--tracking-uri", uri, parent, parent])
+    printed, err = capsys.readouterr()
+    assert ended.value.code == 0 and "2x12x4" in printed and err == "", err
+
+    refused = f"{uri}: {store} is not writable; choose a writable path"
+    with pytest.raises(ConfigError) as raised:
+        plan_experiment(make_config(f"tracking.uri={uri}"))
+    assert str(raised.value) == f"invalid experiment config: tracking.uri={refused}"
+    assert sync_main(["--tracking-uri", uri]) == 2
+    assert capsys.readouterr().err == f"axoexp.sync: --tracking-uri={refused}\n"
+
+    uri = f"sqlite:///{wal}"
+    with pytest.raises(SystemExit) as ended:
+        compare_main(["--tracking-uri", uri, parent, parent])
+    assert ended.value.code == 2 and capsys.readouterr().err == (
+        f"axoexp.compare: --tracking-uri={uri}: {wal} is in WAL mode on a read-only file system, where sqlite "
+        "cannot read it without its wal.db-shm file; copy it, and its wal.db-wal file if there is one, to a "
+        "writable place\n"
+    )
+
+
 # --- output folders ---------------------------------------------------------------------------------
 
 

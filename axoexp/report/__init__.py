@@ -8,7 +8,7 @@ both have 2 or more runs; an eager row shows —), and the swept settings. The t
 CSV or JSON (--format). The figure shows median latency against the swept dimension
 (p10-p90 bars; the other swept settings as panels, executors as colours) and the speedup
 over eager per executor. Both are written to the sweep's output directory and logged to the
-parent run.
+parent run, except where the store is read-only (only read, it still serves): the last line says so.
 
 Runs measured under contention, with high noise, or logged without those labels (an older store's:
 a timing whose load was not recorded cannot claim to be quiet) form rows of their own, marked in the
