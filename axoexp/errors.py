@@ -69,7 +69,8 @@ class StoreError(AxoexpError):
 
 class UnusableStoreError(StoreError):
     """A store the report and compare refuse to read, as a run refuses it: damaged, half-built, of an
-    older schema, or a file store (:func:`axoexp.tracking.store_problem` names what to do)."""
+    older schema, a file store, a file that is no MLflow store, or a database without its driver
+    (:func:`axoexp.tracking.store_problem` names what to do)."""
 
     exit_code = 2
 

@@ -1,11 +1,14 @@
 """The commands that read the store to decide (``python -m axoexp.report``, ``python -m axoexp.compare``):
 the store opened for reading, or one line saying why it cannot be, and the exit status.
 
-Exit status, as every axoexp command has it: 2 when the command refused (bad input, or a store
-that is no usable MLflow store: damaged, half-built, of an older schema, a file store), 1 when
-the store failed (another process held the sqlite file locked for 20 s, a server did not
-answer), so that the same command may work later; 130 Ctrl-C, in one line too. compare's 1 is
-its verdict, a regression: it exits 2 on every fault.
+Both only read, so a store they cannot write (a read-only mount) serves them; the report then writes
+its files but does not log them to the sweep's parent run, and says so.
+
+Exit status, as every axoexp command has it: 2 when the command refused (bad input, or a store that
+is no usable MLflow store: damaged, half-built, of an older schema, a file store, another
+application's database, a database without its driver), 1 when the store failed (another process
+held the sqlite file locked for 20 s, a server did not answer), so that the same command may work
+later; 130 Ctrl-C, in one line too. compare's 1 is its verdict, a regression: it exits 2 on every fault.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from axoexp.tracking import (
     sqlite_damaged,
     sqlite_path,
     store_problem,
+    store_read_only,
     tracking_uri_key,
 )
 
@@ -45,26 +49,31 @@ def add_store_option(parser: argparse.ArgumentParser) -> None:
 
 class StoreReader:
     """What :func:`reading` hands its command to open the store with; it keeps the store's URI, so
-    that damage found only while reading is named with the command that moves it aside."""
+    that damage found only while reading is named with the command that moves it aside, and why
+    that store cannot be written, if it cannot (:func:`~axoexp.tracking.store_read_only`)."""
 
     def __init__(self) -> None:
         self.uri: str | None = None
+        self.read_only: str | None = None
 
     def open(self, tracking_uri: str | None, none_yet: str) -> MlflowClient:
         """A client of the store ``tracking_uri`` names (else ``$MLFLOW_TRACKING_URI``, else
         ``sqlite:///mlflow.db``) that has been checked for reading: :class:`NoSweepError` where its
         sqlite file does not exist (``none_yet`` says what to do), :class:`UnusableStoreError` naming
-        what is wrong with it (:func:`~axoexp.tracking.store_problem`), or
+        what is wrong with it for reading (:func:`~axoexp.tracking.store_problem`), or
         :class:`~axoexp.errors.StoreLockedError` where another process holds it locked; either line
-        begins with where the URI was set (``--tracking-uri=...`` or ``$MLFLOW_TRACKING_URI=...``)."""
+        begins with where the URI was set (``--tracking-uri=...`` or ``$MLFLOW_TRACKING_URI=...``).
+        A store that cannot be written is read as it is (sqlite reads a file on a read-only mount)."""
         uri = resolve_tracking_uri(tracking_uri)
         path = sqlite_path(uri)
-        if path is not None and str(path) != ":memory:" and not path.is_file():
+        database = path if path is not None and str(path) != ":memory:" else None
+        if database is not None and not database.is_file():
             raise NoSweepError(f"no MLflow store at {uri}; {none_yet}")
-        problem = store_problem(uri, tracking_uri_key(tracking_uri, TRACKING_URI_OPTION))
+        problem = store_problem(uri, tracking_uri_key(tracking_uri, TRACKING_URI_OPTION), writes=False)
         if problem:
             raise UnusableStoreError(problem)
         self.uri = uri
+        self.read_only = store_read_only(database) if database is not None else None
         return MlflowClient(tracking_uri=uri)
 
 

@@ -19,8 +19,9 @@ with the reason, from its journal if it has one.
 
 Exit status: 0 done; 2 a path that does not exist, a journal that cannot be read or a file that
 is no journal (the others are synced) or a store that is no usable MLflow store (damaged,
-half-built, an older schema, a file store); 1 a store that was locked by another process for 20 s
-or did not answer (the same command completes the rest later); 130 Ctrl-C.
+half-built, an older schema, a file store, a file that is no MLflow store, a database without its
+driver, one that cannot be written); 1 a store that was locked by another process for 20 s or did
+not answer (the same command completes the rest later); 130 Ctrl-C.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from mlflow.utils.uri import get_uri_scheme
 from omegaconf import DictConfig
 
 from axoexp import names
+from axoexp.databases import database_problem
 from axoexp.errors import StoreError, StoreLockedError
 
 _REVISION = re.compile(r"""^revision\s*=\s*["']([0-9A-Za-z_]+)["']\s*$""", re.MULTILINE)
@@ -53,6 +55,13 @@ MAX_BATCH = 1000  # MLflow's limit on metrics per log_batch call
 MAX_PARAM_LENGTH = 500
 SQLITE_LOCKED = ("database is locked", "database table is locked")  # how sqlite says SQLITE_BUSY, SQLITE_LOCKED
 SQLITE_DAMAGED = ("database disk image is malformed", "file is not a database")  # SQLITE_CORRUPT, SQLITE_NOTADB
+SQLITE_HEADER = b"SQLite format 3\x00"
+"""The first bytes of every SQLite database file (an empty file is none yet: a new store is made there)."""
+WAL_OFFSET, WAL_FORMAT = 18, b"\x02\x02"  # the header's file format versions of a database in WAL mode
+MLFLOW_TABLES = frozenset({"experiments", "runs"})
+"""Tables that mark an SQLite database as an MLflow store, the first MLflow creates (``alembic_version``
+alone does not: Alembic's, of any application that uses it, Optuna's among them)."""
+MAX_TABLES_NAMED = 6  # of another application's database, in the line that refuses it
 STORE_LOCK_WAIT_S = 20
 """Seconds a check waits for a sqlite store another process holds locked (MLflow's own busy timeout)."""
 UNREACHABLE = (MlflowException, requests.exceptions.RequestException, OSError)
@@ -233,14 +242,17 @@ def sqlite_path(tracking_uri: str) -> Path | None:
     return Path(tracking_uri[len(SQLITE_PREFIX) :].partition("?")[0]).expanduser()
 
 
-def store_problem(tracking_uri: str, key: str = TRACKING_URI_KEY) -> str | None:
-    """Why the store cannot be used, found in a moment (MLflow itself retries ~100 s): a file store
-    (:func:`file_store_problem`), or a sqlite file that cannot be written; ``key`` says where the URI
-    was set. A sqlite file another process holds locked raises :class:`StoreLockedError` (not a
-    problem of the config: the same command works once the lock is gone)."""
-    file_store = file_store_problem(tracking_uri)
-    if file_store:
-        return f"{key}={tracking_uri}: {file_store}"
+def store_problem(tracking_uri: str, key: str = TRACKING_URI_KEY, *, writes: bool = True) -> str | None:
+    """Why the store cannot be used, found in a moment (MLflow itself retries ~100 s): a database whose
+    driver is missing (:func:`~axoexp.databases.database_problem`), a file store
+    (:func:`file_store_problem`), a sqlite file that is no usable MLflow store (:func:`store_damage`),
+    or one that cannot be written (:func:`store_read_only`) where the caller ``writes`` (a run, a
+    sweep, sync; the report and compare only read); ``key`` says where the URI was set. A sqlite file
+    another process holds locked raises :class:`StoreLockedError` (not a problem of the config: the
+    same command works once the lock is gone)."""
+    outside = database_problem(tracking_uri) or file_store_problem(tracking_uri)
+    if outside:
+        return f"{key}={tracking_uri}: {outside}"
     path = sqlite_path(tracking_uri)
     if path is None or str(path) == ":memory:":
         return None
@@ -252,15 +264,24 @@ def store_problem(tracking_uri: str, key: str = TRACKING_URI_KEY) -> str | None:
         return f"{key}={tracking_uri}: directory {directory} does not exist; create it or choose another path"
     if path.is_dir():
         return f"{key}={tracking_uri}: {path} is a directory, not a database file"
-    if path.exists() and not os.access(path, os.W_OK):
-        return f"{key}={tracking_uri}: {path} is not writable; choose a writable path"
-    if not _can_create_files_in(directory):  # sqlite writes its journal beside the database
-        return f"{key}={tracking_uri}: no file can be created in {directory}; choose a writable path"
+    read_only = store_read_only(path) if writes else None
+    if read_only:
+        return f"{key}={tracking_uri}: {read_only}; choose a writable path"
     try:
         damage = store_damage(path) if _holds_data(path) else None
     except StoreLockedError as error:
         raise StoreLockedError(f"{key}={tracking_uri}: {error}") from None
     return f"{key}={tracking_uri}: {damage}" if damage else None
+
+
+def store_read_only(path: Path) -> str | None:
+    """Why the sqlite file at ``path`` cannot be written (it, or the journal sqlite writes beside it):
+    permissions, a read-only mount, a pseudo file system such as /proc; ``None`` where it can."""
+    if path.exists() and not os.access(path, os.W_OK):
+        return f"{path} is not writable"
+    if not _can_create_files_in(path.parent.resolve()):
+        return f"no file can be created in {path.parent.resolve()}"
+    return None
 
 
 def file_store_problem(tracking_uri: str) -> str | None:
@@ -288,16 +309,20 @@ def _holds_data(path: Path) -> bool:
 
 
 def store_damage(path: Path) -> str | None:
-    """Why the sqlite file at ``path`` is not a usable MLflow store, with the command that
-    repairs it or moves it aside; ``None`` when it is one. Reads only its schema (milliseconds);
-    raises :class:`StoreLockedError` where another process holds it locked for
-    :data:`STORE_LOCK_WAIT_S`."""
+    """Why the sqlite file at ``path`` is not a usable MLflow store, and what to do: a file of another
+    kind or another application's database is named as such (choose another path), and only an MLflow
+    store, damaged, half-built or of an older schema, gets the command that moves it aside or upgrades
+    it; ``None`` when it is a usable one. Reads its header and schema (milliseconds); raises
+    :class:`StoreLockedError` where another process holds it locked for :data:`STORE_LOCK_WAIT_S`."""
+    foreign = _not_sqlite(path)
+    if foreign:
+        return foreign
     try:
         with closing(sqlite3.connect(path, timeout=STORE_LOCK_WAIT_S)) as database:
             tables = {row[0] for row in database.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             version = None
-            if "alembic_version" in tables:
-                row = database.execute("SELECT version_num FROM alembic_version").fetchone()
+            if "alembic_version" in tables:  # Alembic's own table, of any application that migrates with it
+                row = database.execute("SELECT * FROM alembic_version").fetchone()
                 version = row[0] if row else None
             runs = database.execute("SELECT count(*) FROM runs").fetchone()[0] if "runs" in tables else 0
     except sqlite3.DatabaseError as error:
@@ -306,7 +331,22 @@ def store_damage(path: Path) -> str | None:
                 f"{path} is locked by another process ({error} for {STORE_LOCK_WAIT_S} s); the store is not "
                 "damaged: retry once that process is done with it"
             ) from None
-        return damaged_store(path, str(error))
+        if _in_wal_mode(path) and not _can_create_files_in(path.parent):
+            return (
+                f"{path} is in WAL mode on a read-only file system, where sqlite cannot read it without its "
+                f"{path.name}-shm file; copy it, and its {path.name}-wal file if there is one, to a writable place"
+            )
+        return (
+            f"{path} is a damaged SQLite database ({error}): its tables cannot be read, so whether it is an "
+            "MLflow store is not known; choose another path"
+        )
+    if not tables & MLFLOW_TABLES and version not in _migrations()[0]:  # no revision of MLflow's
+        named = sorted(tables)[:MAX_TABLES_NAMED]
+        more = f", ... ({len(tables)} in all)" if len(tables) > len(named) else ""
+        return (
+            f"{path} is an SQLite database of another application (tables: {', '.join(named) or 'none'}{more}), "
+            "not an MLflow store; choose another path"
+        )
     head = latest_schema_revision()
     leftovers = [table for table in tables if table.startswith("_alembic_tmp_")]
     # an empty store not at the newest schema is taken for a half-built one (an upgrade could fail on it)
@@ -339,9 +379,33 @@ def run_or_none(client: MlflowClient, run_id: str) -> Run | None:
 
 
 def damaged_store(path: Path, reason: str) -> str:
-    """The line naming the sqlite file at ``path`` as damaged (``reason``: sqlite's words), with the
-    command that moves it aside."""
-    return f"{path} is damaged, not a readable MLflow store ({reason}); move it aside: {_aside(path)}"
+    """The line naming the MLflow store at ``path`` as damaged (``reason``: sqlite's words), found while
+    reading it past the schema :func:`store_damage` checked, with the command that moves it aside; a
+    file that is no SQLite database (by now) is named as such, without it."""
+    return (
+        _not_sqlite(path) or f"{path} is damaged, not a readable MLflow store ({reason}); move it aside: {_aside(path)}"
+    )
+
+
+def _not_sqlite(path: Path) -> str | None:
+    """Why the file at ``path`` is no SQLite database (its header) or cannot be read; ``None`` for one."""
+    try:
+        with path.open("rb") as file:
+            if file.read(len(SQLITE_HEADER)) == SQLITE_HEADER:
+                return None
+    except OSError as error:
+        return f"{path} cannot be read ({error.strerror}); choose another path"
+    return f"{path} is not an SQLite database, so not an MLflow store; choose another path"
+
+
+def _in_wal_mode(path: Path) -> bool:
+    """Whether the SQLite database at ``path`` is in WAL mode, by its header."""
+    try:
+        with path.open("rb") as file:
+            file.seek(WAL_OFFSET)
+            return file.read(len(WAL_FORMAT)) == WAL_FORMAT
+    except OSError:
+        return False
 
 
 def _aside(path: Path) -> str:
@@ -382,25 +446,33 @@ def sqlite_busy(error: BaseException) -> bool:
     return any(phrase in text for phrase in SQLITE_LOCKED) or "busy" in text
 
 
+@cache
+def _migrations() -> tuple[dict[str, str], bool]:
+    """MLflow's store schemas as its migration scripts name them: each revision with the one it
+    upgrades (``"None"`` for the first), and whether every script is one plain migration."""
+    upgrades: dict[str, str] = {}
+    plain = True
+    for script in (Path(mlflow.__file__).parent / "store" / "db_migrations" / "versions").glob("[!_]*.py"):
+        text = script.read_text()
+        revision = _REVISION.search(text)
+        parent = _DOWN_REVISION.search(text)
+        if revision is None or parent is None:
+            plain = False
+        else:
+            upgrades[revision[1]] = parent[1] or parent[2]
+    return upgrades, plain
+
+
 def latest_schema_revision() -> str:
     """The newest store schema this MLflow knows: the one migration no other names as its
     ``down_revision``, read from MLflow's migration scripts (milliseconds). Alembic's own reading
     (``mlflow.store.db.utils._get_latest_schema_revision``) imports SQLAlchemy and Alembic, about
     half a second that planning's main thread would spend before the store's thread imports them
     anyway; it answers where the scripts are not one plain chain (a merge, a branch)."""
-    revisions: set[str] = set()
-    parents: set[str] = set()
-    for script in (Path(mlflow.__file__).parent / "store" / "db_migrations" / "versions").glob("[!_]*.py"):
-        text = script.read_text()
-        revision = _REVISION.search(text)
-        parent = _DOWN_REVISION.search(text)
-        if revision is None or parent is None:
-            revisions.clear()  # not a plain migration script
-            break
-        revisions.add(revision[1])
-        parents.add(parent[1] or parent[2])
-    heads = revisions - parents
-    if len(heads) == 1 and len(parents - {"None"}) == len(revisions) - 1:
+    upgrades, plain = _migrations()
+    parents = set(upgrades.values())
+    heads = set(upgrades) - parents
+    if plain and len(heads) == 1 and len(parents - {"None"}) == len(upgrades) - 1:
         return heads.pop()
     from mlflow.store.db.utils import _get_latest_schema_revision
 

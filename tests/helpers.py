@@ -3,6 +3,7 @@ in a fresh process, a plugin's text, free ports, a real MLflow server and leftov
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import socket
@@ -29,6 +30,20 @@ LENGTH_PLUGINS = Path(__file__).resolve().parent / "length_plugins"  # a CPU exe
 RAY_PORT_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # Ray then keeps every address on 127.0.0.1
 TRACEBACK = "Traceback (most recent call last)"  # what no user-facing line may hold
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+DRIVERLESS = next(
+    (
+        (f"{scheme}://u:p@127.0.0.1:1/db", module)
+        for scheme, module in (
+            ("mssql+pyodbc", "pyodbc"),
+            ("mysql+pymysql", "pymysql"),
+            ("postgresql+pg8000", "pg8000"),
+        )
+        if importlib.util.find_spec(module) is None
+    ),
+    None,
+)
+"""A database store's URI whose Python driver is not installed here, and that driver's module (pip's name
+too); ``None`` where all three are (a test then skips)."""
 
 
 def _cli_env(env: dict[str, str] | None) -> dict[str, str]:

@@ -13,12 +13,15 @@ import random
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import helpers
+import optuna
 import pytest
 import torch
 from helpers import TRACEBACK, fill, held_locked, run_cli
@@ -107,12 +110,60 @@ def test_a_half_built_store_is_named_with_the_command_that_moves_it_aside(make_c
     assert store_problem(uri) is None and store.stat().st_size > 0
 
 
-def test_a_store_that_is_not_a_database_is_named_in_one_line(tmp_path: Path) -> None:
-    store = tmp_path / "mlflow.db"
-    store.write_bytes(b"\x13" * 8192)
-    problem = store_problem(f"sqlite:///{store}")
-    assert problem is not None and "is damaged, not a readable MLflow store (file is not a database)" in problem
-    assert f"mv {store} {store}.broken" in problem and "\n" not in problem
+def optuna_study(path: Path) -> Path:
+    """An Optuna study's SQLite database at ``path``, as the README's search makes one (Alembic's
+    ``alembic_version`` among its tables)."""
+    optuna.create_study(storage=f"sqlite:///{path}", study_name="search")
+    return path
+
+
+def test_only_an_mlflow_store_is_named_with_the_command_that_moves_it_aside(tmp_path: Path) -> None:
+    """A file that is no SQLite database (a text file, /etc/passwd as tracking.uri), another
+    application's database (an Optuna study) and one too damaged to read its tables were all called
+    a damaged or half-built MLflow store, with advice to move them aside (as root, mv /etc/passwd).
+    Each is now named for what it is, without a mv, and left as it was; an empty file is where a
+    new store is made, and a half-built MLflow store, its alembic_version the only sign, still gets
+    the mv."""
+    text = tmp_path / "README.md"
+    shutil.copyfile(helpers.REPO / "README.md", text)
+    (tmp_path / "short.db").write_bytes(b"SQLite")
+    tableless = tmp_path / "tableless.db"
+    with closing(sqlite3.connect(tableless)) as database:
+        database.execute("PRAGMA user_version = 3")  # written to the header: a database of no tables
+    damaged = Path(shutil.copy(optuna_study(tmp_path / "made.db"), tmp_path / "damaged.db"))
+    with damaged.open("r+b") as file:
+        file.seek(100)  # past the 100-byte header: the schema's first page
+        file.write(b"\xff" * 1000)
+    study = optuna_study(tmp_path / "optuna.db")
+    not_sqlite = "is not an SQLite database, so not an MLflow store; choose another path"
+    expected = {
+        text: not_sqlite,
+        tmp_path / "short.db": not_sqlite,
+        tableless: "is an SQLite database of another application (tables: none), not an MLflow store; "
+        "choose another path",
+        damaged: "is a damaged SQLite database (database disk image is malformed): its tables cannot be read, so "
+        "whether it is an MLflow store is not known; choose another path",
+        study: "is an SQLite database of another application (tables: alembic_version, studies, study_directions, "
+        "study_system_attributes, study_user_attributes, trial_heartbeats, ... (13 in all)), not an MLflow store; "
+        "choose another path",
+    }
+    for path, line in expected.items():
+        before = path.read_bytes()
+        uri = f"sqlite:///{path}"
+        assert store_problem(uri) == f"tracking.uri={uri}: {path} {line}"
+        assert path.read_bytes() == before, "the file was changed"
+    assert optuna.load_study(study_name="search", storage=f"sqlite:///{study}").trials == []
+
+    (tmp_path / "empty.db").touch()
+    assert store_problem(f"sqlite:///{tmp_path / 'empty.db'}") is None  # open_client makes a new store there
+    stamped = tmp_path / "stamped.db"
+    with closing(sqlite3.connect(stamped)) as database:  # a creation cut off after Alembic's first stamp
+        database.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)")
+        database.execute("INSERT INTO alembic_version VALUES (?)", (tracking.latest_schema_revision(),))
+        database.commit()
+    problem = store_problem(f"sqlite:///{stamped}")
+    assert problem is not None and "is a half-built MLflow store" in problem, problem
+    assert problem.endswith(f"mv {stamped} {stamped}.broken"), problem
 
 
 def test_a_store_another_process_holds_locked_is_called_locked_not_damaged(
@@ -206,29 +257,41 @@ def test_signals_during_store_creation_never_leave_a_half_built_store(tmp_path: 
 
 
 @pytest.mark.slow
-def test_a_corrupted_store_is_one_line_and_exit_2_in_a_run_a_sweep_the_report_compare_and_sync(
+def test_a_file_that_is_no_mlflow_store_is_one_line_without_a_mv_and_exit_2_in_every_command(
     tmp_path: Path, empty_store: Path
 ) -> None:
-    store = tmp_path / "mlflow.db"
-    shutil.copyfile(empty_store, store)
+    """An MLflow store whose header and first pages were overwritten is no SQLite database any more,
+    and an Optuna study's database is another application's: a run, a sweep, the report, compare and
+    sync each say so in the same line, exit 2, where they said damaged or half-built and gave the mv
+    that moves the file aside (the study's would have been lost to its search)."""
+    corrupted, other = tmp_path / "corrupted", tmp_path / "other"
+    corrupted.mkdir()
+    other.mkdir()
+    store = Path(shutil.copyfile(empty_store, corrupted / "mlflow.db"))
     with store.open("r+b") as stream:
         stream.write(b"\x13" * 8192)  # the header and the first pages
-    expected = (
-        f"mlflow.db is damaged, not a readable MLflow store (file is not a database); move it aside: mv {store.name}"
-    )
-    refused = {  # each refused before it writes anything, so all start together; what each exits with
-        ("axoexp", "run.measured_updates=1"): 2,
-        ("axoexp", "-m", "run.measured_updates=1", "population.neurons=2"): 2,  # every job refused: no run
-        ("axoexp.report",): 2,
-        ("axoexp.compare", "--latest", "2"): 2,
-        ("axoexp.sync",): 2,
+    optuna_study(other / "mlflow.db")
+    expected = {
+        corrupted: "mlflow.db is not an SQLite database, so not an MLflow store; choose another path",
+        other: "mlflow.db is an SQLite database of another application (tables: alembic_version, studies, ",
     }
-    started = {command: helpers.start_cli(*command[1:], cwd=tmp_path, module=command[0]) for command in refused}
-    for command, process in started.items():
+    refused = (  # each refused before it writes anything, so all start together
+        ("axoexp", "run.measured_updates=1"),
+        ("axoexp", "-m", "run.measured_updates=1", "population.neurons=2"),  # every job refused: no run
+        ("axoexp.report",),
+        ("axoexp.compare", "--latest", "2"),
+        ("axoexp.sync",),
+    )
+    started = {
+        (folder, command): helpers.start_cli(*command[1:], cwd=folder, module=command[0])
+        for folder in expected
+        for command in refused
+    }
+    for (folder, command), process in started.items():
         stdout, stderr = process.communicate(timeout=300)
-        assert process.returncode == refused[command], (command, stderr)
-        assert TRACEBACK not in stdout
-        assert_one_line(stderr, expected)
+        assert process.returncode == 2, (command, stderr)
+        assert TRACEBACK not in stdout and "mv " not in stderr, (command, stderr)
+        assert_one_line(stderr, expected[folder])
 
 
 @pytest.mark.slow
@@ -368,6 +431,52 @@ def test_a_report_whose_disk_fills_as_it_writes_is_one_line_and_exit_1(
     assert ended.value.code == 1 and "executor" in printed, printed
     assert err == (
         f"axoexp.report: could not write {small / 'report.png'}: No space left on device; --out chooses another place\n"
+    )
+
+
+def test_a_read_only_store_serves_the_report_and_compare_and_a_run_and_sync_refuse_it(
+    make_config, client: MlflowClient, tmp_path: Path, mount, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A copy of a store on a read-only mount: the report and compare said it was not writable, exit 2,
+    though they only read it. compare compares; the report prints its table, writes its files and
+    says in its line that they were not logged to the parent run, exit 0. A run and sync, which write,
+    refuse it before anything runs. sqlite reads such a file as it is in MLflow's rollback-journal
+    mode; one in WAL mode it cannot read without its -shm file, which is named, not called damaged."""
+    parent = report_sweep(client, tmp_path)
+    shelf = mount("shelf", "size=8m")
+    store = Path(shutil.copyfile(tmp_path / "mlflow.db", shelf / "existing.db"))
+    wal = Path(shutil.copyfile(store, shelf / "wal.db"))
+    with closing(sqlite3.connect(wal)) as database:
+        database.execute("PRAGMA journal_mode = WAL")  # kept in the header; closing removes -wal and -shm
+    subprocess.run(["mount", "-o", "remount,ro", str(shelf)], check=True)
+    uri = f"sqlite:///{store}"
+    out = tmp_path / "out"
+    out.mkdir()
+    report_main(["--tracking-uri", uri, "--parent", parent, "--out", str(out)])
+    printed, err = capsys.readouterr()
+    assert "sweep (FINISHED" in printed and "3x12x4" in printed, printed
+    logged = f"not logged to the parent run: the store is read-only, {store} is not writable"
+    assert err == f"report: {out / 'report.png'} ({logged})\n"
+    assert (out / "report.png").stat().st_size > 0 and MlflowClient(uri).list_artifacts(parent) == []
+    with pytest.raises(SystemExit) as ended:
+        compare_main(["--tracking-uri", uri, parent, parent])
+    printed, err = capsys.readouterr()
+    assert ended.value.code == 0 and "2x12x4" in printed and err == "", err
+
+    refused = f"{uri}: {store} is not writable; choose a writable path"
+    with pytest.raises(ConfigError) as raised:
+        plan_experiment(make_config(f"tracking.uri={uri}"))
+    assert str(raised.value) == f"invalid experiment config: tracking.uri={refused}"
+    assert sync_main(["--tracking-uri", uri]) == 2
+    assert capsys.readouterr().err == f"axoexp.sync: --tracking-uri={refused}\n"
+
+    uri = f"sqlite:///{wal}"
+    with pytest.raises(SystemExit) as ended:
+        compare_main(["--tracking-uri", uri, parent, parent])
+    assert ended.value.code == 2 and capsys.readouterr().err == (
+        f"axoexp.compare: --tracking-uri={uri}: {wal} is in WAL mode on a read-only file system, where sqlite "
+        "cannot read it without its wal.db-shm file; copy it, and its wal.db-wal file if there is one, to a "
+        "writable place\n"
     )
 
 

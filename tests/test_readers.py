@@ -13,7 +13,7 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
-from helpers import TRACEBACK, free_port, interrupted, start_cli, start_python, wait_for
+from helpers import DRIVERLESS, TRACEBACK, free_port, interrupted, start_cli, start_python, wait_for
 from mlflow.tracking import MlflowClient
 
 from axoexp import names
@@ -29,29 +29,34 @@ COMMANDS = {"axoexp.report": (report_main, []), "axoexp.compare": (compare_main,
 def test_a_store_that_cannot_be_read_is_one_line(
     command: str, unanswered: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A damaged database and a file store are refused (exit 2), naming the option that set the URI
-    (it said tracking.uri=, a run's key), or $MLFLOW_TRACKING_URI; a dead server answers nothing after
-    the retries bounded as tracking.* bounds a run's (exit 1, compare's 2)."""
+    """A file that is no database (no mv offered for it), a file store and a database whose driver is
+    not installed are refused (exit 2), naming the option that set the URI (it said tracking.uri=, a
+    run's key), or $MLFLOW_TRACKING_URI; a dead server answers nothing after the retries bounded as
+    tracking.* bounds a run's (exit 1, compare's 2)."""
     for variable in (names.HTTP_MAX_RETRIES_ENV, names.HTTP_TIMEOUT_ENV, names.HTTP_BACKOFF_FACTOR_ENV):
         monkeypatch.delenv(variable, raising=False)
     (tmp_path / "mlflow.db").write_text("garbage\n")
-    damaged = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    why = f"{tmp_path / 'mlflow.db'} is damaged, not a readable MLflow store (file is not a database); move it aside: "
+    garbage = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    why = f"{tmp_path / 'mlflow.db'} is not an SQLite database, so not an MLflow store; choose another path\n"
     main, args = COMMANDS[command]
-    for uri, status, line in (
-        (damaged, 2, f"--tracking-uri={damaged}: {why}"),
+    refused = [
+        (garbage, 2, f"--tracking-uri={garbage}: {why}"),
         (str(tmp_path / "mlruns"), 2, f"--tracking-uri={tmp_path / 'mlruns'}: a file store, which MLflow"),
         (f"http://127.0.0.1:{free_port()}", unanswered, "the MLflow store could not be read: MlflowException: API"),
-    ):
+    ]
+    if DRIVERLESS is not None:  # a traceback of SQLAlchemy's ModuleNotFoundError
+        uri, module = DRIVERLESS
+        refused.append((uri, 2, f"--tracking-uri={uri}: {uri.partition('://')[0]}:// needs the Python driver {module}"))
+    for uri, status, line in refused:
         with pytest.raises(SystemExit) as ended:
             main(["--tracking-uri", uri, *args])
         err = capsys.readouterr().err
         assert ended.value.code == status and err.startswith(f"{command}: {line}") and err.count("\n") == 1, err
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", damaged)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", garbage)
     with pytest.raises(SystemExit) as ended:
         main(args)
     err = capsys.readouterr().err
-    assert ended.value.code == 2 and err.startswith(f"{command}: $MLFLOW_TRACKING_URI={damaged}: {why}"), err
+    assert ended.value.code == 2 and err.startswith(f"{command}: $MLFLOW_TRACKING_URI={garbage}: {why}"), err
     assert os.environ[names.HTTP_MAX_RETRIES_ENV] == "2" and os.environ[names.HTTP_TIMEOUT_ENV] == "10"
 
 

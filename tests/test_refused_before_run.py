@@ -4,6 +4,7 @@ and a population whose batches are empty are found while planning, before any ML
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import re
 from collections.abc import Callable
@@ -13,7 +14,7 @@ import mlflow
 import pytest
 import torch
 from axosim.checkpoint import save_checkpoint
-from helpers import run_clis
+from helpers import DRIVERLESS, run_clis
 from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE, MLFLOW_TRACKING_URI
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
@@ -23,9 +24,11 @@ from axoexp.config import register_configs, unchosen_group
 from axoexp.errors import ConfigError, IncompatibleComponentsError
 from axoexp.experiment import run_experiment
 from axoexp.interfaces import LossFn, PopulationSetup
+from axoexp.journal import JOURNAL_FILE
 from axoexp.plan import plan_experiment, update_problems
 from axoexp.registry import Registry
-from axoexp.tracking import store_problem
+from axoexp.sync import main as sync_main
+from axoexp.tracking import file_store_problem, store_problem
 
 
 def _no_runs(client: MlflowClient) -> bool:
@@ -161,7 +164,42 @@ def test_a_file_store_from_the_environment_is_named_by_its_variable(
     monkeypatch.setenv(MLFLOW_TRACKING_URI.name, "mlruns")
     with pytest.raises(ConfigError, match=r"^invalid experiment config: \$MLFLOW_TRACKING_URI=mlruns: a file store"):
         plan_experiment(make_config("tracking.uri=null"))
-    assert store_problem("http://127.0.0.1:5000") is None and store_problem("postgresql://user@host/db") is None
+    assert (
+        file_store_problem("http://127.0.0.1:5000") is None and file_store_problem("postgresql://user@host/db") is None
+    )
+
+
+@pytest.mark.skipif(DRIVERLESS is None, reason="pyodbc, pymysql and pg8000 are all installed")
+def test_a_database_store_without_its_driver_is_refused_while_planning(
+    make_config: Callable, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A database URI whose driver is not installed ran, left an empty journal and ended in a traceback
+    (ModuleNotFoundError from SQLAlchemy), exit 1; it is refused while planning, naming the driver,
+    as is a driver or a database neither SQLAlchemy nor MLflow knows. An installed driver passes."""
+    assert DRIVERLESS is not None
+    uri, module = DRIVERLESS
+    scheme = uri.partition("://")[0]
+    line = (
+        f"{uri}: {scheme}:// needs the Python driver {module}, which is not installed; install it "
+        f"(pip install {module}) or name an installed one ({scheme.split('+')[0]}+DRIVER://)"
+    )
+    with pytest.raises(ConfigError) as refused:
+        plan_experiment(make_config(f"tracking.uri={uri}"))
+    assert str(refused.value) == f"invalid experiment config: tracking.uri={line}"
+    assert sync_main(["--tracking-uri", uri]) == 2
+    assert capsys.readouterr().err == f"axoexp.sync: --tracking-uri={line}\n"
+    assert store_problem("postgresql+nodriver://h/db") == (
+        "tracking.uri=postgresql+nodriver://h/db: SQLAlchemy cannot use it (Can't load plugin: "
+        "sqlalchemy.dialects:postgresql.nodriver)"
+    )
+    assert store_problem("postgresqlx://h/db") == (
+        "tracking.uri=postgresqlx://h/db: Invalid database engine: 'postgresqlx'. Supported database engines are "
+        "postgresql, mysql, sqlite, mssql"
+    )
+    installed = [name for name in ("psycopg", "psycopg2", "pymysql", "pg8000") if importlib.util.find_spec(name)]
+    for name in installed:  # postgresql+psycopg2 where .[dev] is installed (the cluster recipe's)
+        dialect = "mysql" if name == "pymysql" else "postgresql"
+        assert store_problem(f"{dialect}+{name}://u:p@127.0.0.1:1/db") is None
 
 
 def test_a_store_path_through_a_file_names_that_file(tmp_path: Path) -> None:
@@ -385,14 +423,22 @@ def test_empty_batches_are_refused_while_planning_naming_the_population_and_the_
         plan.build_population()
 
 
-@pytest.mark.slow  # three commands, each a process
-def test_bad_loss_values_and_a_file_store_exit_2_in_one_line_before_any_run(tmp_path: Path) -> None:
+@pytest.mark.slow  # four commands, each a process
+def test_bad_loss_values_a_file_store_and_a_driverless_database_exit_2_in_one_line_before_any_run(
+    tmp_path: Path,
+) -> None:
     commands = {
         ("loss.warmup_steps=abc",): "axoexp: loss.warmup_steps=abc: Value 'abc' of type 'str' could not be "
         "converted to Integer",
         ("loss=huber", "loss.delta=-1"): "axoexp: invalid experiment config: loss.delta=-1.0: must be greater than 0",
         ("tracking.uri=afile/mlruns",): "axoexp: invalid experiment config: tracking.uri=afile/mlruns: a file store,",
     }
+    if DRIVERLESS is not None:  # it began a journal, then ended in a traceback
+        uri, module = DRIVERLESS
+        commands[(f"tracking.uri={uri}",)] = (
+            f"axoexp: invalid experiment config: tracking.uri={uri}: {uri.partition('://')[0]}:// needs the Python "
+            f"driver {module}, which is not installed"
+        )
     folders = [tmp_path / str(index) for index in range(len(commands))]
     for folder in folders:
         folder.mkdir()
@@ -402,6 +448,7 @@ def test_bad_loss_values_and_a_file_store_exit_2_in_one_line_before_any_run(tmp_
         assert (result.returncode, result.stdout) == (2, ""), (arguments, result.stderr)
         assert result.stderr.startswith(expected) and result.stderr.count("\n") == 1, (arguments, result.stderr)
         assert [path.name for path in folder.iterdir()] in ([], ["outputs"]), "a store or a run was made"
+        assert not list(folder.rglob(JOURNAL_FILE)), (arguments, "a journal was begun")
 
 
 def test_keys_a_plus_override_added_are_refused_naming_the_valid_keys(make_config: Callable) -> None:

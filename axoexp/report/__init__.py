@@ -8,7 +8,7 @@ both have 2 or more runs; an eager row shows —), and the swept settings. The t
 CSV or JSON (--format). The figure shows median latency against the swept dimension
 (p10-p90 bars; the other swept settings as panels, executors as colours) and the speedup
 over eager per executor. Both are written to the sweep's output directory and logged to the
-parent run.
+parent run, except where the store is read-only (only read, it still serves): the last line says so.
 
 Runs measured under contention, with high noise, or logged without those labels (an older store's:
 a timing whose load was not recorded cannot claim to be quiet) form rows of their own, marked in the
@@ -28,9 +28,9 @@ front) and __main__.py (the command). None imports torch or the executors.
 Exit status (axoexp.readers): 0 done; 2 with one line on bad input (no sweep, an unknown --parent,
 an --out where no file can be written, checked before the store is read, or a sweep's output
 directory where none can, checked before anything is printed) or a store that is no usable MLflow
-store (damaged, half-built, an older schema, a file store); 1 with one line where the store failed
-(locked by another process for 20 s, a server that does not answer) or a file could not be written
-after the table was printed (a full disk): the same command may work later; 130 with one line on
-Ctrl-C.
+store (damaged, half-built, an older schema, a file store, another application's file, a database
+without its driver); 1 with one line where the store failed (locked by another process for 20 s, a
+server that does not answer) or a file could not be written after the table was printed (a full
+disk): the same command may work later; 130 with one line on Ctrl-C.
 A reader that stops early (| head) is no fault: the files are still written, exit 0.
 """

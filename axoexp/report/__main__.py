@@ -175,9 +175,13 @@ def run_report(store: StoreReader, argv: list[str] | None = None) -> None:
         written.append(figure.with_name(PARETO_FIGURE))
         with local_file(written[-1]):
             plot_front(trials, front, objectives, title(parent, runs), written[-1])
-    for path in written:
-        client.log_artifact(parent.info.run_id, str(path))
-    print(f"report: {', '.join(map(str, written))} (also logged to the parent run)", file=sys.stderr)
+    if store.read_only:
+        logged = f"not logged to the parent run: the store is read-only, {store.read_only}"
+    else:
+        for path in written:
+            client.log_artifact(parent.info.run_id, str(path))
+        logged = "also logged to the parent run"
+    print(f"report: {', '.join(map(str, written))} ({logged})", file=sys.stderr)
 
 
 @contextmanager
