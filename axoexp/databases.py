@@ -4,6 +4,7 @@ the one SQLAlchemy names, its default for a bare scheme; whether it is installed
 from __future__ import annotations
 
 import importlib.util
+import socket
 
 from mlflow.exceptions import MlflowException
 from mlflow.store.db.db_types import DATABASE_ENGINES, SQLITE
@@ -18,6 +19,8 @@ DRIVER_PACKAGES = {
     "mysqlconnector": "mysql-connector-python",
 }
 """What pip installs each driver from, where that is not its module's name."""
+DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
+"""Where each database listens when its URI names no port."""
 
 
 def database_problem(uri: str) -> str | None:
@@ -51,3 +54,22 @@ def _installed(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except ModuleNotFoundError:  # the package of a dotted name is missing (mysql of mysql.connector)
         return False
+
+
+def database_unreachable(uri: str, timeout_s: float) -> str | None:
+    """Why no database answers at the host and port of the database store ``uri`` (a TCP connect
+    within ``timeout_s``; MLflow's own engine retries for about 100 s), or ``None``: it answers, or
+    the URI is no database's or names no host (a local socket)."""
+    if database_problem(uri) is not None or get_uri_scheme(uri) not in DEFAULT_PORTS:
+        return None
+    from sqlalchemy.engine import make_url
+
+    url = make_url(uri)
+    if not url.host:
+        return None
+    port = url.port or DEFAULT_PORTS[get_uri_scheme(uri)]
+    try:
+        socket.create_connection((url.host, port), timeout=timeout_s).close()
+    except OSError as error:
+        return f"no database answers at {url.host}:{port} ({error.strerror or error})"
+    return None

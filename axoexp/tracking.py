@@ -36,7 +36,7 @@ from mlflow.utils.uri import get_uri_scheme
 from omegaconf import DictConfig
 
 from axoexp import names
-from axoexp.databases import database_problem
+from axoexp.databases import database_problem, database_unreachable
 from axoexp.errors import StoreError, StoreLockedError
 
 _REVISION = re.compile(r"""^revision\s*=\s*["']([0-9A-Za-z_]+)["']\s*$""", re.MULTILINE)
@@ -507,9 +507,14 @@ def store_lock(tracking_uri: str) -> Iterator[None]:
 
 def open_client(tracking_uri: str) -> MlflowClient:
     """A client whose store exists: a fresh sqlite store is created under :func:`store_lock`,
-    atomically (:func:`create_store`)."""
+    atomically (:func:`create_store`); a database server that does not answer within the HTTP
+    timeout (``tracking.http_timeout_s``) raises :class:`MlflowException` at once, as a dead
+    tracking server does, where MLflow's engine would retry for about 100 s."""
     path = sqlite_path(tracking_uri)
     if path is None or str(path) == ":memory:":
+        silent = database_unreachable(tracking_uri, float(os.environ.get(names.HTTP_TIMEOUT_ENV, names.HTTP_TIMEOUT_S)))
+        if silent is not None:
+            raise MlflowException(silent)
         return MlflowClient(tracking_uri=tracking_uri)
     with store_lock(tracking_uri):
         if not _holds_data(path):

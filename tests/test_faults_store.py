@@ -24,7 +24,7 @@ import helpers
 import optuna
 import pytest
 import torch
-from helpers import TRACEBACK, fill, held_locked, run_cli
+from helpers import TRACEBACK, fill, free_port, held_locked, run_cli
 from mlflow.tracking import MlflowClient
 from test_faults import (
     LONG_RUN,
@@ -42,9 +42,9 @@ from test_report import report_sweep
 from axoexp import lease, names, tracking
 from axoexp.compare import main as compare_main
 from axoexp.components.population import CheckpointError
-from axoexp.errors import ConfigError, StoreLockedError
+from axoexp.errors import ConfigError, StoreLockedError, TrackingUnavailableError
 from axoexp.experiment import RESULT_FILE, run_experiment
-from axoexp.journal import JOURNAL_FILE, journal_end, read_journal_lines
+from axoexp.journal import JOURNAL_FILE, journal_end, read_journal, read_journal_lines
 from axoexp.plan import plan_experiment
 from axoexp.report.__main__ import main as report_main
 from axoexp.sync import end_dead_run, end_dead_runs, stored_updates, sync_journal
@@ -415,6 +415,21 @@ def test_a_sweeps_parent_ends_as_the_sweep_kept_it_else_killed(client, tracking_
     assert decided.info.status == "FAILED" and decided.data.tags[names.FAILURE] == reason
     assert decided.data.tags[names.SYNCED].startswith(f"from {tmp_path / 'decided' / JOURNAL_FILE} at ")
     assert killed.info.status == "KILLED" and "is gone and never ended this run" in killed.data.tags[names.FAILURE]
+
+
+def test_a_database_that_does_not_answer_is_unreachable_at_once_and_the_journal_keeps_the_run(
+    make_config, tmp_path: Path
+) -> None:
+    """A PostgreSQL store whose server is down (nothing listens on its port): unreachable within the
+    HTTP timeout, as a dead tracking server, and the run measures on into its journal; MLflow's own
+    engine retried for about 100 s, then raised SQLAlchemy's OperationalError, a traceback."""
+    pytest.importorskip("psycopg2")
+    uri = f"postgresql+psycopg2://axoexp:secret@127.0.0.1:{free_port()}/axoexp"
+    with pytest.raises(
+        TrackingUnavailableError, match=r"no database answers at 127\.0\.0\.1:\d+ \(Connection refused\)"
+    ):
+        run_experiment(make_config(f"tracking.uri={uri}", "run.measured_updates=3"), output_dir=tmp_path)
+    assert len([record for record in read_journal(tmp_path / JOURNAL_FILE) if record["kind"] == "update"]) == 8
 
 
 def test_a_report_whose_disk_fills_as_it_writes_is_one_line_and_exit_1(
