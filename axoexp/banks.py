@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from mlflow.tracking import MlflowClient
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
@@ -30,7 +29,7 @@ from axoexp.errors import BanksError
 from axoexp.executors.base import batch_loss
 from axoexp.interfaces import Batch, LossFn, RunLog, adaptation_parameters
 from axoexp.registry import INIT_FROM, INIT_FROM_SHA256
-from axoexp.tracking import UNREACHABLE, run_or_none, sqlite_path
+from axoexp.tracking import UNREACHABLE, answering_client, run_or_none, sqlite_path
 from axoexp.windows import Observer
 
 BANKS_FILE = "banks.safetensors"
@@ -212,8 +211,8 @@ def read_initial_banks(origin: str, pinned_sha256: str | None, tracking_uri: str
     store = sqlite_path(tracking_uri)
     if store is not None and not store.is_file():
         raise BanksError(f"population.{INIT_FROM}={origin}: no such run, the store {tracking_uri} does not exist")
-    client = MlflowClient(tracking_uri=tracking_uri)
     try:
+        client = answering_client(tracking_uri)
         run = run_or_none(client, origin)
     except UNREACHABLE as error:
         raise BanksError(

@@ -27,6 +27,7 @@ from axoexp.tracking import (
     DEFAULT_TRACKING_URI,
     TRACKING_URI_OPTION,
     UNREACHABLE,
+    answering_client,
     bound_http_retries,
     damaged_store,
     resolve_tracking_uri,
@@ -74,7 +75,7 @@ class StoreReader:
             raise UnusableStoreError(problem)
         self.uri = uri
         self.read_only = store_read_only(database) if database is not None else None
-        return MlflowClient(tracking_uri=uri)
+        return answering_client(uri)
 
 
 @contextmanager

@@ -507,21 +507,26 @@ def store_lock(tracking_uri: str) -> Iterator[None]:
 
 def open_client(tracking_uri: str) -> MlflowClient:
     """A client whose store exists: a fresh sqlite store is created under :func:`store_lock`,
-    atomically (:func:`create_store`); a database server that does not answer within the HTTP
-    timeout (``tracking.http_timeout_s``) raises :class:`MlflowException` at once, as a dead
-    tracking server does, where MLflow's engine would retry for about 100 s."""
+    atomically (:func:`create_store`); other stores as :func:`answering_client` opens them."""
     path = sqlite_path(tracking_uri)
     if path is None or str(path) == ":memory:":
-        silent = database_unreachable(tracking_uri, float(os.environ.get(names.HTTP_TIMEOUT_ENV, names.HTTP_TIMEOUT_S)))
-        if silent is not None:
-            raise MlflowException(silent)
-        return MlflowClient(tracking_uri=tracking_uri)
+        return answering_client(tracking_uri)
     with store_lock(tracking_uri):
         if not _holds_data(path):
             create_store(path)
         client = MlflowClient(tracking_uri=tracking_uri)
         client.search_experiments(max_results=1)
     return client
+
+
+def answering_client(tracking_uri: str) -> MlflowClient:
+    """A client of ``tracking_uri``, which it creates nothing in; a database server that does not
+    answer within the HTTP timeout (``tracking.http_timeout_s``) raises :class:`MlflowException` at
+    once, as a dead tracking server does, where MLflow's engine would retry for about 100 s."""
+    silent = database_unreachable(tracking_uri, float(os.environ.get(names.HTTP_TIMEOUT_ENV, names.HTTP_TIMEOUT_S)))
+    if silent is not None:
+        raise MlflowException(silent)
+    return MlflowClient(tracking_uri=tracking_uri)
 
 
 def create_store(path: Path) -> None:

@@ -43,6 +43,11 @@ def test_a_store_that_cannot_be_read_is_one_line(
         (garbage, 2, f"--tracking-uri={garbage}: {why}"),
         (str(tmp_path / "mlruns"), 2, f"--tracking-uri={tmp_path / 'mlruns'}: a file store, which MLflow"),
         (f"http://127.0.0.1:{free_port()}", unanswered, "the MLflow store could not be read: MlflowException: API"),
+        (  # a database whose server does not answer: at once, not after MLflow's ~100 s of retries
+            f"postgresql+psycopg2://u:p@127.0.0.1:{free_port()}/db",
+            unanswered,
+            "the MLflow store could not be read: MlflowException: no database answers at 127.0.0.1:",
+        ),
     ]
     if DRIVERLESS is not None:  # a traceback of SQLAlchemy's ModuleNotFoundError
         uri, module = DRIVERLESS
