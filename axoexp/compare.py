@@ -178,19 +178,22 @@ def verdict(low: float | None, high: float | None, threshold: float) -> str:
     return NO_CHANGE if 1 - threshold <= low and high <= 1 + threshold else UNCLEAR
 
 
-def too_few_runs(base_runs: int, new_runs: int, set_apart: int = 0, contended: bool = False) -> str:
+def too_few_runs(
+    base_runs: int, new_runs: int, set_apart: int = 0, kinds: tuple[str, str] = ("quiet", "quiet"), apart: str = ""
+) -> str:
     """Why a row gets no verdict for lack of repeats, e.g. ``one run per side: ...``; ``""`` when both
-    sides have :data:`~axoexp.statistics.MIN_RUNS` runs or more. ``set_apart``: the config's runs of
-    the other kind (contended for a quiet row, quiet for a ``contended`` one), in a row of their own,
-    that would have made up the repeats."""
-    short = [side for side, runs in (("BASE", base_runs), ("NEW", new_runs)) if runs < MIN_RUNS]
+    sides have :data:`~axoexp.statistics.MIN_RUNS` runs or more. ``set_apart``: the config's ``apart``
+    runs (contended, or quiet), in a row of their own, that would have made up the repeats; ``kinds``:
+    BASE's and NEW's runs in this row, quiet or contended."""
+    sides = zip(("BASE", "NEW"), (base_runs, new_runs), kinds, strict=True)
+    short = [(side, kind) for side, runs, kind in sides if runs < MIN_RUNS]
     if not short:
         return ""
-    where = "per side" if len(short) == 2 else f"on {short[0]}"
+    where = "per side" if len(short) == 2 else f"on {short[0][0]}"
     if set_apart:
-        kind, other = ("contended", "quiet") if contended else ("quiet", "contended")
+        kind = f"{short[0][1]} " if len({kind for _, kind in short}) == 1 else ""
         return (
-            f"one {kind} run {where}: run-to-run spread unknown; {plural(set_apart, f'{other} run')} of it set apart "
+            f"one {kind}run {where}: run-to-run spread unknown; {plural(set_apart, f'{apart} run')} of it set apart "
             "(--include-contended pools them)"
         )
     return f"one run {where}: run-to-run spread unknown; measure with sweep.repeats={MIN_RUNS} or more"
@@ -287,14 +290,18 @@ def compare(client: MlflowClient, base: Side, new: Side, threshold: float) -> li
         comparable = not unfinished and not unmeasured
         others = [rows.get((config, not contended)) for rows in (before_rows, new_rows)]
         set_apart = sum(
-            other.repeats for other in others if other is not None and other is not before and other is not row
+            other.repeats
+            for other in others
+            if other is not None and other is not before and other is not row and other.status == "FINISHED"
         )
-        few = too_few_runs(before.repeats, row.repeats, set_apart, contended) if comparable else ""
+        kinds = ("contended" if before.contended else "quiet", "contended" if row.contended else "quiet")
+        apart = "quiet" if contended else "contended"
+        few = too_few_runs(before.repeats, row.repeats, set_apart, kinds, apart) if comparable else ""
         if comparable and not few:
             interval = median_ratio_interval(list(new_series.values()), list(base_series.values()))
             ratio, low, high = interval.estimate, interval.low, interval.high
         base_runs, new_runs = [by_id[run_id] for run_id in before.run_ids], [by_id[run_id] for run_id in row.run_ids]
-        timing = doubts([run.data.tags for run in (*base_runs, *new_runs)])
+        timing = doubts([run.data.tags for run in (*base_runs, *new_runs) if run.info.status == "FINISHED"])
         elsewhere = other_hardware(base_runs, new_runs)
         caution = ", ".join(filter(None, [*unfinished, unmeasured, few, timing, elsewhere]))
         outcome = NO_VERDICT if few else verdict(low, high, threshold)
@@ -435,7 +442,8 @@ def run_compare(store: StoreReader, argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--include-contended",
         action="store_true",
-        help="pool runs measured under contention or with high noise with a config's other runs (still marked)",
+        help="pool runs measured under contention, with high noise or without their load recorded with a "
+        "config's other runs (still marked)",
     )
     args = parser.parse_args(argv)
     threshold = parse_threshold(args.threshold)

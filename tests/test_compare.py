@@ -254,6 +254,22 @@ def test_a_quiet_run_of_base_is_compared_where_new_has_only_contended_runs(
     assert lent["caution"].endswith("contended (cpu)") and not lent["regression"]
 
 
+def test_a_failed_run_is_no_timing_of_unknown_load(
+    client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """NEW's second repeat FAILED before it measured (no timing labels): no row of its own marked
+    "load not recorded", and no run "set apart" that --include-contended would pool."""
+    base = _sweep(client, experiment, {"0.1": 1.0})
+    new = client.create_run(experiment, tags={names.SWEEP_ROLE: "parent"}).info.run_id
+    _run(client, experiment, new, "0.1", 1.0, commit="bbbb")
+    _run(client, experiment, new, "0.1", 1.0, commit="bbbb", repeat=1, status="FAILED", labelled=False, series=False)
+    client.set_terminated(new, "FINISHED")
+
+    assert _compare(tracking_uri, base, new, "--format", "json") == 0
+    (row,) = json.loads(capsys.readouterr().out)["rows"]
+    assert row["caution"] == "one run on NEW: run-to-run spread unknown; measure with sweep.repeats=2 or more"
+
+
 def test_contended_runs_in_use_are_not_counted_as_set_apart(
     client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -238,7 +238,8 @@ def build_rows(
         ):
             interval = median_ratio_interval(baseline.series, group.series)
             speedup, low, high = interval.estimate, interval.low, interval.high
-        contention, noise = timing_labels([run.data.tags for run in group.runs])
+        finished = [run.data.tags for run in group.runs if run.info.status == "FINISHED"]
+        contention, noise = timing_labels(finished) if finished else ("", "")  # a failed run timed nothing to judge
         buckets_tag = first.data.tags.get(names.LENGTH_BUCKETS)
         rows.append(
             ReportRow(
