@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 DESCRIBE_FLAG = "--describe"
 MULTIRUN_FLAGS = ("-m", "--multirun")
+HYDRA_PRINTS = ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i")  # Hydra prints them itself
 FULL_ERROR_ENV = "HYDRA_FULL_ERROR"
 USERS_FULL_ERROR_ENV = "AXOEXP_USERS_HYDRA_FULL_ERROR"
 """The user's own ``HYDRA_FULL_ERROR``, kept for the sweep's worker processes, which inherit ours."""
@@ -166,6 +167,8 @@ def _main() -> None:
             hydra_app()
         _exit_without_teardown()
     except BrokenPipeError:  # Hydra's print of --help or --cfg, its reader gone (| head); axoexp's own never raise it
+        if not any(argument in HYDRA_PRINTS for argument in sys.argv[1:]):
+            raise  # a run's own (a plugin's pipe): not stdout's reader
         reader_gone(sys.stdout)
         _exit_without_teardown()
     except Interrupted as interrupted:  # the run ended KILLED with what was measured
@@ -180,7 +183,11 @@ def _main() -> None:
     except ValueError as error:
         if not str(error).startswith(HYDRA_ONE_COMMAND) or _tracebacks_wanted:
             raise
-        _exit_with(f"{str(error).replace('--shell_completion', '--shell-completion')}; give one of them", 2)
+        _exit_with(
+            f"{str(error).replace('--shell_completion', '--shell-completion')}; give one (to print a sweep's "
+            "config: --cfg job without -m)",
+            2,
+        )
     except OSError as error:  # Hydra creating the output folder or writing its files there
         if _tracebacks_wanted:
             raise

@@ -72,7 +72,8 @@ USER_ERRORS = [  # (the overrides, space-separated; the one line printed)
     ),
     (
         "-m --cfg job",
-        "Only one of --run, --multirun, --cfg, --info and --shell-completion can be specified; give one of them",
+        "Only one of --run, --multirun, --cfg, --info and --shell-completion can be specified; give one (to print "
+        "a sweep's config: --cfg job without -m)",
     ),
 ]
 COMMANDS = {  # a name: the command's arguments
