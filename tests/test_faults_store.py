@@ -37,7 +37,7 @@ from test_faults import (
     updates_in,
     wait_for_updates,
 )
-from test_report import report_sweep
+from test_report import logged_run, report_sweep
 
 from axoexp import lease, names, tracking
 from axoexp.compare import main as compare_main
@@ -458,6 +458,9 @@ def test_a_read_only_store_serves_the_report_and_compare_and_a_run_and_sync_refu
     refuse it before anything runs. sqlite reads such a file as it is in MLflow's rollback-journal
     mode; one in WAL mode it cannot read without its -shm file, which is named, not called damaged."""
     parent = report_sweep(client, tmp_path)
+    later = client.create_run(client.get_experiment_by_name("axoexp").experiment_id, tags={names.SWEEP_ROLE: "parent"})
+    logged_run(client, later.info.experiment_id, "eager", "2x12x4", 11.0, parent=later.info.run_id, contention="none")
+    client.set_terminated(later.info.run_id)
     shelf = mount("shelf", "size=8m")
     store = Path(shutil.copyfile(tmp_path / "mlflow.db", shelf / "existing.db"))
     wal = Path(shutil.copyfile(store, shelf / "wal.db"))
@@ -474,7 +477,7 @@ def test_a_read_only_store_serves_the_report_and_compare_and_a_run_and_sync_refu
     assert err == f"report: {out / 'report.png'} ({logged})\n"
     assert (out / "report.png").stat().st_size > 0 and MlflowClient(uri).list_artifacts(parent) == []
     with pytest.raises(SystemExit) as ended:
-        compare_main(["--tracking-uri", uri, parent, parent])
+        compare_main(["--tracking-uri", uri, parent, later.info.run_id])
     printed, err = capsys.readouterr()
     assert ended.value.code == 0 and "2x12x4" in printed and err == "", err
 
@@ -487,7 +490,7 @@ def test_a_read_only_store_serves_the_report_and_compare_and_a_run_and_sync_refu
 
     uri = f"sqlite:///{wal}"
     with pytest.raises(SystemExit) as ended:
-        compare_main(["--tracking-uri", uri, parent, parent])
+        compare_main(["--tracking-uri", uri, parent, later.info.run_id])
     assert ended.value.code == 2 and capsys.readouterr().err == (
         f"axoexp.compare: --tracking-uri={uri}: {wal} is in WAL mode on a read-only file system, where sqlite "
         "cannot read it without its wal.db-shm file; copy it, and its wal.db-wal file if there is one, to a "

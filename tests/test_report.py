@@ -27,7 +27,7 @@ from axoexp.report.table import BUCKETS_HEADING, format_buckets, format_table
 from axoexp.tracking import RUNS_VIEW_COLUMNS
 
 
-def _logged_run(
+def logged_run(
     client: MlflowClient,
     experiment_id: str,
     executor: str,
@@ -70,11 +70,11 @@ def experiment(client: MlflowClient) -> str:
 
 def test_speedup_pairs_runs_that_differ_only_in_executor(client: MlflowClient, experiment: str) -> None:
     parent = client.create_run(experiment, run_name="sweep").info.run_id
-    _logged_run(client, experiment, "eager", "2x12x4", 10.0, parent=parent)
-    _logged_run(client, experiment, "sleepy", "2x12x4", 20.0, parent=parent)
-    _logged_run(client, experiment, "eager", "3x12x4", 30.0, parent=parent)
-    _logged_run(client, experiment, "fast", "3x12x4", 3.0, parent=parent)
-    _logged_run(client, experiment, "fast", "3x12x4", 6.0, parent=parent, **{"optimizer.lr": "0.1"})
+    logged_run(client, experiment, "eager", "2x12x4", 10.0, parent=parent)
+    logged_run(client, experiment, "sleepy", "2x12x4", 20.0, parent=parent)
+    logged_run(client, experiment, "eager", "3x12x4", 30.0, parent=parent)
+    logged_run(client, experiment, "fast", "3x12x4", 3.0, parent=parent)
+    logged_run(client, experiment, "fast", "3x12x4", 6.0, parent=parent, **{"optimizer.lr": "0.1"})
 
     rows = build_rows(sweep_runs(client, client.get_run(parent)))
     by_key = {(row.shape, row.executor, row.median_ms): row for row in rows}
@@ -89,9 +89,9 @@ def test_runs_that_differ_only_in_an_executor_setting_are_rows_apart_each_agains
     client: MlflowClient, experiment: str
 ) -> None:
     parent = client.create_run(experiment, run_name="sweep").info.run_id
-    _logged_run(client, experiment, "eager", "2x12x4", 10.0, parent=parent)
+    logged_run(client, experiment, "eager", "2x12x4", 10.0, parent=parent)
     for buckets, median in (("0", 2.0), ("0", 2.0), ("4", 5.0)):
-        _logged_run(client, experiment, "cudagraph", "2x12x4", median, parent=parent, **{"executor.buckets": buckets})
+        logged_run(client, experiment, "cudagraph", "2x12x4", median, parent=parent, **{"executor.buckets": buckets})
 
     rows = build_rows(sweep_runs(client, client.get_run(parent)))
     graphs = {row.setting("executor.buckets"): row for row in rows if row.executor == "cudagraph"}
@@ -105,8 +105,8 @@ def test_runs_that_differ_only_in_an_executor_setting_are_rows_apart_each_agains
 
 def test_failed_eager_run_is_no_baseline_and_reused_runs_are_included(client: MlflowClient, experiment: str) -> None:
     parent = client.create_run(experiment, run_name="sweep").info.run_id
-    _logged_run(client, experiment, "eager", "2x12x4", 10.0, parent=parent, status="FAILED")
-    earlier = _logged_run(client, experiment, "cudagraph", "2x12x4", 1.0)
+    logged_run(client, experiment, "eager", "2x12x4", 10.0, parent=parent, status="FAILED")
+    earlier = logged_run(client, experiment, "cudagraph", "2x12x4", 1.0)
     client.set_tag(parent, f"{names.REUSED_PREFIX}job1", earlier)
 
     rows = build_rows(sweep_runs(client, client.get_run(parent)))
@@ -119,7 +119,7 @@ def test_rows_name_the_swept_settings_without_bookkeeping_and_mark_reused_runs(
 ) -> None:
     parent = client.create_run(experiment, run_name="sweep").info.run_id
     for executor, lr, median in (("eager", "0.1", 10.0), ("fast", "0.1", 2.0), ("eager", "0.2", 10.0)):
-        run_id = _logged_run(
+        run_id = logged_run(
             client,
             experiment,
             executor,
@@ -128,7 +128,7 @@ def test_rows_name_the_swept_settings_without_bookkeeping_and_mark_reused_runs(
             parent=parent,
             **{"optimizer.lr": lr, "sweep.resume": "same_sweep", "run.progress": executor},
         )
-    earlier = _logged_run(client, experiment, "fast", "2x12x4", 4.0, **{"optimizer.lr": "0.2"})
+    earlier = logged_run(client, experiment, "fast", "2x12x4", 4.0, **{"optimizer.lr": "0.2"})
     client.set_tag(parent, f"{names.REUSED_PREFIX}job3", earlier)
 
     rows = build_rows(sweep_runs(client, client.get_run(parent)), parent_id=parent)
@@ -217,8 +217,8 @@ def test_contended_runs_are_rows_of_their_own_without_a_speedup_unless_included(
 ) -> None:
     parent = client.create_run(experiment, run_name="sweep").info.run_id
     for executor, median, contention in (("eager", 10.0, "none"), ("eager", 40.0, "cpu"), ("fast", 2.0, "none")):
-        _logged_run(client, experiment, executor, "2x12x4", median, parent=parent, contention=contention)
-    _logged_run(client, experiment, "fast", "2x12x4", 30.0, parent=parent, contention="cpu,gpu-shared")
+        logged_run(client, experiment, executor, "2x12x4", median, parent=parent, contention=contention)
+    logged_run(client, experiment, "fast", "2x12x4", 30.0, parent=parent, contention="cpu,gpu-shared")
     runs = sweep_runs(client, client.get_run(parent))
 
     rows = {(row.executor, row.contention): row for row in build_rows(runs)}
@@ -240,8 +240,8 @@ def test_runs_without_timing_labels_are_set_apart_as_load_not_recorded_unless_in
     are rows of their own, marked, without a speedup, and no eager baseline, as contended runs are."""
     parent = client.create_run(experiment, run_name="sweep").info.run_id
     for executor, median, contention in (("eager", 10.0, "none"), ("eager", 40.0, None), ("fast", 2.0, "none")):
-        _logged_run(client, experiment, executor, "2x12x4", median, parent=parent, contention=contention)
-    _logged_run(client, experiment, "fast", "2x12x4", 8.0, parent=parent, contention=None)
+        logged_run(client, experiment, executor, "2x12x4", median, parent=parent, contention=contention)
+    logged_run(client, experiment, "fast", "2x12x4", 8.0, parent=parent, contention=None)
     runs = sweep_runs(client, client.get_run(parent))
 
     rows = {(row.executor, row.contention): row for row in build_rows(runs)}
@@ -327,7 +327,7 @@ def test_the_report_answers_a_single_run_in_one_line_and_an_unknown_parent_with_
     client: MlflowClient, tracking_uri: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     experiment = client.create_experiment("axoexp")
-    single = _logged_run(client, experiment, "eager", "3x12x4", 1.25, contention="none")
+    single = logged_run(client, experiment, "eager", "3x12x4", 1.25, contention="none")
     argv = ["--tracking-uri", tracking_uri, "--out", str(tmp_path / "figure.png")]
     report_main([*argv, "--parent", single])
     out = capsys.readouterr().out
@@ -344,8 +344,8 @@ def report_sweep(client: MlflowClient, tmp_path: Path) -> str:
     """A sweep's parent with two runs, in an experiment whose artifacts go to ``tmp_path/artifacts``."""
     experiment = client.create_experiment("axoexp", artifact_location=str(tmp_path / "artifacts"))
     parent = client.create_run(experiment, run_name="sweep", tags={names.SWEEP_ROLE: "parent"}).info.run_id
-    _logged_run(client, experiment, "eager", "2x12x4", 10.0, parent=parent, contention="none")
-    _logged_run(client, experiment, "eager", "3x12x4", 12.0, parent=parent, contention="none")
+    logged_run(client, experiment, "eager", "2x12x4", 10.0, parent=parent, contention="none")
+    logged_run(client, experiment, "eager", "3x12x4", 12.0, parent=parent, contention="none")
     client.set_terminated(parent)
     return parent
 
@@ -446,11 +446,11 @@ def test_runs_with_length_buckets_report_each_bucket_and_plot_latency_against_le
 ) -> None:
     parent = client.create_run(experiment, run_name="sweep").info.run_id
     lengths = {"population.lengths": "uniform:20:64"}
-    eager = _logged_run(client, experiment, "eager", "3x40x4", 2.0, parent=parent, **lengths)
+    eager = logged_run(client, experiment, "eager", "3x40x4", 2.0, parent=parent, **lengths)
     _with_buckets(client, eager, "exact", 1.0, {20: (2, 1.0, 0.9, 1.1), 41: (1, 2.0, 2.0, 2.0), 64: (3, 3.0, 2.8, 3.3)})
-    graphs = _logged_run(client, experiment, "cudagraph", "3x40x4", 0.5, parent=parent, **lengths)
+    graphs = logged_run(client, experiment, "cudagraph", "3x40x4", 0.5, parent=parent, **lengths)
     _with_buckets(client, graphs, "32,48,64", 1.25, {32: (2, 0.3, 0.25, 0.35), 48: (1, 0.4), 64: (3, 0.5, 0.45, 0.6)})
-    _logged_run(client, experiment, "eager", "3x12x4", 1.0, parent=parent)  # a fixed length: no buckets
+    logged_run(client, experiment, "eager", "3x12x4", 1.0, parent=parent)  # a fixed length: no buckets
 
     rows = build_rows(sweep_runs(client, client.get_run(parent)))
     by_executor = {row.executor: row for row in rows if row.length_buckets}
