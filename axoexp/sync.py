@@ -68,6 +68,7 @@ from axoexp.tracking import (
     TRACKING_URI_OPTION,
     UNREACHABLE,
     Tracker,
+    answering_client,
     bound_http_retries,
     experiment_id,
     open_client,
@@ -425,7 +426,7 @@ def run_in_store(uri: str, path: Path) -> Run | None:
     ids = _journal_ids(contents.records)
     start = next((record for record in contents.records if record["kind"] == START), None)
     try:
-        return _run(MlflowClient(tracking_uri=uri), start, ids[0] if len(ids) == 1 else None)
+        return _run(answering_client(uri), start, ids[0] if len(ids) == 1 else None)
     except UNREACHABLE:
         return None
 
@@ -507,7 +508,7 @@ def _main(argv: list[str] | None) -> int:
             if refused is None:
                 targets.append((path, *_target(path, args.tracking_uri, default)))
         except OSError as error:  # reading the journal (_target answers its store's faults)
-            refused = f"it cannot be read ({error})"
+            refused = f"it cannot be read ({error.strerror or error})"
         if refused is not None:
             print_out(f"{path}: skipped: {refused}")
             status = 2

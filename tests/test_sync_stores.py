@@ -84,7 +84,7 @@ def test_a_journal_that_cannot_be_read_is_skipped_in_one_line_and_the_others_syn
     (tmp_path / "outputs" / "notes" / JOURNAL_FILE).write_text("# my notes\nrun 3 was odd\n")
     assert sync_main([str(tmp_path / "outputs")]) == 2
     assert capsys.readouterr().out == (
-        f"{tmp_path / 'outputs' / 'eio' / JOURNAL_FILE}: skipped: it cannot be read ([Errno 5] Input/output error)\n"
+        f"{tmp_path / 'outputs' / 'eio' / JOURNAL_FILE}: skipped: it cannot be read (Input/output error)\n"
         f"{tmp_path / 'outputs' / 'notes' / JOURNAL_FILE}: skipped: none of its 2 lines is a journal record: it is "
         "no axoexp journal\n"
         f"{outputs / JOURNAL_FILE}: already complete in the store: run {run_id} "
