@@ -131,7 +131,9 @@ class SweepConfig:
         "never (false)",
     )
     resume_contended: bool = setting(
-        False, "resume also reuses runs measured under contention or with high noise (default: it measures again)"
+        False,
+        "resume also reuses runs measured under contention, with high noise or without their load recorded "
+        "(default: it measures again)",
     )
     parent_run_id: str | None = setting(None, "set by the sweep itself: the MLflow parent run of its jobs")
     repeats: int = setting(

@@ -1,5 +1,6 @@
-"""Standard output whose reader may go away (``python -m axoexp | head -1``): no fault of the
-command, which goes on as if nothing had been read, its later output sent to the null device."""
+"""What a command prints: standard output whose reader may go away (``python -m axoexp | head -1``),
+no fault of the command, which goes on as if nothing had been read, its later output sent to the
+null device; and a count in words (:func:`plural`)."""
 
 from __future__ import annotations
 

@@ -266,9 +266,9 @@ class MlflowSweepCallback(Callback):
             self._terminate(client, parent_run, "FINISHED", None)
             return
         parts = []
-        if unfinished or not (refused or died):  # else "0 of 3 child runs did not finish" said nothing
-            which = f" ({', '.join(sorted(str(child.info.run_name) for child in unfinished))})" if unfinished else ""
-            parts.append(f"{len(unfinished)} of {len(children)} child runs did not finish{which}")
+        if unfinished:  # never "0 of 3 child runs did not finish", which says nothing
+            which = ", ".join(sorted(str(child.info.run_name) for child in unfinished))
+            parts.append(f"{len(unfinished)} of {len(children)} child runs did not finish ({which})")
         if refused:
             jobs = f"{len(refused)} job{'s were' if len(refused) != 1 else ' was'}"
             parts.append(f"{jobs} refused before creating a run (tags {names.REFUSED_PREFIX}*)")
@@ -521,8 +521,9 @@ def resume_job(config: DictConfig, job_number: int) -> Resume:
     """Resume: the earlier run this job can reuse, recorded on the sweep's parent, or why none.
 
     A run qualifies if it FINISHED with every metric finite, was measured quietly
-    (``timing.contention=none`` and noise not ``high``; ``sweep.resume_contended=true`` drops
-    this condition), has this job's :func:`result_key` (tag ``axoexp.result_key``: config, code,
+    (:func:`~axoexp.statistics.doubts`: ``timing.contention=none`` and ``timing.noise=low``, both
+    recorded; ``sweep.resume_contended=true`` drops this condition), has this job's
+    :func:`result_key` (tag ``axoexp.result_key``: config, code,
     the plugin files its components come from, package versions, device) and this
     ``sweep.repeat``, and, with ``sweep.resume=same_sweep`` (the default), is a job of an earlier
     sweep with the same definition (:func:`sweep_definition`: the same jobs' resolved configs,
@@ -574,10 +575,12 @@ def _decide(client: MlflowClient, config: DictConfig, parent_id: str, mode: str)
     if quiet:
         return Resume(quiet[0])
     if finished:
+        why = doubts([finished[0].data.tags])
+        kind = "load not recorded" if why == "load not recorded" else "contended"  # an older store's run
         return Resume(
             None,
-            f"contended: the earlier run {finished[0].info.run_id} is no quiet timing "
-            f"({doubts([finished[0].data.tags])}; sweep.resume_contended=true reuses it)",
+            f"{kind}: the earlier run {finished[0].info.run_id} is no quiet timing "
+            f"({why}; sweep.resume_contended=true reuses it)",
         )
     if same_key:
         run = same_key[0]

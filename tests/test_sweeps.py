@@ -126,28 +126,33 @@ def test_failing_job_fails_the_parent_but_keeps_the_others(sweeps) -> None:
 
 
 @pytest.mark.parametrize(
-    ("child_status", "reason"),
+    ("child_status", "refused", "reason"),
     [
-        ("FINISHED", "1 job was refused before creating a run (tags axoexp.refused.*)"),
+        ("FINISHED", True, "1 job was refused before creating a run (tags axoexp.refused.*)"),
         (
             "FAILED",
+            True,
             "1 of 1 child runs did not finish (child); 1 job was refused before creating a run (tags axoexp.refused.*)",
         ),
+        ("FINISHED", False, "a job failed or the sweep was interrupted"),  # a job that failed before its run
     ],
 )
 def test_a_sweeps_reason_names_only_what_went_wrong(
-    client: MlflowClient, tracking_uri: str, tmp_path: Path, child_status: str, reason: str
+    client: MlflowClient, tracking_uri: str, tmp_path: Path, child_status: str, refused: bool, reason: str
 ) -> None:
-    """A sweep whose one fault is a refused job says that, not also "0 of 1 child runs did not finish"."""
+    """A sweep whose faults are a refused job, or a job that failed before it made a run, says that,
+    never also "0 of 1 child runs did not finish"."""
     experiment = experiment_id(client, "axoexp")
-    refused = {names.SWEEP_ROLE: "parent", f"{names.REFUSED_PREFIX}job0": "population.neurons=0: ..."}
-    parent = client.create_run(experiment, tags=refused)
+    tags = {names.SWEEP_ROLE: "parent"}
+    if refused:
+        tags[f"{names.REFUSED_PREFIX}job0"] = "population.neurons=0: ..."
+    parent = client.create_run(experiment, tags=tags)
     child = client.create_run(experiment, run_name="child", tags={names.PARENT_RUN_ID: parent.info.run_id})
     client.set_terminated(child.info.run_id, child_status)
     sweep = MlflowSweepCallback()
     sweep.client, sweep.parent_run_id, sweep.parent_created = client, parent.info.run_id, parent
     sweep.uri, sweep.sweep_dir, sweep.experiment = tracking_uri, str(tmp_path), "axoexp"
-    sweep.end_parent(all_jobs_returned=True)
+    sweep.end_parent(all_jobs_returned=refused)
     ended = client.get_run(parent.info.run_id)
     assert (ended.info.status, ended.data.tags[names.FAILURE]) == ("FAILED", reason)
 

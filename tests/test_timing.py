@@ -399,6 +399,7 @@ def test_gpu_shared_means_another_process_used_the_gpu(present: int, busy: int |
         (0.005, 0.04, False),  # a few ms, 4 ticks on 2 CPUs: the counters' rounding, not 411% of the CPUs
         (1.0, 0.5, True),  # a quarter of 2 CPUs for a second
         (1.0, 0.2, False),  # 10% of them: below the threshold
+        (0.05, 0.2, True),  # more than the CPUs could give in 50 ms: the ticks' rounding, said as 100%
     ],
 )
 def test_cpu_contention_is_seen_beyond_the_counters_rounding(wall_s: float, other_s: float, seen: bool) -> None:
@@ -410,6 +411,8 @@ def test_cpu_contention_is_seen_beyond_the_counters_rounding(wall_s: float, othe
     judged = guard._judge("measured", start, end, None, None)
     assert (CPU in judged.kinds) is seen, judged.detail
     assert judged.metrics["cpu_other"] == pytest.approx(other_s / (2 * wall_s))
+    if seen:
+        assert f"used {min(other_s / (2 * wall_s), 1.0):.0%} of the 2 allowed CPUs" in judged.detail, judged.detail
 
 
 def test_gpu_activities_are_told_apart_by_kind_as_the_profiler_names_them() -> None:

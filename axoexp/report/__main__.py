@@ -139,7 +139,8 @@ def run_report(store: StoreReader, argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--include-contended",
         action="store_true",
-        help="pool runs measured under contention or with high noise with the quiet ones and give them "
+        help="pool runs measured under contention, with high noise or without their load recorded with the "
+        "quiet ones and give them "
         "speedups (default: rows of their own, marked, without a speedup)",
     )
     parser.add_argument(

@@ -36,8 +36,8 @@ def plot_lengths(rows: list[ReportRow], heading: str, path: Path) -> Figure:
     row that logged buckets (an executor and its settings). A padded series draws each bucket at the
     length its batches were padded to, with a bar across the lengths it holds; the bucket boundaries
     are dotted and labelled on the length axis. A series that ran every batch at its exact length
-    (eager) joins one point per length. Rows measured under contention or with high noise are
-    hollow. Returns the saved figure, for reading back."""
+    (eager) joins one point per length. Rows measured under contention, with high noise or without
+    their load recorded are hollow. Returns the saved figure, for reading back."""
     series = [row for row in rows if row.status == "FINISHED" and row.length_buckets]
     figure, axes = plt.subplots(figsize=(10.0, 5.6))
     colours = plt.get_cmap("tab10")
