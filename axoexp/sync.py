@@ -58,6 +58,7 @@ from axoexp.journal import (
     TRACKING_LOST,
     UPDATE,
     WINDOW,
+    JournalLines,
     read_journal_lines,
 )
 from axoexp.signals import CTRL_C, OUTSIDE_A_RUN_EXIT
@@ -397,11 +398,11 @@ def end_dead_runs(client: MlflowClient) -> list[str]:
     return done
 
 
-def journal_store(path: Path) -> str | None:
-    """The store the journal's run was logged to: its start record's ``tracking_uri``, a relative
+def journal_store(contents: JournalLines) -> str | None:
+    """The store a journal's run was logged to: its start record's ``tracking_uri``, a relative
     ``sqlite:///`` path taken from the run's working directory (from this one for a journal that
     predates recording it); ``None`` where the start record is unreadable."""
-    start = next((record for record in read_journal_lines(path).records if record["kind"] == START), None)
+    start = next((record for record in contents.records if record["kind"] == START), None)
     if start is None or not start.get("tracking_uri"):
         return None
     return absolute_store(start["tracking_uri"], Path(start.get("cwd") or "."))
@@ -416,13 +417,12 @@ def absolute_store(uri: str, base: Path) -> str:
     return f"{SQLITE_PREFIX}{(base / path).resolve()}" + (f"?{query}" if query else "")
 
 
-def run_in_store(uri: str, path: Path) -> Run | None:
+def run_in_store(uri: str, contents: JournalLines) -> Run | None:
     """The journal's run in the store ``uri`` where that store exists and answers, else ``None``;
     nothing is created."""
     database = sqlite_path(uri)
     if store_problem(uri) or (database is not None and not database.is_file()):
         return None
-    contents = read_journal_lines(path)
     ids = _journal_ids(contents.records)
     start = next((record for record in contents.records if record["kind"] == START), None)
     try:
@@ -431,24 +431,23 @@ def run_in_store(uri: str, path: Path) -> Run | None:
         return None
 
 
-def not_a_journal(path: Path) -> str | None:
-    """Why ``path`` is no journal (``python -m axoexp.sync README.md``): none of its lines is a record,
+def not_a_journal(contents: JournalLines) -> str | None:
+    """Why a file is no journal (``python -m axoexp.sync README.md``): none of its lines is a record,
     and it is more than one write cut off (a process killed as it wrote its start record); else ``None``."""
-    contents = read_journal_lines(path)
     if contents.records or not contents.damaged or (contents.damaged == [1] and contents.cut_at_end):
         return None
     return f"none of its {len(contents.damaged)} lines is a journal record: it is no axoexp journal"
 
 
-def _target(path: Path, explicit: str | None, default: str) -> tuple[str, str]:
+def _target(contents: JournalLines, explicit: str | None, default: str) -> tuple[str, str]:
     """The store a journal's run goes to and what to say about it: its own store, unless
     ``--tracking-uri`` names another (said; and refused, in words, where its own store has the run)."""
-    own = journal_store(path)
+    own = journal_store(contents)
     if explicit is None or own is None:
         return own or default, ""
     if own == absolute_store(explicit, Path.cwd()):
         return explicit, ""
-    earlier = run_in_store(own, path)
+    earlier = run_in_store(own, contents)
     if earlier is not None:
         return "", (
             f"skipped: its run {earlier.info.run_id} is in its own store {own} ({earlier.info.status}); "
@@ -502,13 +501,15 @@ def _main(argv: list[str] | None) -> int:
     if args.paths and not journals:
         print_out(f"no {JOURNAL_FILE} below {', '.join(map(str, args.paths))}: nothing to upload")
     status, targets = 0, list[tuple[Path, str, str]]()
-    for path in journals:
+    for path in journals:  # each read once here; sync_journal reads it again as it syncs
         try:
-            refused = not_a_journal(path)
+            contents = read_journal_lines(path)
+        except OSError as error:
+            refused: str | None = f"it cannot be read ({error.strerror or error})"
+        else:
+            refused = not_a_journal(contents)
             if refused is None:
-                targets.append((path, *_target(path, args.tracking_uri, default)))
-        except OSError as error:  # reading the journal (_target answers its store's faults)
-            refused = f"it cannot be read ({error.strerror or error})"
+                targets.append((path, *_target(contents, args.tracking_uri, default)))
         if refused is not None:
             print_out(f"{path}: skipped: {refused}")
             status = 2
