@@ -60,14 +60,22 @@ def database_unreachable(uri: str, timeout_s: float) -> str | None:
     """Why no database answers at the host and port of the database store ``uri`` (a TCP connect
     within ``timeout_s``; MLflow's own engine retries for about 100 s), or ``None``: it answers, or
     the URI is no database's or names no host (a local socket)."""
-    if database_problem(uri) is not None or get_uri_scheme(uri) not in DEFAULT_PORTS:
+    try:
+        engine = get_uri_scheme(uri)
+    except MlflowException:  # no database MLflow knows: database_problem names it
+        return None
+    if engine not in DEFAULT_PORTS:
         return None
     from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
 
-    url = make_url(uri)
+    try:
+        url = make_url(uri)
+    except ArgumentError:  # database_problem names it
+        return None
     if not url.host:
         return None
-    port = url.port or DEFAULT_PORTS[get_uri_scheme(uri)]
+    port = url.port or DEFAULT_PORTS[engine]
     try:
         socket.create_connection((url.host, port), timeout=timeout_s).close()
     except OSError as error:
