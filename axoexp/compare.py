@@ -275,14 +275,21 @@ def compare(client: MlflowClient, base: Side, new: Side, threshold: float) -> li
     swept = [key for key in swept_keys([*base.runs, *new.runs]) if key != EXECUTOR_KEY]
     before_rows, new_rows = _by_config(base.rows, by_id), _by_config(new.rows, by_id)
     comparisons, paired = [], set()
+    fetched: dict[str, list[float]] = {}
+
+    def series(run_id: str) -> list[float]:  # a row lent to two pairs is fetched once
+        if run_id not in fetched:
+            fetched[run_id] = measured_series(client, by_id[run_id])
+        return fetched[run_id]
+
     for config, contended in dict.fromkeys([*new_rows, *before_rows]):
         row = new_rows.get((config, contended)) or new_rows.get((config, not contended))
         before = before_rows.get((config, contended)) or before_rows.get((config, not contended))
         if row is None or before is None or (id(before), id(row)) in paired:
             continue
         paired.add((id(before), id(row)))
-        base_series = {run_id: measured_series(client, by_id[run_id]) for run_id in before.run_ids}
-        new_series = {run_id: measured_series(client, by_id[run_id]) for run_id in row.run_ids}
+        base_series = {run_id: series(run_id) for run_id in before.run_ids}
+        new_series = {run_id: series(run_id) for run_id in row.run_ids}
         low = high = None
         ratio = row.median_ms / before.median_ms
         unfinished = [f"{side} {r.status}" for side, r in (("base", before), ("new", row)) if r.status != "FINISHED"]
