@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import platform
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from helpers import REPO, run_clis
+from helpers import REPO, gone_reader, run_clis
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
@@ -518,9 +517,7 @@ def test_a_reader_that_stops_early_leaves_the_verdict_as_the_exit_status(
     exit status is still the verdict's (1 on a regression, 0 without), nothing on stderr. Both run at once."""
     base = _sweep(client, experiment, {"0.1": 1.0})
     news = {_sweep(client, experiment, {"0.1": scale}, commit="bbbb"): status for scale, status in ((1.5, 1), (1.0, 0))}
-    read, write = os.pipe()
-    os.close(read)  # the reader is gone before anything is written
-    try:
+    with gone_reader() as write:  # the reader is gone before anything is written
         started = {
             new: subprocess.Popen(
                 [sys.executable, "-m", "axoexp.compare", "--tracking-uri", tracking_uri, base, new, "--format", "json"],
@@ -532,8 +529,6 @@ def test_a_reader_that_stops_early_leaves_the_verdict_as_the_exit_status(
             for new in news
         }
         ended = {new: (process.communicate(timeout=300)[1], process.returncode) for new, process in started.items()}
-    finally:
-        os.close(write)
     assert ended == {new: ("", status) for new, status in news.items()}
 
 

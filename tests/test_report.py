@@ -7,14 +7,13 @@ import dataclasses
 import io
 import json
 import math
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from helpers import REPO
+from helpers import REPO, gone_reader
 from mlflow.tracking import MlflowClient
 
 from axoexp import names
@@ -416,15 +415,11 @@ def test_a_reader_that_stops_early_still_gets_the_files_written(
 ) -> None:
     """``report --format csv | head -1``: the reader closes the pipe; the figure and CSV still follow."""
     parent = report_sweep(client, tmp_path)
-    read, write = os.pipe()
-    os.close(read)
-    try:
+    with gone_reader() as write:
         args = ["--tracking-uri", tracking_uri, "--parent", parent, "--format", "csv", "--out", str(tmp_path)]
         ended = subprocess.run(
             [sys.executable, "-m", "axoexp.report", *args], cwd=REPO, stdout=write, stderr=subprocess.PIPE, text=True
         )
-    finally:
-        os.close(write)
     assert ended.returncode == 0 and ended.stderr.startswith(f"report: {tmp_path / 'report.png'}, "), ended.stderr
     assert sorted(item.path for item in client.list_artifacts(parent)) == ["report.csv", "report.png"]
 
