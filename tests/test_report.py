@@ -185,7 +185,7 @@ def test_the_table_prints_as_text_markdown_csv_and_json() -> None:
     markdown = format_table(ROWS, "markdown").splitlines()
     assert markdown[0].startswith("| shape | executor |") and markdown[1].startswith("| --- | --- | --- | ---: |")
     assert markdown[3] == (
-        "| 3x12x4 | cudagraph | FINISHED | 0.400 | 0.360 | 0.480 | 20.0 | 10.00x | [9, 11] | 1 | none | low |  | "
+        "| 3x12x4 | cudagraph | FINISHED | 0.400 | 0.360 | 0.480 | 20.0 | 10x | [9, 11] | 1 | none | low |  | "
         "neurons=3 time_steps=12 | cudagraph312 |"
     )
     assert markdown[6].split(" | ")[10:12] == ["cpu", "high"]
@@ -197,6 +197,14 @@ def test_the_table_prints_as_text_markdown_csv_and_json() -> None:
     parsed = json.loads(format_table(ROWS, "json"))
     assert parsed[0]["capture_ms"] is None and parsed[1]["settings"] == {"neurons": "3", "time_steps": "12"}
     assert (parsed[4]["contention"], parsed[4]["noise"]) == ("cpu", "high")
+
+
+def test_a_speedup_prints_inside_its_printed_interval() -> None:
+    """0.2014 beside an interval from 0.2008 read "0.20x [0.201, 0.203]" (a CI run of
+    test_sweep_repeats_are_child_runs_that_the_report_pools): both now round alike."""
+    row = _row("sleepy", 3, 12, 5.0, 0.2014, speedup_low=0.2008, speedup_high=0.2031, contention="none", noise="low")
+    cells = format_table([row], "markdown").splitlines()[2].split(" | ")
+    assert cells[7:9] == ["0.201x", "[0.201, 0.203]"]
 
 
 def test_the_latency_axis_is_the_swept_numeric_setting(tmp_path: Path) -> None:

@@ -20,18 +20,24 @@ def _number(value: float | None, digits: int) -> str:
     return "" if value is None or math.isnan(value) else f"{value:.{digits}f}"
 
 
+def _ratio(value: float) -> str:
+    """A speedup or an end of its interval, all to one precision: rounding them alike keeps an
+    estimate inside its printed interval (``0.2014`` as ``0.20`` beside a low of ``0.201`` did not)."""
+    return f"{value:.3g}"
+
+
 def _speedup(row: ReportRow) -> str:
-    """``2.50x``; ``—`` for an eager row, its own baseline; blank where there is no baseline."""
+    """``2.5x``; ``—`` for an eager row, its own baseline; blank where there is no baseline."""
     if math.isnan(row.speedup_vs_eager):
         return ""
-    return "—" if row.executor == BASELINE else f"{row.speedup_vs_eager:.2f}x"
+    return "—" if row.executor == BASELINE else f"{_ratio(row.speedup_vs_eager)}x"
 
 
 def _interval(row: ReportRow) -> str:
     return (
         ""
         if row.speedup_low is None or row.speedup_high is None
-        else f"[{row.speedup_low:.3g}, {row.speedup_high:.3g}]"
+        else f"[{_ratio(row.speedup_low)}, {_ratio(row.speedup_high)}]"
     )
 
 
