@@ -113,6 +113,23 @@ def test_failed_eager_run_is_no_baseline_and_reused_runs_are_included(client: Ml
     assert all(math.isnan(row.speedup_vs_eager) for row in rows)
 
 
+@pytest.mark.parametrize("labelled", [True, False])
+def test_a_run_that_did_not_finish_has_no_speedup_or_labels_whatever_it_logged(
+    client: MlflowClient, experiment: str, labelled: bool
+) -> None:
+    """A KILLED run's row got a speedup where it carried quiet labels and none where it carried
+    none, while its labels always showed blank: both are now judged from FINISHED runs only."""
+    logged_run(client, experiment, "eager", "2x12x4", 10.0)
+    logged_run(client, experiment, "cudagraph", "2x12x4", 2.0, status="KILLED", contention="none" if labelled else None)
+    runs = client.search_runs([experiment])
+    for include_contended in (False, True):
+        rows = {row.executor: row for row in build_rows(runs, include_contended=include_contended)}
+        assert rows["eager"].speedup_vs_eager == 1.0 and rows["eager"].contention == "none"
+        killed = rows["cudagraph"]
+        assert killed.status == "KILLED" and math.isnan(killed.speedup_vs_eager)
+        assert (killed.contention, killed.noise) == ("", "")
+
+
 def test_rows_name_the_swept_settings_without_bookkeeping_and_mark_reused_runs(
     client: MlflowClient, experiment: str
 ) -> None:

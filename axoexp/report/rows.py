@@ -204,7 +204,9 @@ def build_rows(
     FINISHED repeats of a config (``sweep.repeats``) are pooled into one row; other runs stand
     alone. Runs measured under contention or with high noise, or without those labels (an older
     store's: :func:`timing_doubts`), form rows of their own, marked, without a speedup, and are no
-    eager baseline, unless ``include_contended`` pools them with the rest. With ``client``, each
+    eager baseline, unless ``include_contended`` pools them with the rest. A run that did not
+    finish has neither labels nor a speedup, whatever it measured: it is no timing to quote, as in
+    :mod:`axoexp.compare`. With ``client``, each
     speedup of a row and a baseline of :data:`~axoexp.statistics.MIN_RUNS` runs or more
     (``sweep.repeats``) carries a 95% bootstrap interval from the per-update series
     (:func:`axoexp.statistics.median_ratio_interval`, seeded); a single run's interval would hold only
@@ -212,13 +214,12 @@ def build_rows(
     marked ``reused``."""
     executor_tag = names.component_tag("executor")
     groups = _group(runs, client, include_contended)
-    quiet = {id(group): include_contended or not _doubted(group.runs) for group in groups}
+    finished = {id(group): group.runs[0].info.status == "FINISHED" for group in groups}  # pooled or alone
+    quiet = {id(group): finished[id(group)] and (include_contended or not _doubted(group.runs)) for group in groups}
     eager = {
         _pairing_key(group.runs[0]): group
         for group in groups
-        if group.runs[0].data.tags.get(executor_tag) == BASELINE
-        and group.runs[0].info.status == "FINISHED"
-        and quiet[id(group)]
+        if group.runs[0].data.tags.get(executor_tag) == BASELINE and quiet[id(group)]
     }
     swept = [key for key in swept_keys(runs) if key != EXECUTOR_KEY]
     rows = []
@@ -238,8 +239,8 @@ def build_rows(
         ):
             interval = median_ratio_interval(baseline.series, group.series)
             speedup, low, high = interval.estimate, interval.low, interval.high
-        finished = [run.data.tags for run in group.runs if run.info.status == "FINISHED"]
-        contention, noise = timing_labels(finished) if finished else ("", "")  # a failed run timed nothing to judge
+        labels = [run.data.tags for run in group.runs] if finished[id(group)] else None
+        contention, noise = timing_labels(labels) if labels else ("", "")
         buckets_tag = first.data.tags.get(names.LENGTH_BUCKETS)
         rows.append(
             ReportRow(
