@@ -45,11 +45,16 @@ _deferred: list[Callable[[], None]] = []
 MEASURED_IS_LOGGED = "what was measured is logged (see the journal in the output directory)"
 
 
+def interrupted_by(signal_name: str) -> str:
+    """``interrupted by SIGTERM``: the reason a stopped run or sweep ends with."""
+    return f"interrupted by {signal_name}"
+
+
 class Interrupted(KeyboardInterrupt):
     """A signal asked this process to stop; what was measured is kept and the run ends KILLED."""
 
     def __init__(self, signal_name: str) -> None:
-        super().__init__(f"interrupted by {signal_name}")
+        super().__init__(interrupted_by(signal_name))
         self.signal_name = signal_name
         self.run_outcome = MEASURED_IS_LOGGED
         """What became of the run, as the CLI's line says after the signal's name."""

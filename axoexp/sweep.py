@@ -73,6 +73,7 @@ from axoexp.tracking import (
 PARENT_FILE = "mlflow_parent_run_id"
 PARENT_OVERRIDE_KEY = "sweep.parent_run_id"
 REPEAT_OVERRIDE_KEY = "sweep.repeat"
+JOB_FAILED_OR_STOPPED = "a job failed or the sweep was interrupted"  # Hydra's multirun says no more
 NEW = "new"  # resume's reason for a job with no earlier run of its config
 SAME_SWEEPS = "in an earlier sweep of the same jobs"  # where sweep.resume=same_sweep looks
 RESUME_CANDIDATES = 200  # newest runs of a job's result key looked at for reuse
@@ -224,12 +225,12 @@ class MlflowSweepCallback(Callback):
             if not self.decided:
                 stopped_by = signals.received()
                 reason = "its runs could not be read as it ended, so whether they finished is not known; " + (
-                    "every job returned" if all_jobs_returned else "a job failed or the sweep was interrupted"
+                    "every job returned" if all_jobs_returned else JOB_FAILED_OR_STOPPED
                 )
                 self._keep_end(
                     self.parent_created,
                     "KILLED" if stopped_by else "FAILED",
-                    f"interrupted by {stopped_by}; {reason}" if stopped_by else reason,
+                    f"{signals.interrupted_by(stopped_by)}; {reason}" if stopped_by else reason,
                     error,
                 )
             print(
@@ -274,9 +275,9 @@ class MlflowSweepCallback(Callback):
             parts.append(f"{jobs} refused before creating a run (tags {names.REFUSED_PREFIX}*)")
         parts += [f"{job} died: {how}" for job, how in sorted(died.items())]
         if stopped_by:
-            parts.insert(0, f"interrupted by {stopped_by}")
+            parts.insert(0, signals.interrupted_by(stopped_by))
         elif not all_jobs_returned and not refused and not died:
-            parts.append("a job failed or the sweep was interrupted")
+            parts.append(JOB_FAILED_OR_STOPPED)
         reason = "; ".join(parts)
         status = "KILLED" if stopped_by else "FAILED"
         self._terminate(client, parent_run, status, reason)
