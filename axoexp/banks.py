@@ -28,6 +28,7 @@ from axoexp.components.population import sha256_of
 from axoexp.errors import BanksError
 from axoexp.executors.base import batch_loss
 from axoexp.interfaces import Batch, LossFn, RunLog, adaptation_parameters
+from axoexp.redact import redacted
 from axoexp.registry import INIT_FROM, INIT_FROM_SHA256
 from axoexp.tracking import UNREACHABLE, answering_client, run_or_none, sqlite_path
 from axoexp.windows import Observer
@@ -210,17 +211,19 @@ def read_initial_banks(origin: str, pinned_sha256: str | None, tracking_uri: str
         raise BanksError(f"population.{INIT_FROM}={origin!r} is neither a file nor an MLflow run id (32 hex digits)")
     store = sqlite_path(tracking_uri)
     if store is not None and not store.is_file():
-        raise BanksError(f"population.{INIT_FROM}={origin}: no such run, the store {tracking_uri} does not exist")
+        raise BanksError(
+            f"population.{INIT_FROM}={origin}: no such run, the store {redacted(tracking_uri)} does not exist"
+        )
     try:
         client = answering_client(tracking_uri)
         run = run_or_none(client, origin)
     except UNREACHABLE as error:
         raise BanksError(
-            f"population.{INIT_FROM}={origin}: the run cannot be read from {tracking_uri}: "
-            + str(error).splitlines()[0][:300]
+            f"population.{INIT_FROM}={origin}: the run cannot be read from {redacted(tracking_uri)}: "
+            + redacted(str(error).splitlines()[0][:300])
         ) from error
     if run is None:
-        raise BanksError(f"population.{INIT_FROM}={origin}: no such run in {tracking_uri}")
+        raise BanksError(f"population.{INIT_FROM}={origin}: no such run in {redacted(tracking_uri)}")
     recorded = run.data.tags.get(names.BANKS_SHA256)
     if recorded is None:
         raise BanksError(

@@ -30,6 +30,7 @@ from axoexp.compose_once import composed_once
 from axoexp.config import describe, one_line, register_configs, unchosen_group
 from axoexp.errors import AxoexpError, ConfigError, RefusedTargetError, quiet_store_errors, shown
 from axoexp.plugins import load_plugins
+from axoexp.redact import redacted
 from axoexp.signals import OUTSIDE_A_RUN, OUTSIDE_A_RUN_EXIT, Interrupted
 from axoexp.stdout import flush_out, print_out, reader_gone
 
@@ -217,7 +218,7 @@ def _warn_broken_plugin(error: AxoexpError) -> None:
 
 
 def _exit_with(message: str, status: int) -> NoReturn:
-    print(f"axoexp: {message}", file=sys.stderr)
+    print(f"axoexp: {redacted(message)}", file=sys.stderr)
     sys.exit(status)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from axoexp import names
+from axoexp.redact import redacted
 from axoexp.statistics import HIGH, NOISE_THRESHOLD, noise_verdict
 from axoexp.stdout import plural
 
@@ -61,7 +62,8 @@ def format_result(result: ExperimentResult) -> str:
         lines.append(
             f"{'outputs':<14}not all kept ({result.output_loss}); MLflow has the run (tag {names.JOURNAL_LOST})"
         )
-    lines.append(f"{'mlflow run':<14}{result.run_id}  (experiment {result.experiment!r} at {result.tracking_uri})")
+    store = redacted(result.tracking_uri)
+    lines.append(f"{'mlflow run':<14}{result.run_id}  (experiment {result.experiment!r} at {store})")
     return "\n".join(lines)
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+from axoexp.redact import redacted
+
 STORE_LOGGER = "mlflow.store.db.utils"
 """MLflow's logger that prints a traceback of each database error before raising it."""
 
@@ -14,8 +16,8 @@ def shown(path: str, limit: int = 200) -> str:
 
 
 def first_line(error: BaseException) -> str:
-    """An error as one short line: its type and the first line of its message."""
-    text = str(error).strip()
+    """An error as one short line: its type and the first line of its message, any URI's password hidden."""
+    text = redacted(error).strip()
     return f"{type(error).__name__}: {text.splitlines()[0][:200]}" if text else type(error).__name__
 
 

@@ -24,6 +24,7 @@ from axoexp.lease import device_lease
 from axoexp.measure import length_metrics, length_range, length_tags, measure_updates
 from axoexp.outputs import write_atomically
 from axoexp.plan import Plan, plan_experiment
+from axoexp.redact import redacted
 from axoexp.registry import REGISTRY, Registry
 from axoexp.runtime import configure_determinism, configure_threads
 from axoexp.statistics import LatencySummary
@@ -128,7 +129,7 @@ def run_experiment(
             tracker.run_id,
             run_name,
             config.tracking.experiment,
-            tracking_uri,
+            redacted(tracking_uri),
         )
         params = flatten(container)
         del params[names.RUN_THREADS_PARAM]  # logged once resolved, inside the lease

@@ -34,6 +34,7 @@ from mlflow.utils.time import get_current_time_millis
 from axoexp import names, processes, signals
 from axoexp.errors import TrackingUnavailableError
 from axoexp.outputs import write_atomically
+from axoexp.redact import redacted
 from axoexp.signals import Interrupted
 from axoexp.tracking import (
     UNREACHABLE,
@@ -297,7 +298,7 @@ class JournaledLog(Observer):
         try:
             call(self.remote)
         except UNREACHABLE as error:
-            self.remote, self.remote_lost = None, f"{type(error).__name__}: {error}"[:2000]
+            self.remote, self.remote_lost = None, redacted(f"{type(error).__name__}: {error}")[:2000]
             self._record(TRACKING_LOST, reason=self.remote_lost)
 
 
@@ -377,8 +378,9 @@ def journaled_run(
         remote = Tracker(client, run.info.run_id)
     except UNREACHABLE as error:
         if journal is None:
-            raise TrackingUnavailableError(f"MLflow tracking at {tracking_uri} is unreachable: {error}") from error
-        lost = f"{type(error).__name__}: {error}"[:2000]
+            unreachable = f"MLflow tracking at {tracking_uri} is unreachable: {error}"
+            raise TrackingUnavailableError(redacted(unreachable)) from error
+        lost = redacted(f"{type(error).__name__}: {error}")[:2000]
     run_id = remote.run_id if remote is not None else f"journal-{journal.id}"  # type: ignore[union-attr]
     log = JournaledLog(journal, remote, run_id, remote_lost=lost)
     log._record(
@@ -416,7 +418,7 @@ def _end(
     the run), then says what became of the run in MLflow."""
     try:
         with signals.deferred():
-            log.end(status, reason)
+            log.end(status, None if reason is None else redacted(reason))  # the FAILURE tag
     except Interrupted as interrupted:  # it came during the last upload
         interrupted.run_outcome = _run_outcome(log, status, tracking_uri)
         raise
@@ -440,7 +442,7 @@ def _not_updated(log: JournaledLog, tracking_uri: str, then: str) -> str:
     state = f"{store_failure(reason)}{then}"
     journal = log.journal
     if journal is None:
-        return (
+        return redacted(
             f"MLflow tracking at {tracking_uri} {state} ({reason}); no output directory was given, "
             "so only the returned result holds what was measured"
         )
@@ -449,7 +451,7 @@ def _not_updated(log: JournaledLog, tracking_uri: str, then: str) -> str:
         if journal.lost is None
         else f"and the local journal failed too ({journal.lost})"
     )
-    return (
+    return redacted(
         f"MLflow tracking at {tracking_uri} {state} ({reason}); {kept}; upload them with: "
         f"python -m axoexp.sync {journal.path.parent} --tracking-uri {tracking_uri}"
     )

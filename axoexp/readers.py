@@ -22,6 +22,7 @@ from mlflow.environment_variables import MLFLOW_TRACKING_URI
 from mlflow.tracking import MlflowClient
 
 from axoexp.errors import AxoexpError, NoSweepError, UnusableStoreError, first_line, quiet_store_errors
+from axoexp.redact import redacted
 from axoexp.signals import CTRL_C, OUTSIDE_A_RUN_EXIT
 from axoexp.tracking import (
     DEFAULT_TRACKING_URI,
@@ -69,7 +70,7 @@ class StoreReader:
         path = sqlite_path(uri)
         database = path if path is not None and str(path) != ":memory:" else None
         if database is not None and not database.is_file():
-            raise NoSweepError(f"no MLflow store at {uri}; {none_yet}")
+            raise NoSweepError(f"no MLflow store at {redacted(uri)}; {none_yet}")
         problem = store_problem(uri, tracking_uri_key(tracking_uri, TRACKING_URI_OPTION), writes=False)
         if problem:
             raise UnusableStoreError(problem)
@@ -91,7 +92,7 @@ def reading(command: str, fault_status: int | None = None) -> Iterator[StoreRead
     try:
         yield reader
     except AxoexpError as error:
-        print(f"{command}: {error}", file=sys.stderr)
+        print(f"{command}: {redacted(error)}", file=sys.stderr)
         sys.exit(fault_status or error.exit_code)
     except UNREACHABLE as error:
         damaged = sqlite_damaged(reader.uri, error) if reader.uri is not None else None

@@ -40,6 +40,7 @@ from optuna.trial import TrialState
 
 from axoexp import names, signals
 from axoexp.errors import ConfigError, SearchError
+from axoexp.redact import redacted
 from axoexp.stdout import print_out
 from axoexp.tracking import UNREACHABLE, configure_tracking, flatten, open_client, sqlite_path
 
@@ -310,7 +311,8 @@ class Search:
                 for key, value in parent_tags.items():
                     client.set_tag(parent_id, key, value)
         except UNREACHABLE as error:
-            log.error("MLflow at %s is unreachable; every trial will be told FAIL: %s", self.tracking_uri, error)
+            store, why = redacted(self.tracking_uri), redacted(error)
+            log.error("MLflow at %s is unreachable; every trial will be told FAIL: %s", store, why)
             return None
         return client
 

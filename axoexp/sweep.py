@@ -52,6 +52,7 @@ from axoexp.job_process import SWEEP_PROCESS_ENV, sweep_process_marker
 from axoexp.journal import JOURNAL_FILE, START, journal_end, process_tags, read_journal
 from axoexp.outputs import claim_directory
 from axoexp.plan import plan_experiment, resume_mode
+from axoexp.redact import redacted
 from axoexp.registry import GROUPS, REGISTRY, Component
 from axoexp.statistics import doubts
 from axoexp.stdout import plural, print_out
@@ -121,7 +122,7 @@ class MlflowSweepCallback(Callback):
             check_launcher(config)
             self.refused, job_configs = plan_jobs(config)
         except SweepRefusedError as error:
-            print(f"axoexp: {error}", file=sys.stderr, flush=True)
+            print(f"axoexp: {redacted(error)}", file=sys.stderr, flush=True)
             raise SystemExit(error.exit_code) from None
         if self.refused:  # said now, while the user can still stop the sweep, and again at its end
             print(
@@ -160,7 +161,8 @@ class MlflowSweepCallback(Callback):
             log.error("the sweep has no parent run: %s", error)
             return
         except UNREACHABLE as error:
-            log.error("MLflow tracking at %s is unreachable, so the sweep has no parent run: %s", uri, error)
+            store, why = redacted(uri), redacted(error)
+            log.error("MLflow tracking at %s is unreachable, so the sweep has no parent run: %s", store, why)
             return
         self.client, self.parent_run_id, self.parent_created = client, run.info.run_id, run
         self.uri, self.sweep_dir, self.experiment = uri, str(sweep_dir.resolve()), str(config.tracking.experiment)
@@ -236,7 +238,7 @@ class MlflowSweepCallback(Callback):
             print(
                 f"axoexp: the sweep could not end its MLflow runs: {store_unreachable(self.uri, error)}; "
                 f"{self.kept_end}once the store is back, end them with: python -m axoexp.sync {self.sweep_dir} "
-                f"--tracking-uri {self.uri}",
+                f"--tracking-uri {redacted(self.uri)}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -445,7 +447,7 @@ def end_killed_job(config: DictConfig, job_number: int, job_name: str, output_di
                 config.sweep.parent_run_id, f"{names.DIED_PREFIX}job{job_number}", f"{job_name} {how}; {done}"[:5000]
             )
     except UNREACHABLE as error:
-        done = (
+        done = redacted(
             f"MLflow tracking at {uri} is unreachable ({str(error).splitlines()[0][:300]}); complete its run with: "
             f"python -m axoexp.sync {output_dir} --tracking-uri {uri}"
         )

@@ -61,6 +61,7 @@ from axoexp.journal import (
     JournalLines,
     read_journal_lines,
 )
+from axoexp.redact import redacted
 from axoexp.signals import CTRL_C, OUTSIDE_A_RUN_EXIT
 from axoexp.stdout import print_out
 from axoexp.tracking import (
@@ -470,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
     except StoreLockedError as error:
-        print(f"axoexp.sync: {error}", file=sys.stderr)
+        print(f"axoexp.sync: {redacted(error)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"axoexp.sync: {INTERRUPTED}", file=sys.stderr)
@@ -540,7 +541,7 @@ def _main(argv: list[str] | None) -> int:
                 print(f"axoexp.sync: {path}: {store_unreachable(uri, error)}", file=sys.stderr, flush=True)
                 status = max(status, _failed_status(uri, error))
             else:
-                where = "" if uri == absolute_store(default, Path.cwd()) and not said else f" in {uri}"
+                where = "" if uri == absolute_store(default, Path.cwd()) and not said else f" in {redacted(uri)}"
                 print_out(f"{path}: {synced}{where}{said}")
     for uri in (uri for uri in stores if uri not in problems):
         try:

@@ -38,6 +38,7 @@ from omegaconf import DictConfig
 from axoexp import names
 from axoexp.databases import database_problem, database_unreachable
 from axoexp.errors import StoreError, StoreLockedError
+from axoexp.redact import redacted
 
 _REVISION = re.compile(r"""^revision\s*=\s*["']([0-9A-Za-z_]+)["']\s*$""", re.MULTILINE)
 _DOWN_REVISION = re.compile(r"""^down_revision\s*=\s*(?:["']([0-9A-Za-z_]+)["']|(None))\s*$""", re.MULTILINE)
@@ -250,9 +251,10 @@ def store_problem(tracking_uri: str, key: str = TRACKING_URI_KEY, *, writes: boo
     sweep, sync; the report and compare only read); ``key`` says where the URI was set. A sqlite file
     another process holds locked raises :class:`StoreLockedError` (not a problem of the config: the
     same command works once the lock is gone)."""
+    setting = f"{key}={redacted(tracking_uri)}"
     outside = database_problem(tracking_uri) or file_store_problem(tracking_uri)
     if outside:
-        return f"{key}={tracking_uri}: {outside}"
+        return f"{setting}: {redacted(outside)}"
     path = sqlite_path(tracking_uri)
     if path is None or str(path) == ":memory:":
         return None
@@ -260,18 +262,18 @@ def store_problem(tracking_uri: str, key: str = TRACKING_URI_KEY, *, writes: boo
     if not directory.is_dir():
         blocking = next((folder for folder in (directory, *directory.parents) if folder.exists()), None)
         if blocking is not None and not blocking.is_dir():
-            return f"{key}={tracking_uri}: {blocking} is a file, not a directory; choose another path"
-        return f"{key}={tracking_uri}: directory {directory} does not exist; create it or choose another path"
+            return f"{setting}: {blocking} is a file, not a directory; choose another path"
+        return f"{setting}: directory {directory} does not exist; create it or choose another path"
     if path.is_dir():
-        return f"{key}={tracking_uri}: {path} is a directory, not a database file"
+        return f"{setting}: {path} is a directory, not a database file"
     read_only = store_read_only(path) if writes else None
     if read_only:
-        return f"{key}={tracking_uri}: {read_only}; choose a writable path"
+        return f"{setting}: {read_only}; choose a writable path"
     try:
         damage = store_damage(path) if _holds_data(path) else None
     except StoreLockedError as error:
-        raise StoreLockedError(f"{key}={tracking_uri}: {error}") from None
-    return f"{key}={tracking_uri}: {damage}" if damage else None
+        raise StoreLockedError(f"{setting}: {error}") from None
+    return f"{setting}: {damage}" if damage else None
 
 
 def store_read_only(path: Path) -> str | None:
@@ -436,8 +438,8 @@ def store_unreachable(uri: str, error: BaseException) -> str:
     reason = str(error).splitlines()[0][:300]
     damaged = sqlite_damaged(uri, error)
     if damaged is not None:
-        return f"MLflow tracking at {uri}: {damaged_store(damaged, reason)}"
-    return f"MLflow tracking at {uri} {store_failure(reason)}: {reason}"
+        return f"MLflow tracking at {redacted(uri)}: {damaged_store(damaged, reason)}"
+    return redacted(f"MLflow tracking at {uri} {store_failure(reason)}: {reason}")
 
 
 def sqlite_busy(error: BaseException) -> bool:

@@ -47,6 +47,7 @@ LAYERS = (
         "axoexp.signals",
         "axoexp.lengths",
         "axoexp.stdout",
+        "axoexp.redact",
         "axoexp.databases",
     ),
     # the registry, the store, the output folders, the process's runtime, the windows of a run, the kernels

@@ -427,8 +427,9 @@ def test_a_database_that_does_not_answer_is_unreachable_at_once_and_the_journal_
     uri = f"postgresql+psycopg2://axoexp:secret@127.0.0.1:{free_port()}/axoexp"
     with pytest.raises(
         TrackingUnavailableError, match=r"no database answers at 127\.0\.0\.1:\d+ \(Connection refused\)"
-    ):
+    ) as unreachable:
         run_experiment(make_config(f"tracking.uri={uri}", "run.measured_updates=3"), output_dir=tmp_path)
+    assert "secret" not in str(unreachable.value) and "axoexp:***@127.0.0.1" in str(unreachable.value)
     assert len([record for record in read_journal(tmp_path / JOURNAL_FILE) if record["kind"] == "update"]) == 8
 
 

@@ -42,21 +42,23 @@ def test_a_store_that_cannot_be_read_is_one_line(
     refused = [
         (garbage, 2, f"--tracking-uri={garbage}: {why}"),
         (str(tmp_path / "mlruns"), 2, f"--tracking-uri={tmp_path / 'mlruns'}: a file store, which MLflow"),
-        (f"http://127.0.0.1:{free_port()}", unanswered, "the MLflow store could not be read: MlflowException: API"),
+        (f"http://u:s3cret@127.0.0.1:{free_port()}", unanswered, "the MLflow store could not be read: MlflowException"),
         (  # a database whose server does not answer: at once, not after MLflow's ~100 s of retries
-            f"postgresql+psycopg2://u:p@127.0.0.1:{free_port()}/db",
+            f"postgresql+psycopg2://u:s3cret@127.0.0.1:{free_port()}/db",
             unanswered,
             "the MLflow store could not be read: MlflowException: no database answers at 127.0.0.1:",
         ),
     ]
     if DRIVERLESS is not None:  # a traceback of SQLAlchemy's ModuleNotFoundError
         uri, module = DRIVERLESS
-        refused.append((uri, 2, f"--tracking-uri={uri}: {uri.partition('://')[0]}:// needs the Python driver {module}"))
+        needs = f"{uri.partition('://')[0]}:// needs the Python driver {module}"
+        refused.append((uri, 2, f"--tracking-uri={uri.replace(':p@', ':***@')}: {needs}"))  # a password never shown
     for uri, status, line in refused:
         with pytest.raises(SystemExit) as ended:
             main(["--tracking-uri", uri, *args])
         err = capsys.readouterr().err
         assert ended.value.code == status and err.startswith(f"{command}: {line}") and err.count("\n") == 1, err
+        assert "s3cret" not in err and ":p@" not in err, err
     monkeypatch.setenv("MLFLOW_TRACKING_URI", garbage)
     with pytest.raises(SystemExit) as ended:
         main(args)

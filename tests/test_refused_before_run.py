@@ -180,8 +180,8 @@ def test_a_database_store_without_its_driver_is_refused_while_planning(
     uri, module = DRIVERLESS
     scheme = uri.partition("://")[0]
     line = (
-        f"{uri}: {scheme}:// needs the Python driver {module}, which is not installed; install it "
-        f"(pip install {module}) or name an installed one ({scheme.split('+')[0]}+DRIVER://)"
+        f"{uri.replace(':p@', ':***@')}: {scheme}:// needs the Python driver {module}, which is not installed; "
+        f"install it (pip install {module}) or name an installed one ({scheme.split('+')[0]}+DRIVER://)"
     )
     with pytest.raises(ConfigError) as refused:
         plan_experiment(make_config(f"tracking.uri={uri}"))
@@ -436,7 +436,8 @@ def test_bad_loss_values_a_file_store_and_a_driverless_database_exit_2_in_one_li
     if DRIVERLESS is not None:  # it began a journal, then ended in a traceback
         uri, module = DRIVERLESS
         commands[(f"tracking.uri={uri}",)] = (
-            f"axoexp: invalid experiment config: tracking.uri={uri}: {uri.partition('://')[0]}:// needs the Python "
+            f"axoexp: invalid experiment config: tracking.uri={uri.replace(':p@', ':***@')}: "
+            f"{uri.partition('://')[0]}:// needs the Python "
             f"driver {module}, which is not installed"
         )
     folders = [tmp_path / str(index) for index in range(len(commands))]

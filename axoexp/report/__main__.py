@@ -21,6 +21,7 @@ from mlflow.tracking import MlflowClient
 from axoexp import names, report
 from axoexp.errors import NoSweepError, ReportError, ReportWriteError
 from axoexp.readers import StoreReader, add_store_option, reading
+from axoexp.redact import redacted
 from axoexp.report.figure import FIGURE, plot, title
 from axoexp.report.length_figure import LENGTHS_FIGURE, plot_lengths
 from axoexp.report.pareto import (
@@ -96,7 +97,7 @@ def named_run(client: MlflowClient, run_id: str) -> Run:
     """The run ``--parent`` names; one line if there is none."""
     run = run_or_none(client, run_id)
     if run is None:
-        raise NoSweepError(f"--parent {run_id}: no such run at {client.tracking_uri}")
+        raise NoSweepError(f"--parent {run_id}: no such run at {redacted(client.tracking_uri)}")
     return run
 
 

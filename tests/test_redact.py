@@ -1,0 +1,62 @@
+"""A password in a URI is never shown: in axoexp's lines, its log and Hydra's own log lines."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import free_port
+
+from axoexp.redact import RedactingFilter, redacted
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("at postgresql+psycopg2://u:p%40ss@h:5432/db is", "at postgresql+psycopg2://u:***@h:5432/db is"),
+        ("http://a:b@127.0.0.1:5000 and mysql://:pw@h/db", "http://a:***@127.0.0.1:5000 and mysql://:***@h/db"),
+        ("#0 : tracking.uri=postgresql\\://u\\:s3cret@h\\:1/db", "#0 : tracking.uri=postgresql\\://u\\:***@h\\:1/db"),
+        ("['tracking.uri=postgresql\\\\://u\\\\:s3cret@h/db']", "['tracking.uri=postgresql\\\\://u\\\\:***@h/db']"),
+    ],
+)
+def test_a_uris_password_is_hidden(text: str, shown: str) -> None:
+    assert redacted(text) == shown
+
+
+@pytest.mark.parametrize(
+    "text", ["sqlite:////tmp/a:b@c.db", "sqlite:///mlflow.db", "postgresql://u@h/db", "http://h:5000/x@y", "a@b: c:d@e"]
+)
+def test_text_without_a_password_is_left_as_it_is(text: str) -> None:
+    assert redacted(text) == text
+
+
+def test_the_logging_filter_redacts_a_records_arguments() -> None:
+    record = logging.LogRecord("hydra", logging.INFO, __file__, 1, "#%d : %s", (0, "uri=http://u:s3cret@h"), None)
+    assert RedactingFilter().filter(record) and record.getMessage() == "#0 : uri=http://u:***@h"
+
+
+@pytest.mark.slow
+def test_a_run_and_a_sweep_on_a_database_that_does_not_answer_never_show_its_password(tmp_path: Path) -> None:
+    """The run's log line, its line saying where the journal is and the sync command to upload it,
+    Hydra's job line and the run's log file: all with ``***`` for the password."""
+    pytest.importorskip("psycopg2")
+    uri = f"tracking.uri=postgresql+psycopg2://axo:s3cret@127.0.0.1:{free_port()}/db"
+    for mode in ([], ["-m"]):
+        ended = subprocess.run(
+            [sys.executable, "-m", "axoexp", *mode, uri, "run.measured_updates=3"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert ended.returncode == 1, ended.stderr
+        assert "--tracking-uri postgresql+psycopg2://axo:***@127.0.0.1:" in ended.stderr, ended.stderr
+        shown = ended.stdout + "".join(
+            line for line in ended.stderr.splitlines(keepends=True) if "Error executing job" not in line
+        )  # Hydra's own, written to stderr past any logging, quotes the overrides as typed
+        assert "s3cret" not in shown and "axo:***@" in ended.stdout, shown
+    logs = list((tmp_path / "outputs").rglob("*.log"))
+    assert logs and not [log for log in logs if "s3cret" in log.read_text()]
