@@ -257,8 +257,13 @@ def determinism_flags() -> dict[str, str]:
 HYDRA_APP_SOURCE = "python -m axoexp"
 
 
-def _program(argv0: Path) -> str:
-    return f"python -m {argv0.parent.name}" if argv0.name == "__main__.py" else argv0.name or "python"
+def _program(argv0: str) -> str:
+    """``python -m pytest`` for a package's ``__main__.py``, ``python -c`` (also pytest-xdist's
+    workers), ``python`` for an interactive session, else the script's name."""
+    if argv0 in ("-c", ""):
+        return f"python {argv0}".rstrip()
+    path = Path(argv0)
+    return f"python -m {path.parent.name}" if path.name == "__main__.py" else path.name
 
 
 def source_tags(program: str | None = None) -> dict[str, str]:
@@ -268,7 +273,7 @@ def source_tags(program: str | None = None) -> dict[str, str]:
     from hydra.core.hydra_config import HydraConfig
 
     if program is None:
-        program = HYDRA_APP_SOURCE if HydraConfig.initialized() else _program(Path(sys.argv[0]))
+        program = HYDRA_APP_SOURCE if HydraConfig.initialized() else _program(sys.argv[0] if sys.argv else "")
     tags = {names.SOURCE_NAME: program}
     commit = _git(["rev-parse", "HEAD"], PACKAGE_DIR)
     if commit:

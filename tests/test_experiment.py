@@ -16,6 +16,7 @@ from axoexp import names
 from axoexp.errors import ConfigError, VerificationError
 from axoexp.executors.eager import EagerExecutor
 from axoexp.experiment import run_experiment
+from axoexp.metadata import source_tags
 from axoexp.plan import plan_experiment
 from axoexp.registry import Registry
 from axoexp.windows import Observer
@@ -120,7 +121,7 @@ def test_eager_run_is_logged_to_sqlite_and_reads_back(make_config, client, tmp_p
     assert tags[names.CPU_MODEL] in (models or {platform.processor() or platform.machine()}), "the model, not x86_64"
     assert tags["determinism.deterministic_algorithms"] == "false"
     assert tags[names.SOURCE_GIT_COMMIT] == tags["git.commit"]
-    assert tags[names.SOURCE_NAME] in {"python -m pytest", "pytest"}
+    assert tags[names.SOURCE_NAME] in {"python -m pytest", "pytest", "python -c"}, "python -c: pytest-xdist's workers"
     assert tags["mlflow.user"] and tags["mlflow.source.type"] == "LOCAL", "MLflow's own context tags"
     kind = client.get_experiment(run.info.experiment_id).tags[names.EXPERIMENT_KIND]
     assert kind == names.EXPERIMENT_KIND_TRAINING, "the MLflow UI opens the experiment on its training runs"
@@ -320,3 +321,18 @@ def test_observers_hear_a_window_end_when_an_update_fails(make_config, test_regi
     with pytest.raises(RuntimeError, match="device lost on update 5"):
         run_experiment(config, registry=test_registry, observers=[recorder])
     assert recorder.events[-2:] == [("update", "measured", 3), ("end", "measured", 2)]
+
+
+@pytest.mark.parametrize(
+    ("argv0", "program"),
+    [
+        ("/venv/lib/pytest/__main__.py", "python -m pytest"),
+        ("/venv/bin/pytest", "pytest"),
+        ("-c", "python -c"),
+        ("", "python"),
+    ],
+)
+def test_the_source_names_the_program(argv0: str, program: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``python -c`` (also pytest-xdist's workers) was named ``-c``."""
+    monkeypatch.setattr("sys.argv", [argv0])
+    assert source_tags()[names.SOURCE_NAME] == program
