@@ -5,6 +5,7 @@ The run's context, with its local journal and honest end status, is :mod:`axoexp
 
 from __future__ import annotations
 
+import difflib
 import fcntl
 import hashlib
 import json
@@ -244,15 +245,16 @@ def sqlite_path(tracking_uri: str) -> Path | None:
 
 
 def store_problem(tracking_uri: str, key: str = TRACKING_URI_KEY, *, writes: bool = True) -> str | None:
-    """Why the store cannot be used, found in a moment (MLflow itself retries ~100 s): a database whose
-    driver is missing (:func:`~axoexp.databases.database_problem`), a file store
-    (:func:`file_store_problem`), a sqlite file that is no usable MLflow store (:func:`store_damage`),
-    or one that cannot be written (:func:`store_read_only`) where the caller ``writes`` (a run, a
-    sweep, sync; the report and compare only read); ``key`` says where the URI was set. A sqlite file
+    """Why the store cannot be used, found in a moment (MLflow itself retries ~100 s): a scheme no
+    MLflow store has (:func:`scheme_problem`), a database whose driver is missing
+    (:func:`~axoexp.databases.database_problem`), a file store (:func:`file_store_problem`), a
+    sqlite file that is no usable MLflow store (:func:`store_damage`), or one that cannot be written
+    (:func:`store_read_only`) where the caller ``writes`` (a run, a sweep, sync; the report and
+    compare only read); ``key`` says where the URI was set. A sqlite file
     another process holds locked raises :class:`StoreLockedError` (not a problem of the config: the
     same command works once the lock is gone)."""
     setting = f"{key}={redacted(tracking_uri)}"
-    outside = database_problem(tracking_uri) or file_store_problem(tracking_uri)
+    outside = scheme_problem(tracking_uri) or database_problem(tracking_uri) or file_store_problem(tracking_uri)
     if outside:
         return f"{setting}: {redacted(outside)}"
     path = sqlite_path(tracking_uri)
@@ -284,6 +286,23 @@ def store_read_only(path: Path) -> str | None:
     if not _can_create_files_in(path.parent.resolve()):
         return f"no file can be created in {path.parent.resolve()}"
     return None
+
+
+def scheme_problem(tracking_uri: str) -> str | None:
+    """Why no MLflow store can open ``tracking_uri``: its scheme is none MLflow registers
+    (``postgres://`` for ``postgresql://``), which MLflow says only once the run has begun."""
+    from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+
+    try:
+        scheme = get_uri_scheme(tracking_uri)
+    except MlflowException as error:
+        return error.message
+    known = sorted(key for key in _tracking_store_registry._registry if key)
+    if scheme in FILE_STORE_SCHEMES or scheme in known:
+        return None
+    close = difflib.get_close_matches(scheme, known, n=1)
+    guess = f" (did you mean {close[0]}://?)" if close else ""
+    return f"no MLflow store has the scheme {scheme}://{guess}; its schemes: {', '.join(known)}"
 
 
 def file_store_problem(tracking_uri: str) -> str | None:

@@ -169,6 +169,25 @@ def test_a_file_store_from_the_environment_is_named_by_its_variable(
     )
 
 
+@pytest.mark.parametrize(
+    ("uri", "guess"), [("postgres://u:p@dbhost/mlflow", "postgresql"), ("htp://127.0.0.1:5000", "http")]
+)
+def test_a_scheme_no_mlflow_store_has_is_refused_while_planning(
+    uri: str, guess: str, make_config: Callable, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``postgres://`` (SQLAlchemy's old alias) or a typo ran, measured into its journal and then
+    ended "unreachable" on MLflow's model-registry error, exit 1; it is refused while planning,
+    with the scheme meant and MLflow's schemes, as sync and the readers refuse it."""
+    scheme = uri.partition("://")[0]
+    line = f"{uri.replace(':p@', ':***@')}: no MLflow store has the scheme {scheme}:// (did you mean {guess}://?); "
+    with pytest.raises(ConfigError) as refused:
+        plan_experiment(make_config(f"tracking.uri={uri}"))
+    assert str(refused.value).startswith(f"invalid experiment config: tracking.uri={line}its schemes: ")
+    assert "http, https, mssql, mysql, postgresql, sqlite" in str(refused.value)
+    assert sync_main(["--tracking-uri", uri]) == 2
+    assert capsys.readouterr().err.startswith(f"axoexp.sync: --tracking-uri={line}")
+
+
 @pytest.mark.skipif(DRIVERLESS is None, reason="pyodbc, pymysql and pg8000 are all installed")
 def test_a_database_store_without_its_driver_is_refused_while_planning(
     make_config: Callable, capsys: pytest.CaptureFixture[str]
