@@ -272,7 +272,7 @@ def store_problem(tracking_uri: str, key: str = TRACKING_URI_KEY, *, writes: boo
     if read_only:
         return f"{setting}: {read_only}; choose a writable path"
     try:
-        damage = store_damage(path) if _holds_data(path) else None
+        damage = store_damage(path) if holds_data(path) else None
     except StoreLockedError as error:
         raise StoreLockedError(f"{setting}: {error}") from None
     return f"{setting}: {damage}" if damage else None
@@ -322,7 +322,8 @@ def file_store_problem(tracking_uri: str) -> str | None:
     )
 
 
-def _holds_data(path: Path) -> bool:
+def holds_data(path: Path) -> bool:
+    """Whether the file ``path`` holds anything: an empty one is no store yet, whoever made it."""
     try:
         return path.stat().st_size > 0
     except OSError:
@@ -533,7 +534,7 @@ def open_client(tracking_uri: str) -> MlflowClient:
     if path is None or str(path) == ":memory:":
         return answering_client(tracking_uri)
     with store_lock(tracking_uri):
-        if not _holds_data(path):
+        if not holds_data(path):
             create_store(path)
         client = MlflowClient(tracking_uri=tracking_uri)
         client.search_experiments(max_results=1)

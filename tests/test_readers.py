@@ -78,6 +78,23 @@ def damaged_beyond_its_schema(folder: Path) -> tuple[Path, list[str]]:
     return store, run_ids
 
 
+@pytest.mark.parametrize("command", COMMANDS)
+def test_an_empty_store_file_is_no_store_and_stays_empty(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An empty ``mlflow.db`` (``touch``ed, or left by a tool): the readers had MLflow create its
+    tables there, so a reader wrote, then said there was no sweep."""
+    empty = tmp_path / "mlflow.db"
+    empty.touch()
+    main, args = COMMANDS[command]
+    with pytest.raises(SystemExit) as ended:
+        main(["--tracking-uri", f"sqlite:///{empty}", *args])
+    err = capsys.readouterr().err
+    assert ended.value.code == 2, err
+    assert err.startswith(f"{command}: no MLflow store at sqlite:///{empty} (an empty file); ")
+    assert empty.stat().st_size == 0, "a reader writes nothing"
+
+
 def test_sync_names_a_store_damaged_beyond_its_schema_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
