@@ -35,6 +35,32 @@ Plugins.instance()
 if not torch.cuda.is_available():  # before anything imports triton: it fixes the mode at import
     os.environ.setdefault("TRITON_INTERPRET", "1")  # the fused kernels then run in Triton's CPU interpreter
 
+SHARED_SESSION_FIXTURES = ("ray_cluster", "killed_runs", "preset_sweeps")
+"""Costly session fixtures: under pytest-xdist (``-n 2 --dist loadgroup``) the tests of each run on
+one worker, which starts it once."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, each worker gets a temporary folder (``$TMPDIR``) and device leases of its
+    own: a test that checks /tmp for what its processes left sees only its worker's, and the two
+    workers' runs never wait for each other's lease."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        return
+    folder = Path(tempfile.gettempdir()) / f"ax-{worker}"  # short: Ray's socket paths must fit 107 bytes
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
+    os.environ["TMPDIR"] = str(folder)
+    tempfile.tempdir = None  # gettempdir() reads $TMPDIR again
+    os.environ[lease.LEASE_DIR_ENV] = str(folder / "axoexp-leases")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        shared = [name for name in SHARED_SESSION_FIXTURES if name in getattr(item, "fixturenames", ())]
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(shared[0]))
+
 
 @pytest.fixture(scope="session")
 def empty_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
