@@ -1,9 +1,11 @@
 """The Python driver a database store's URI needs (``postgresql://``, ``mysql+pymysql://``, ``mssql://``):
-the one SQLAlchemy names, its default for a bare scheme; whether it is installed is found without importing it."""
+the one SQLAlchemy names, its default for a bare scheme; whether it is installed is found without importing it.
+Whether the database answers and lets the store connect is found at once, where MLflow retries ~100 s."""
 
 from __future__ import annotations
 
 import importlib.util
+import math
 import socket
 
 from mlflow.exceptions import MlflowException
@@ -21,6 +23,15 @@ DRIVER_PACKAGES = {
 """What pip installs each driver from, where that is not its module's name."""
 DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
 """Where each database listens when its URI names no port."""
+TIMEOUT_ARGS = {
+    "psycopg2": "connect_timeout",
+    "psycopg": "connect_timeout",
+    "pymysql": "connect_timeout",
+    "mysqldb": "connect_timeout",
+    "pg8000": "timeout",
+    "pyodbc": "timeout",
+}
+"""Each driver's connect-timeout argument."""
 
 
 def database_problem(uri: str) -> str | None:
@@ -57,9 +68,10 @@ def _installed(module: str) -> bool:
 
 
 def database_unreachable(uri: str, timeout_s: float) -> str | None:
-    """Why no database answers at the host and port of the database store ``uri`` (a TCP connect
-    within ``timeout_s``; MLflow's own engine retries for about 100 s), or ``None``: it answers, or
-    the URI is no database's or names no host (a local socket)."""
+    """Why the database store ``uri`` cannot be used, found at once where MLflow's own engine
+    retries for about 100 s: no database answers at its host and port (a TCP connect within
+    ``timeout_s``), or the one that answers refuses the connection (a wrong password, user or
+    database: one connection). ``None``: it connects, or the URI is no database's."""
     try:
         engine = get_uri_scheme(uri)
     except MlflowException:  # no database MLflow knows: database_problem names it
@@ -73,11 +85,42 @@ def database_unreachable(uri: str, timeout_s: float) -> str | None:
         url = make_url(uri)
     except ArgumentError:  # database_problem names it
         return None
-    if not url.host:
-        return None
-    port = url.port or DEFAULT_PORTS[engine]
+    where = "the database on its local socket"
+    if url.host:
+        port = url.port or DEFAULT_PORTS[engine]
+        where = f"the database at {url.host}:{port}"
+        try:
+            socket.create_connection((url.host, port), timeout=timeout_s).close()
+        except OSError as error:
+            return f"no database answers at {url.host}:{port} ({error.strerror or error})"
+    refused = _connection_refused(uri, timeout_s)
+    return f"{where} refused the connection: {refused}" if refused else None
+
+
+def _connection_refused(uri: str, timeout_s: float) -> str | None:
+    """The first line of the driver's error where one connection to ``uri`` fails, else ``None``."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.exc import DBAPIError
+    from sqlalchemy.pool import NullPool
+
     try:
-        socket.create_connection((url.host, port), timeout=timeout_s).close()
-    except OSError as error:
-        return f"no database answers at {url.host}:{port} ({error.strerror or error})"
-    return None
+        engine = create_engine(uri, poolclass=NullPool, connect_args=_timeout_args(uri, timeout_s))
+    except Exception:  # no driver, a URI SQLAlchemy cannot use: database_problem names it
+        return None
+    try:
+        with engine.connect():
+            return None
+    except DBAPIError as error:
+        text = str(error.orig or error).strip()
+        return text.splitlines()[0].strip() if text else type(error.orig or error).__name__
+    finally:
+        engine.dispose()
+
+
+def _timeout_args(uri: str, timeout_s: float) -> dict[str, int]:
+    """The driver's own connect timeout, in whole seconds, where SQLAlchemy passes it through."""
+    from sqlalchemy.engine import make_url
+
+    driver = make_url(uri).get_dialect().driver
+    key = TIMEOUT_ARGS.get(driver)
+    return {key: max(1, math.ceil(timeout_s))} if key else {}

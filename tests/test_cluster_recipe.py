@@ -7,11 +7,8 @@ PostgreSQL is Debian's (``apt-get install -y postgresql``; .ci/run installs it),
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,55 +20,7 @@ from test_launchers import _sweep_runs
 
 from axoexp import lease, names
 
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
 SHORT = (30, 31, 32)  # measured updates of the jobs that finish, beside the killed one and after its death
-
-
-def _as_postgres(command: list[str]) -> list[str]:
-    """``command`` as the ``postgres`` user when this is root (PostgreSQL refuses to run as root)."""
-    return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else command
-
-
-@pytest.fixture
-def postgres() -> Iterator[str]:
-    """A PostgreSQL 15 server of its own on 127.0.0.1 with an empty database; its store URI."""
-    if not (PG_BIN / "initdb").is_file():
-        pytest.skip(f"PostgreSQL 15 is not installed ({PG_BIN}/initdb is absent): apt-get install -y postgresql")
-    pytest.importorskip("psycopg2", reason="MLflow needs psycopg2 for PostgreSQL: pip install -e '.[dev]'")
-    root = Path(tempfile.mkdtemp(prefix="axpg"))
-    root.chmod(0o755)  # the postgres user reaches its data directory and socket through it
-    data, sockets = root / "data", root / "sockets"
-    for directory in (data, sockets):
-        directory.mkdir()
-        if os.geteuid() == 0:
-            shutil.chown(directory, "postgres", "postgres")
-    port = free_port()
-    pg_ctl = _as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(data), "-w", "-t", "120"])
-    try:
-        subprocess.run(
-            _as_postgres([str(PG_BIN / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync"]),
-            check=True,
-            capture_output=True,
-            timeout=300,
-        )
-        options = f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c fsync=off"
-        subprocess.run(
-            [*pg_ctl, "-l", str(sockets / "postgres.log"), "-o", options, "start"],
-            check=True,
-            capture_output=True,
-            timeout=300,
-        )
-        subprocess.run(
-            _as_postgres([str(PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "mlflow"]),
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/mlflow"  # SQLAlchemy 2.1 defaults to psycopg 3
-    finally:
-        subprocess.run([*pg_ctl, "-m", "immediate", "stop"], capture_output=True, timeout=300)
-        assert leftovers(str(data)) == [], "PostgreSQL outlived the test"
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _stop(server: subprocess.Popen[bytes]) -> None:

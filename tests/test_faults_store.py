@@ -433,6 +433,34 @@ def test_a_database_that_does_not_answer_is_unreachable_at_once_and_the_journal_
     assert len([record for record in read_journal(tmp_path / JOURNAL_FILE) if record["kind"] == "update"]) == 8
 
 
+@pytest.mark.slow
+def test_a_database_that_refuses_the_connection_is_named_at_once(
+    postgres: str, make_config, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A PostgreSQL server that answers but refuses the connection (a database or user it does not
+    have, as a wrong password would): MLflow's engine retried it 10 times over about 100 s, then
+    raised a traceback. The run says so in its line and keeps its journal; the report exits 1, each
+    within seconds."""
+    missing_database = postgres.replace("/mlflow", "/nosuch")
+    missing_user = postgres.replace("postgres@", "nobody:s3cret@")
+    refusals = {missing_database: 'database "nosuch" does not exist', missing_user: 'role "nobody" does not exist'}
+    for uri, why in refusals.items():
+        started, folder = time.monotonic(), tmp_path / why.split()[0]
+        folder.mkdir()
+        with pytest.raises(TrackingUnavailableError) as refused:
+            run_experiment(make_config(f"tracking.uri={uri}", "run.measured_updates=3"), output_dir=folder)
+        host = uri.rpartition("@")[2].partition("/")[0]
+        assert f"the database at {host} refused the connection: " in str(refused.value) and why in str(refused.value)
+        assert "s3cret" not in str(refused.value)
+        with pytest.raises(SystemExit) as ended:
+            report_main(["--tracking-uri", uri])
+        assert ended.value.code == 1 and why in capsys.readouterr().err
+        assert time.monotonic() - started < 60, "not MLflow's ~100 s of retries"
+    assert [path.name for path in tmp_path.rglob(JOURNAL_FILE)] == [JOURNAL_FILE] * 2
+    (tmp_path / "ok").mkdir()
+    run_experiment(make_config(f"tracking.uri={postgres}", "run.measured_updates=1"), output_dir=tmp_path / "ok")
+
+
 def test_a_report_whose_disk_fills_as_it_writes_is_one_line_and_exit_1(
     client: MlflowClient, tracking_uri: str, tmp_path: Path, mount, capsys: pytest.CaptureFixture[str]
 ) -> None:
