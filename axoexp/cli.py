@@ -9,6 +9,7 @@ the full traceback instead.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import signal
 import sys
@@ -39,7 +40,8 @@ if TYPE_CHECKING:
 
 DESCRIBE_FLAG = "--describe"
 MULTIRUN_FLAGS = ("-m", "--multirun")
-HYDRA_PRINTS = ("--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i")  # Hydra prints them itself
+INFO_FLAGS = ("--info", "-i")  # Hydra logs these through a handler of its own, not hydra_logging's
+HYDRA_PRINTS = ("--help", "-h", "--hydra-help", "--cfg", "-c", *INFO_FLAGS)  # Hydra prints them itself
 FULL_ERROR_ENV = "HYDRA_FULL_ERROR"
 USERS_FULL_ERROR_ENV = "AXOEXP_USERS_HYDRA_FULL_ERROR"
 """The user's own ``HYDRA_FULL_ERROR``, kept for the sweep's worker processes, which inherit ours."""
@@ -163,6 +165,8 @@ def _main() -> None:
     targets.install()
     if not _tracebacks_wanted:
         quiet_store_errors()
+    if any(argument in INFO_FLAGS for argument in sys.argv[1:]):  # Hydra's plain handler: no "Logging error"
+        logging.raiseExceptions = False  # for each line once its reader has gone (| head)
     try:
         with nullcontext() if multirun else composed_once():
             hydra_app()
