@@ -26,12 +26,17 @@ DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
 TIMEOUT_ARGS = {
     "psycopg2": "connect_timeout",
     "psycopg": "connect_timeout",
+    "pg8000": "timeout",
     "pymysql": "connect_timeout",
     "mysqldb": "connect_timeout",
-    "pg8000": "timeout",
+    "mysqlconnector": "connection_timeout",
+    "mariadbconnector": "connect_timeout",
     "pyodbc": "timeout",
+    "pymssql": "login_timeout",
 }
 """Each driver's connect-timeout argument."""
+PASSING_REFUSALS = ("starting up", "shutting down", "recovery mode", "too many", "connection slots")
+"""Refusals of a server that may soon accept the connection, which MLflow's retries then outlast."""
 
 
 def database_problem(uri: str) -> str | None:
@@ -85,36 +90,39 @@ def database_unreachable(uri: str, timeout_s: float) -> str | None:
         url = make_url(uri)
     except ArgumentError:  # database_problem names it
         return None
-    where = "the database on its local socket"
+    failed = "no connection to the database on its local socket"  # no server there, or one refusing
     if url.host:
         port = url.port or DEFAULT_PORTS[engine]
-        where = f"the database at {url.host}:{port}"
+        failed = f"the database at {url.host}:{port} refused the connection"
         try:
             socket.create_connection((url.host, port), timeout=timeout_s).close()
         except OSError as error:
             return f"no database answers at {url.host}:{port} ({error.strerror or error})"
     refused = _connection_refused(uri, timeout_s)
-    return f"{where} refused the connection: {refused}" if refused else None
+    return f"{failed}: {refused}" if refused else None
 
 
 def _connection_refused(uri: str, timeout_s: float) -> str | None:
-    """The first line of the driver's error where one connection to ``uri`` fails, else ``None``."""
+    """The first line of the driver's error where one connection to ``uri`` fails for good (a
+    login, a database); ``None`` where it connects, or fails in a way MLflow's retries may outlast
+    (a server starting up or full) or the probe cannot judge (then MLflow meets it as before)."""
     from sqlalchemy import create_engine
     from sqlalchemy.exc import DBAPIError
     from sqlalchemy.pool import NullPool
 
     try:
         engine = create_engine(uri, poolclass=NullPool, connect_args=_timeout_args(uri, timeout_s))
-    except Exception:  # no driver, a URI SQLAlchemy cannot use: database_problem names it
-        return None
-    try:
         with engine.connect():
             return None
     except DBAPIError as error:
-        text = str(error.orig or error).strip()
-        return text.splitlines()[0].strip() if text else type(error.orig or error).__name__
-    finally:
-        engine.dispose()
+        return lasting_refusal(str(error.orig or error).strip() or type(error.orig or error).__name__)
+    except Exception:  # a driver's own surprise: MLflow's engine meets it as before
+        return None
+
+
+def lasting_refusal(error: str) -> str | None:
+    """The first line of a driver's connection error, unless the refusal may soon pass (then ``None``)."""
+    return None if any(phrase in error.lower() for phrase in PASSING_REFUSALS) else error.splitlines()[0].strip()
 
 
 def _timeout_args(uri: str, timeout_s: float) -> dict[str, int]:

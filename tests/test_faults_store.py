@@ -42,6 +42,7 @@ from test_report import logged_run, report_sweep
 from axoexp import lease, names, tracking
 from axoexp.compare import main as compare_main
 from axoexp.components.population import CheckpointError
+from axoexp.databases import lasting_refusal
 from axoexp.errors import ConfigError, StoreLockedError, TrackingUnavailableError
 from axoexp.experiment import RESULT_FILE, run_experiment
 from axoexp.journal import JOURNAL_FILE, journal_end, read_journal, read_journal_lines
@@ -431,6 +432,20 @@ def test_a_database_that_does_not_answer_is_unreachable_at_once_and_the_journal_
         run_experiment(make_config(f"tracking.uri={uri}", "run.measured_updates=3"), output_dir=tmp_path)
     assert "secret" not in str(unreachable.value) and "axoexp:***@127.0.0.1" in str(unreachable.value)
     assert len([record for record in read_journal(tmp_path / JOURNAL_FILE) if record["kind"] == "update"]) == 8
+
+
+@pytest.mark.parametrize(
+    ("error", "lasting"),
+    [  # the drivers' own first lines
+        ('connection to server at "h", port 5432 failed: FATAL:  password authentication failed for user "u"\n', True),
+        ("(1045, \"Access denied for user 'u'@'h' (using password: YES)\")", True),
+        ('connection to server at "h", port 5432 failed: FATAL:  the database system is starting up\n', False),
+        ('connection to server at "h", port 5432 failed: FATAL:  sorry, too many clients already\n', False),
+        ("FATAL:  remaining connection slots are reserved for non-replication superuser connections", False),
+    ],
+)
+def test_a_refusal_that_may_soon_pass_is_left_to_mlflows_retries(error: str, lasting: bool) -> None:
+    assert lasting_refusal(error) == (error.splitlines()[0] if lasting else None)
 
 
 @pytest.mark.slow
