@@ -35,9 +35,9 @@ Plugins.instance()
 if not torch.cuda.is_available():  # before anything imports triton: it fixes the mode at import
     os.environ.setdefault("TRITON_INTERPRET", "1")  # the fused kernels then run in Triton's CPU interpreter
 
-SHARED_SESSION_FIXTURES = ("ray_cluster", "killed_runs", "preset_sweeps")
+SHARED_SESSION_FIXTURES = ("ray_cluster", "killed_runs")
 """Costly session fixtures: under pytest-xdist (``-n 2 --dist loadgroup``) the tests of each run on
-one worker, which starts it once."""
+one worker, which starts it once; so do the tests of one module that share a module-scoped fixture."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -47,17 +47,28 @@ def pytest_configure(config: pytest.Config) -> None:
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker is None:
         return
-    folder = Path(tempfile.gettempdir()) / f"ax-{worker}"  # short: Ray's socket paths must fit 107 bytes
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir()
-    os.environ["TMPDIR"] = str(folder)
+    folder = tempfile.mkdtemp(prefix=f"ax-{worker}-")  # short: Ray's socket paths must fit 107 bytes
+    config.stash[WORKER_TMP] = folder
+    os.environ["TMPDIR"] = folder
     tempfile.tempdir = None  # gettempdir() reads $TMPDIR again
-    os.environ[lease.LEASE_DIR_ENV] = str(folder / "axoexp-leases")
+    os.environ[lease.LEASE_DIR_ENV] = str(Path(folder) / "axoexp-leases")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder = config.stash.get(WORKER_TMP, None)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+WORKER_TMP = pytest.StashKey[str]()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        shared = [name for name in SHARED_SESSION_FIXTURES if name in getattr(item, "fixturenames", ())]
+        definitions = item._fixtureinfo.name2fixturedefs  # type: ignore[attr-defined]
+        shared = [name for name in SHARED_SESSION_FIXTURES if name in definitions]
+        if not shared and any(fixture.scope == "module" for defs in definitions.values() for fixture in defs):
+            shared = [item.module.__name__]  # type: ignore[attr-defined]
         if shared:
             item.add_marker(pytest.mark.xdist_group(shared[0]))
 
