@@ -63,7 +63,7 @@ def hydra_app(config: DictConfig) -> float | None:
     from axoexp import sweep
     from axoexp.job_process import run_isolated
 
-    job_number, job_name = hydra_config.job.num, hydra_config.job.override_dirname or "defaults"
+    job_number, job_name = hydra_config.job.num, redacted(hydra_config.job.override_dirname or "defaults")
     output_dir = Path(hydra_config.runtime.output_dir)
     try:
         return run_isolated(
@@ -86,7 +86,7 @@ def _experiment(config: DictConfig, hydra_config: HydraConf) -> float | None:
     wallclock.mark("imports")
     job_name = run_name = on_planned = None
     if hydra_config.mode == RunMode.MULTIRUN:
-        job_name = describe_run.unescaped(hydra_config.job.override_dirname) or "defaults"
+        job_name = redacted(describe_run.unescaped(hydra_config.job.override_dirname) or "defaults")
         job_number, overrides = hydra_config.job.num, list(hydra_config.overrides.task)
         run_name = lambda plan: describe_run.job_run_name(plan, job_number, overrides)  # noqa: E731
         resume = sweep.resume_job(config, hydra_config.job.num)
@@ -165,8 +165,8 @@ def _main() -> None:
     targets.install()
     if not _tracebacks_wanted:
         quiet_store_errors()
-    if any(argument in INFO_FLAGS for argument in sys.argv[1:]):  # Hydra's plain handler: no "Logging error"
-        logging.raiseExceptions = False  # for each line once its reader has gone (| head)
+    if any(argument.partition("=")[0] in INFO_FLAGS for argument in sys.argv[1:]):  # --info, --info=config
+        logging.raiseExceptions = False  # Hydra's plain handler: no "Logging error" per line once | head has gone
     try:
         with nullcontext() if multirun else composed_once():
             hydra_app()

@@ -80,6 +80,13 @@ def streams_per_s(streams: int, update_ms_median: float) -> float:
     return streams * 1000.0 / update_ms_median
 
 
+def _holds_no_password(folder: Path) -> bool:
+    """Whether Hydra's record of the job (``.hydra/``, the overrides as typed) exists and shows no
+    URI's password, so it may be uploaded as it is."""
+    files = sorted(folder.glob("*.yaml")) if folder.is_dir() else []
+    return bool(files) and all(redacted(text) == text for text in (file.read_text() for file in files))
+
+
 def run_experiment(
     config: DictConfig,
     output_dir: Path | None = None,
@@ -134,11 +141,11 @@ def run_experiment(
         params = flatten(container)
         del params[names.RUN_THREADS_PARAM]  # logged once resolved, inside the lease
         tracker.log_params(params)
-        tracker.log_text(OmegaConf.to_yaml(config, resolve=True), "config.yaml")
+        tracker.log_text(redacted(OmegaConf.to_yaml(config, resolve=True)), "config.yaml")
         tracker.set_tags(machine_tags)
         if output_dir is not None:
             tracker.set_tags({names.OUTPUT_DIR: str(output_dir)})
-            if (output_dir / HYDRA_DIR).is_dir():
+            if _holds_no_password(output_dir / HYDRA_DIR):  # else MLflow has it redacted in config.yaml
                 tracker.log_artifact(str(output_dir / HYDRA_DIR))
         collector.release()  # the command line's start-up done: the run's work runs with the collector on
         wallclock.mark("store")

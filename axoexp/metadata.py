@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from axoexp import names
+from axoexp.redact import redacted
 from axoexp.registry import BUILTIN, Component
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -258,10 +259,12 @@ HYDRA_APP_SOURCE = "python -m axoexp"
 
 
 def _program(argv0: str) -> str:
-    """``python -m pytest`` for a package's ``__main__.py``, ``python -c`` (also pytest-xdist's
+    """``python -m PACKAGE`` for a package's ``__main__.py``, ``python -c`` (also pytest-xdist's
     workers), ``python`` for an interactive session, else the script's name."""
-    if argv0 in ("-c", ""):
-        return f"python {argv0}".rstrip()
+    if argv0 == "-c":
+        return "python -c"
+    if not argv0:
+        return "python"
     path = Path(argv0)
     return f"python -m {path.parent.name}" if path.name == "__main__.py" else path.name
 
@@ -289,7 +292,7 @@ def collect(device: torch.device, components: Iterable[Component]) -> dict[str, 
         **package_versions(),
         **device_info(device),
         **determinism_flags(),
-        names.COMMAND: " ".join(sys.argv),
+        names.COMMAND: redacted(" ".join(sys.argv)),
     }
 
 

@@ -149,9 +149,9 @@ class MlflowSweepCallback(Callback):
                         {
                             names.SWEEP_ROLE: "parent",
                             names.SWEEP_DIR: str(sweep_dir.resolve()),
-                            names.SWEEP_OVERRIDES: " ".join(overrides),
+                            names.SWEEP_OVERRIDES: redacted(" ".join(overrides)),
                             names.SWEEP_DEFINITION: sweep_definition(overrides, job_configs),
-                            names.COMMAND: " ".join(sys.argv),
+                            names.COMMAND: redacted(" ".join(sys.argv)),
                             **process_tags(),
                             **metadata.source_tags(metadata.HYDRA_APP_SOURCE),
                         }
@@ -447,8 +447,9 @@ def end_killed_job(config: DictConfig, job_number: int, job_name: str, output_di
                 config.sweep.parent_run_id, f"{names.DIED_PREFIX}job{job_number}", f"{job_name} {how}; {done}"[:5000]
             )
     except UNREACHABLE as error:
+        reason = redacted(str(error).splitlines()[0])[:300]
         done = redacted(
-            f"MLflow tracking at {uri} is unreachable ({str(error).splitlines()[0][:300]}); complete its run with: "
+            f"MLflow tracking at {uri} is unreachable ({reason}); complete its run with: "
             f"python -m axoexp.sync {output_dir} --tracking-uri {uri}"
         )
     return done

@@ -73,6 +73,7 @@ from axoexp.tracking import (
     answering_client,
     bound_http_retries,
     experiment_id,
+    holds_data,
     open_client,
     resolve_tracking_uri,
     run_or_none,
@@ -422,7 +423,7 @@ def run_in_store(uri: str, contents: JournalLines) -> Run | None:
     """The journal's run in the store ``uri`` where that store exists and answers, else ``None``;
     nothing is created."""
     database = sqlite_path(uri)
-    if store_problem(uri) or (database is not None and not database.is_file()):
+    if store_problem(uri) or (database is not None and not holds_data(database)):
         return None
     ids = _journal_ids(contents.records)
     start = next((record for record in contents.records if record["kind"] == START), None)
@@ -530,7 +531,7 @@ def _main(argv: list[str] | None) -> int:
 
     for path, uri, said in targets:
         if not uri:  # its run is in its own store
-            print_out(f"{path}: {said}")
+            print_out(redacted(f"{path}: {said}"))
         elif uri in problems:
             print_out(f"{path}: skipped: {problems[uri]}")
             status = 2
@@ -541,8 +542,8 @@ def _main(argv: list[str] | None) -> int:
                 print(f"axoexp.sync: {path}: {store_unreachable(uri, error)}", file=sys.stderr, flush=True)
                 status = max(status, _failed_status(uri, error))
             else:
-                where = "" if uri == absolute_store(default, Path.cwd()) and not said else f" in {redacted(uri)}"
-                print_out(f"{path}: {synced}{where}{said}")
+                where = "" if uri == absolute_store(default, Path.cwd()) and not said else f" in {uri}"
+                print_out(redacted(f"{path}: {synced}{where}{said}"))
     for uri in (uri for uri in stores if uri not in problems):
         try:
             ended = end_dead_runs(client(uri))

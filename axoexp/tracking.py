@@ -26,7 +26,11 @@ import requests
 from mlflow.data.dataset import Dataset
 from mlflow.entities import Dataset as DatasetEntity
 from mlflow.entities import DatasetInput, InputTag, Metric, Param, Run, RunTag
-from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE, MLFLOW_TRACKING_URI
+from mlflow.environment_variables import (
+    MLFLOW_ALLOW_FILE_STORE,
+    MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT,
+    MLFLOW_TRACKING_URI,
+)
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
 from mlflow.tracking import MlflowClient
@@ -128,14 +132,14 @@ def tracking_uri_key(uri: str | None, setting: str = TRACKING_URI_KEY) -> str:
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    """Scalar leaves of a nested mapping as dotted keys (for MLflow params)."""
+    """Scalar leaves of a nested mapping as dotted keys (for MLflow params), any password hidden."""
     flat: dict[str, str] = {}
     for key, value in config.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping):
             flat.update(flatten(value, f"{name}."))
         else:
-            flat[name] = str(value)[:MAX_PARAM_LENGTH]
+            flat[name] = redacted(value)[:MAX_PARAM_LENGTH]
     return flat
 
 
@@ -455,7 +459,7 @@ def store_failure(reason: str) -> str:
 def store_unreachable(uri: str, error: BaseException) -> str:
     """``MLflow tracking at URI is on a full disk: <the error's first line>`` (locked, unreachable), or
     the sqlite file named damaged with the command that moves it aside."""
-    reason = str(error).splitlines()[0][:300]
+    reason = redacted(str(error).splitlines()[0])[:300]
     damaged = sqlite_damaged(uri, error)
     if damaged is not None:
         return f"MLflow tracking at {redacted(uri)}: {damaged_store(damaged, reason)}"
@@ -544,10 +548,13 @@ def open_client(tracking_uri: str) -> MlflowClient:
 def answering_client(tracking_uri: str) -> MlflowClient:
     """A client of ``tracking_uri``, which it creates nothing in; a database server that does not
     answer within the HTTP timeout (``tracking.http_timeout_s``) raises :class:`MlflowException` at
-    once, as a dead tracking server does, where MLflow's engine would retry for about 100 s."""
+    once, as a dead tracking server does, where MLflow's engine would retry for about 100 s. A URI
+    holding a password keeps MLflow from printing its run links, which would show it."""
     silent = database_unreachable(tracking_uri, float(os.environ.get(names.HTTP_TIMEOUT_ENV, names.HTTP_TIMEOUT_S)))
     if silent is not None:
         raise MlflowException(silent)
+    if redacted(tracking_uri) != tracking_uri:
+        os.environ[MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT.name] = "true"
     return MlflowClient(tracking_uri=tracking_uri)
 
 

@@ -20,7 +20,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from axoexp import names
-from axoexp.banks import BANKS_FILE, FORMAT, adapted_banks
+from axoexp.banks import BANKS_FILE, FORMAT, adapted_banks, read_initial_banks
 from axoexp.components.population import lite, sha256_of
 from axoexp.console import format_result
 from axoexp.errors import BanksError, ConfigError
@@ -240,6 +240,15 @@ def _refusal_cases(tmp_path: Path, first_run: str, client: MlflowClient) -> list
             f"{init}: the run cannot be read from http://127.0.0.1:",
         ),
     ]
+
+
+def test_a_run_id_in_an_empty_store_file_is_no_such_run_and_the_file_stays_empty(tmp_path: Path) -> None:
+    """MLflow created its tables in an empty file it was asked to read a run from."""
+    empty = tmp_path / "mlflow.db"
+    empty.touch()
+    with pytest.raises(BanksError, match=r"no such run, the store sqlite:///.*mlflow\.db is an empty file$"):
+        read_initial_banks("0" * 32, None, f"sqlite:///{empty}")
+    assert empty.stat().st_size == 0
 
 
 @pytest.mark.slow

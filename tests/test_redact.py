@@ -8,8 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import free_port
+from helpers import free_port, start_mlflow
+from mlflow.tracking import MlflowClient
 
+from axoexp import names
 from axoexp.redact import RedactingFilter, redacted
 
 
@@ -20,6 +22,11 @@ from axoexp.redact import RedactingFilter, redacted
         ("http://a:b@127.0.0.1:5000 and mysql://:pw@h/db", "http://a:***@127.0.0.1:5000 and mysql://:***@h/db"),
         ("#0 : tracking.uri=postgresql\\://u\\:s3cret@h\\:1/db", "#0 : tracking.uri=postgresql\\://u\\:***@h\\:1/db"),
         ("['tracking.uri=postgresql\\\\://u\\\\:s3cret@h/db']", "['tracking.uri=postgresql\\\\://u\\\\:***@h/db']"),
+        ("postgresql://u:p/ss@h/db", "postgresql://u:***@h/db"),  # SQLAlchemy reads the password p/ss
+        (
+            "postgresql://h/db?user=u&password=s3cret&sslmode=require",
+            "postgresql://h/db?user=u&password=***&sslmode=require",
+        ),
     ],
 )
 def test_a_uris_password_is_hidden(text: str, shown: str) -> None:
@@ -27,15 +34,17 @@ def test_a_uris_password_is_hidden(text: str, shown: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["sqlite:////tmp/a:b@c.db", "sqlite:///mlflow.db", "postgresql://u@h/db", "http://h:5000/x@y", "a@b: c:d@e"]
+    "text", ["sqlite:////tmp/a:b@c.db", "sqlite:///mlflow.db", "postgresql://u@h/db", "http://h:5000/x", "a@b: c:d@e"]
 )
 def test_text_without_a_password_is_left_as_it_is(text: str) -> None:
     assert redacted(text) == text
 
 
-def test_the_logging_filter_redacts_a_records_arguments() -> None:
+def test_the_logging_filter_redacts_a_records_arguments_and_leaves_a_malformed_one_to_its_handler() -> None:
     record = logging.LogRecord("hydra", logging.INFO, __file__, 1, "#%d : %s", (0, "uri=http://u:s3cret@h"), None)
     assert RedactingFilter().filter(record) and record.getMessage() == "#0 : uri=http://u:***@h"
+    malformed = logging.LogRecord("x", logging.INFO, __file__, 1, "bad %d", ("str",), None)
+    assert RedactingFilter().filter(malformed), "the handler reports it, as without the filter"
 
 
 @pytest.mark.slow
@@ -60,3 +69,39 @@ def test_a_run_and_a_sweep_on_a_database_that_does_not_answer_never_show_its_pas
         assert "s3cret" not in shown and "axo:***@" in ended.stdout, shown
     logs = list((tmp_path / "outputs").rglob("*.log"))
     assert logs and not [log for log in logs if "s3cret" in log.read_text()]
+
+
+@pytest.mark.slow
+def test_a_sweep_on_a_server_whose_uri_holds_a_password_stores_it_nowhere(tmp_path: Path) -> None:
+    """``tracking.uri=http://u:s3cret@HOST:PORT`` (requests sends it as basic auth): the run's params,
+    its tags (the command), its config.yaml and the sweep parent's tags held the password; Hydra's
+    record (.hydra/, the overrides as typed) is not uploaded then."""
+    port = free_port()
+    (tmp_path / "server").mkdir()
+    server = start_mlflow("server", tmp_path / "server", port)
+    try:
+        uri = f"tracking.uri=http://u:s3cret@127.0.0.1:{port}"
+        ended = subprocess.run(
+            [sys.executable, "-m", "axoexp", "-m", uri, "run.measured_updates=1"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert ended.returncode == 0, ended.stderr
+        assert "s3cret" not in ended.stdout + ended.stderr
+        client = MlflowClient(f"http://127.0.0.1:{port}")
+        runs = client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
+        assert len(runs) == 2 and {run.data.tags.get(names.SWEEP_ROLE) for run in runs} >= {"parent"}
+        for run in runs:
+            stored = [*run.data.params.values(), *run.data.tags.values()]
+            assert not [value for value in stored if "s3cret" in value], run.info.run_name
+        child = next(run for run in runs if run.data.tags.get(names.SWEEP_ROLE) != "parent")
+        assert child.data.params["tracking.uri"] == f"http://u:***@127.0.0.1:{port}"
+        artifacts = {artifact.path for artifact in client.list_artifacts(child.info.run_id)}
+        assert "config.yaml" in artifacts and ".hydra" not in artifacts
+        config = client.download_artifacts(child.info.run_id, "config.yaml", str(tmp_path))
+        assert "u:***@127.0.0.1" in Path(config).read_text() and "s3cret" not in Path(config).read_text()
+    finally:
+        server.terminate()
+        server.wait(timeout=60)

@@ -222,6 +222,9 @@ def test_a_speedup_prints_inside_its_printed_interval() -> None:
     row = _row("sleepy", 3, 12, 5.0, 0.2014, speedup_low=0.2008, speedup_high=0.2031, contention="none", noise="low")
     cells = format_table([row], "markdown").splitlines()[2].split(" | ")
     assert cells[7:9] == ["0.201x", "[0.201, 0.203]"]
+    large = dataclasses.replace(row, speedup_vs_eager=1234.5, speedup_low=999.6, speedup_high=1500.0)
+    cells = format_table([large], "markdown").splitlines()[2].split(" | ")
+    assert cells[7:9] == ["1230x", "[1000, 1500]"], "never 1.23e+03x"
 
 
 def test_the_latency_axis_is_the_swept_numeric_setting(tmp_path: Path) -> None:

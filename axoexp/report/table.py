@@ -21,9 +21,10 @@ def _number(value: float | None, digits: int) -> str:
 
 
 def _ratio(value: float) -> str:
-    """A speedup or an end of its interval, all to one precision: rounding them alike keeps an
-    estimate inside its printed interval (``0.2014`` as ``0.20`` beside a low of ``0.201`` did not)."""
-    return f"{value:.3g}"
+    """A speedup or an end of its interval, all to three significant figures (``0.201``, ``22.6``,
+    ``1230``): rounding them alike keeps an estimate inside its printed interval (``0.2014`` as
+    ``0.20`` beside a low of ``0.201`` did not)."""
+    return f"{float(f'{value:.3g}'):g}"
 
 
 def _speedup(row: ReportRow) -> str:
