@@ -48,6 +48,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if worker is None:
         return
     folder = tempfile.mkdtemp(prefix=f"ax-{worker}-")  # short: Ray's socket paths must fit 107 bytes
+    os.chmod(folder, 0o755)  # as /tmp's folders are: the postgres user reaches its data directory (postgres)
     config.stash[WORKER_TMP] = folder
     os.environ["TMPDIR"] = folder
     tempfile.tempdir = None  # gettempdir() reads $TMPDIR again
