@@ -7,10 +7,14 @@ from __future__ import annotations
 import importlib.util
 import math
 import socket
+from typing import TYPE_CHECKING
 
 from mlflow.exceptions import MlflowException
 from mlflow.store.db.db_types import DATABASE_ENGINES, SQLITE
 from mlflow.utils.uri import get_uri_scheme
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import URL
 
 DRIVER_MODULES = {"mysqldb": "MySQLdb", "mysqlconnector": "mysql.connector", "mariadbconnector": "mariadb"}
 """The module of each driver whose module SQLAlchemy names otherwise (any other is the driver's name)."""
@@ -98,12 +102,12 @@ def database_unreachable(uri: str, timeout_s: float) -> str | None:
             socket.create_connection((url.host, port), timeout=timeout_s).close()
         except OSError as error:
             return f"no database answers at {url.host}:{port} ({error.strerror or error})"
-    refused = _connection_refused(uri, timeout_s)
+    refused = _connection_refused(url, timeout_s)
     return f"{failed}: {refused}" if refused else None
 
 
-def _connection_refused(uri: str, timeout_s: float) -> str | None:
-    """The first line of the driver's error where one connection to ``uri`` fails for good (a
+def _connection_refused(url: URL, timeout_s: float) -> str | None:
+    """The first line of the driver's error where one connection to ``url`` fails for good (a
     login, a database); ``None`` where it connects, or fails in a way MLflow's retries may outlast
     (a server starting up or full) or the probe cannot judge (then MLflow meets it as before)."""
     from sqlalchemy import create_engine
@@ -111,7 +115,9 @@ def _connection_refused(uri: str, timeout_s: float) -> str | None:
     from sqlalchemy.pool import NullPool
 
     try:
-        engine = create_engine(uri, poolclass=NullPool, connect_args=_timeout_args(uri, timeout_s))
+        key = TIMEOUT_ARGS.get(url.get_dialect().driver)  # the driver's own connect timeout, in whole seconds
+        timeout = {key: max(1, math.ceil(timeout_s))} if key else {}
+        engine = create_engine(url, poolclass=NullPool, connect_args=timeout)
         with engine.connect():
             return None
     except DBAPIError as error:
@@ -123,12 +129,3 @@ def _connection_refused(uri: str, timeout_s: float) -> str | None:
 def lasting_refusal(error: str) -> str | None:
     """The first line of a driver's connection error, unless the refusal may soon pass (then ``None``)."""
     return None if any(phrase in error.lower() for phrase in PASSING_REFUSALS) else error.splitlines()[0].strip()
-
-
-def _timeout_args(uri: str, timeout_s: float) -> dict[str, int]:
-    """The driver's own connect timeout, in whole seconds, where SQLAlchemy passes it through."""
-    from sqlalchemy.engine import make_url
-
-    driver = make_url(uri).get_dialect().driver
-    key = TIMEOUT_ARGS.get(driver)
-    return {key: max(1, math.ceil(timeout_s))} if key else {}

@@ -258,6 +258,11 @@ def determinism_flags() -> dict[str, str]:
 HYDRA_APP_SOURCE = "python -m axoexp"
 
 
+def command_line() -> str:
+    """This process's arguments as the ``command`` tag keeps them, any URI's password hidden."""
+    return redacted(" ".join(sys.argv))
+
+
 def _program(argv0: str) -> str:
     """``python -m PACKAGE`` for a package's ``__main__.py``, ``python -c`` (also pytest-xdist's
     workers), ``python`` for an interactive session, else the script's name."""
@@ -292,7 +297,7 @@ def collect(device: torch.device, components: Iterable[Component]) -> dict[str, 
         **package_versions(),
         **device_info(device),
         **determinism_flags(),
-        names.COMMAND: redacted(" ".join(sys.argv)),
+        names.COMMAND: command_line(),
     }
 
 

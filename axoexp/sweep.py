@@ -151,7 +151,7 @@ class MlflowSweepCallback(Callback):
                             names.SWEEP_DIR: str(sweep_dir.resolve()),
                             names.SWEEP_OVERRIDES: redacted(" ".join(overrides)),
                             names.SWEEP_DEFINITION: sweep_definition(overrides, job_configs),
-                            names.COMMAND: redacted(" ".join(sys.argv)),
+                            names.COMMAND: metadata.command_line(),
                             **process_tags(),
                             **metadata.source_tags(metadata.HYDRA_APP_SOURCE),
                         }

@@ -463,7 +463,7 @@ def store_unreachable(uri: str, error: BaseException) -> str:
     damaged = sqlite_damaged(uri, error)
     if damaged is not None:
         return f"MLflow tracking at {redacted(uri)}: {damaged_store(damaged, reason)}"
-    return redacted(f"MLflow tracking at {uri} {store_failure(reason)}: {reason}")
+    return f"MLflow tracking at {redacted(uri)} {store_failure(reason)}: {reason}"
 
 
 def sqlite_busy(error: BaseException) -> bool:
