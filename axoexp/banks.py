@@ -30,7 +30,7 @@ from axoexp.executors.base import batch_loss
 from axoexp.interfaces import Batch, LossFn, RunLog, adaptation_parameters
 from axoexp.redact import redacted
 from axoexp.registry import INIT_FROM, INIT_FROM_SHA256
-from axoexp.tracking import UNREACHABLE, answering_client, holds_data, run_or_none, sqlite_path
+from axoexp.tracking import UNREACHABLE, answering_client, no_store_yet, run_or_none
 from axoexp.windows import Observer
 
 BANKS_FILE = "banks.safetensors"
@@ -209,12 +209,9 @@ def read_initial_banks(origin: str, pinned_sha256: str | None, tracking_uri: str
         return _read(origin, file, pinned_sha256, recorded_sha256=None)
     if not RUN_ID.fullmatch(origin):
         raise BanksError(f"population.{INIT_FROM}={origin!r} is neither a file nor an MLflow run id (32 hex digits)")
-    store = sqlite_path(tracking_uri)
-    if store is not None and not holds_data(store):  # MLflow would create its tables in an empty file
-        raise BanksError(
-            f"population.{INIT_FROM}={origin}: no such run, the store {redacted(tracking_uri)} "
-            f"{'is an empty file' if store.is_file() else 'does not exist'}"
-        )
+    absent = no_store_yet(tracking_uri)
+    if absent:
+        raise BanksError(f"population.{INIT_FROM}={origin}: no such run, the store {redacted(tracking_uri)} {absent}")
     try:
         client = answering_client(tracking_uri)
         run = run_or_none(client, origin)

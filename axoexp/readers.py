@@ -31,7 +31,7 @@ from axoexp.tracking import (
     answering_client,
     bound_http_retries,
     damaged_store,
-    holds_data,
+    no_store_yet,
     resolve_tracking_uri,
     sqlite_damaged,
     sqlite_path,
@@ -70,9 +70,9 @@ class StoreReader:
         uri = resolve_tracking_uri(tracking_uri)
         path = sqlite_path(uri)
         database = path if path is not None and str(path) != ":memory:" else None
-        if database is not None and not holds_data(database):  # MLflow would create its tables in an empty one
-            empty = " (an empty file)" if database.is_file() else ""
-            raise NoSweepError(f"no MLflow store at {redacted(uri)}{empty}; {none_yet}")
+        absent = no_store_yet(uri)
+        if absent:
+            raise NoSweepError(f"no MLflow store: {redacted(uri)} {absent}; {none_yet}")
         problem = store_problem(uri, tracking_uri_key(tracking_uri, TRACKING_URI_OPTION), writes=False)
         if problem:
             raise UnusableStoreError(problem)

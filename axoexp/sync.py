@@ -73,7 +73,7 @@ from axoexp.tracking import (
     answering_client,
     bound_http_retries,
     experiment_id,
-    holds_data,
+    no_store_yet,
     open_client,
     resolve_tracking_uri,
     run_or_none,
@@ -422,8 +422,7 @@ def absolute_store(uri: str, base: Path) -> str:
 def run_in_store(uri: str, contents: JournalLines) -> Run | None:
     """The journal's run in the store ``uri`` where that store exists and answers, else ``None``;
     nothing is created."""
-    database = sqlite_path(uri)
-    if store_problem(uri) or (database is not None and not holds_data(database)):
+    if store_problem(uri) or no_store_yet(uri):
         return None
     ids = _journal_ids(contents.records)
     start = next((record for record in contents.records if record["kind"] == START), None)

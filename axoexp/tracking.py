@@ -334,6 +334,16 @@ def holds_data(path: Path) -> bool:
         return False
 
 
+def no_store_yet(tracking_uri: str) -> str | None:
+    """Why the sqlite store ``tracking_uri`` names is no store yet for a reader, which must create
+    nothing in it (MLflow would create its tables): ``"does not exist"`` or ``"is an empty file"``;
+    ``None`` where the file holds data or the URI names no sqlite file."""
+    path = sqlite_path(tracking_uri)
+    if path is None or str(path) == ":memory:" or holds_data(path):
+        return None
+    return "is an empty file" if path.is_file() else "does not exist"
+
+
 def store_damage(path: Path) -> str | None:
     """Why the sqlite file at ``path`` is not a usable MLflow store, and what to do: a file of another
     kind or another application's database is named as such (choose another path), and only an MLflow

@@ -91,7 +91,7 @@ def test_an_empty_store_file_is_no_store_and_stays_empty(
         main(["--tracking-uri", f"sqlite:///{empty}", *args])
     err = capsys.readouterr().err
     assert ended.value.code == 2, err
-    assert err.startswith(f"{command}: no MLflow store at sqlite:///{empty} (an empty file); ")
+    assert err.startswith(f"{command}: no MLflow store: sqlite:///{empty} is an empty file; ")
     assert empty.stat().st_size == 0, "a reader writes nothing"
 
 

@@ -279,7 +279,7 @@ def test_report_without_a_sweep_says_so_in_one_line(tmp_path: Path, make_config)
     (_, missing_err), (_, no_sweep_err) = (process.communicate(timeout=120) for process in reported)
     assert reported[0].returncode == 2
     assert missing_err.strip() == (
-        "axoexp.report: no MLflow store at sqlite:///mlflow.db; run a sweep first: python -m axoexp -m ..."
+        "axoexp.report: no MLflow store: sqlite:///mlflow.db does not exist; run a sweep first: python -m axoexp -m ..."
     )
     assert not (missing / "mlflow.db").exists(), "the report creates no store"
     assert reported[1].returncode == 2

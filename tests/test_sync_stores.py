@@ -92,11 +92,21 @@ def test_a_journal_that_cannot_be_read_is_skipped_in_one_line_and_the_others_syn
     )
 
 
+@pytest.mark.parametrize("own_store", ["lost", "emptied"])
 def test_tracking_uri_overrides_a_store_that_lacks_the_run_and_says_so(
-    finished_run: tuple[str, Path], tmp_path: Path, empty_store: Path, capsys: pytest.CaptureFixture[str]
+    finished_run: tuple[str, Path],
+    tmp_path: Path,
+    empty_store: Path,
+    capsys: pytest.CaptureFixture[str],
+    own_store: str,
 ) -> None:
+    """The run's own store is gone, or an empty file (which is no store: MLflow would create its tables in it)."""
     run_id, outputs = finished_run
-    (tmp_path / "ro" / "m.db").unlink()  # the run's own store is lost
+    own = tmp_path / "ro" / "m.db"
+    if own_store == "lost":
+        own.unlink()
+    else:
+        own.write_bytes(b"")
     other = tmp_path / "other.db"
     shutil.copyfile(empty_store, other)
     assert sync_main([str(outputs), "--tracking-uri", f"sqlite:///{other}"]) == 0
@@ -107,7 +117,7 @@ def test_tracking_uri_overrides_a_store_that_lacks_the_run_and_says_so(
         f"(--tracking-uri overrides its own store sqlite:///{tmp_path / 'ro' / 'm.db'}, which does not have the run)\n"
     )
     assert copied.info.status == "FINISHED" and copied.info.run_id != run_id
-    assert not (tmp_path / "ro" / "m.db").exists(), "the lost store is not created again"
+    assert (own.stat().st_size == 0) if own_store == "emptied" else not own.exists(), "nothing is created in it"
 
 
 ELSEWHERE = {names.PROCESS_PID: "1", names.HOSTNAME: "elsewhere"}  # a process sync cannot check
