@@ -199,7 +199,7 @@ GROUPS: dict[str, GroupSpec] = {
         GroupSpec(
             "executor",
             ("module", "optimizer", "loss_fn", "gradient_transform"),
-            "a subclass of axoexp.executors.base.Executor",
+            f"a subclass of {Executor.__module__}.{Executor.__qualname__}",
             executor_class=True,
         ),
     )
