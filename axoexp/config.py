@@ -13,7 +13,7 @@ import difflib
 import re
 import types
 import typing
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -166,12 +166,17 @@ CONFIG_SCALARS = (int, float, bool, str)
 HIDDEN_KEYS = ("hydra", "name")  # Hydra's own node; a component's name is chosen as group=name
 
 
+def did_you_mean(typed: str, choices: Iterable[str]) -> str:
+    """`` (did you mean lr?)``, naming the choice closest to ``typed``; empty where none is close."""
+    close = difflib.get_close_matches(typed, list(choices), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def no_such_key(key: str, section: str, keys: Sequence[str], where: str = "") -> str:
     """One line for a key the config lacks, e.g. ``run.warmup: no such key in run (did you mean
     warmup_updates?); its keys: ...`` (``section`` empty: a top-level key; ``where`` names the
     section's component, e.g. ``optimizer=adam``)."""
-    close = difflib.get_close_matches(key, keys, n=1)
-    guess = f" (did you mean {close[0]}?)" if close else ""
+    guess = did_you_mean(key, keys)
     if not section:
         return f"{key}: no such key{guess}; top-level keys: {', '.join(keys)}"
     settings = f"its keys: {', '.join(keys)}" if keys else "it takes no settings"
@@ -208,13 +213,21 @@ def one_line(error: BaseException) -> str:
 
     if isinstance(error, MissingConfigException) and error.missing_cfg_file and error.options is not None:
         group, _, option = error.missing_cfg_file.rpartition("/")
-        return f"{group}={option}: no such option; valid {group} options: {', '.join(sorted(error.options))}"
+        return (
+            f"{group}={option}: no such option{did_you_mean(option, error.options)}; "
+            f"valid {group} options: {', '.join(sorted(error.options))}"
+        )
     if isinstance(error, OverrideParseException):  # Hydra's grammar: "no viable alternative at input '[64,128'"
         return (
             f"{error.override}: not an override Hydra can read ({str(error).strip().splitlines()[0]}); write "
             "key=value, a list as key=[a,b], a string with , [ ] = or spaces quoted: key='a b'"
         )
     first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    not_in_defaults = re.search(r"defaults list\.\nTo append to your default list use \+(\S+)", str(error))
+    if not_in_defaults:  # a group the config does not choose by default: experiment=eager_cpu
+        override = not_in_defaults.group(1)
+        group = override.partition("=")[0]
+        return f"{override}: the config chooses no {group} by default, so none can be overridden; add one: +{override}"
     appended = re.fullmatch(r"Could not append to config\. An item is already at '(.*)'\.", first)
     if appended:  # Hydra's hints follow on lines of their own
         key = appended.group(1)

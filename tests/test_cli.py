@@ -51,9 +51,15 @@ USER_ERRORS = [  # (the overrides, space-separated; the one line printed)
         "gradient to adapt on, so an update needs more than 4 time steps; use population.time_steps=5 or more",
     ),
     (
-        "executor=graphs",
-        "executor=graphs: no such option; valid executor options: compiled_cudagraph, "
+        "executor=cudagrph",
+        "executor=cudagrph: no such option (did you mean cudagraph?); valid executor options: compiled_cudagraph, "
         "cudagraph, eager, fused_cudagraph, reduce_overhead, regional_cudagraph",
+    ),
+    ("optimizer=zz", "optimizer=zz: no such option; valid optimizer options: adam, adamw, sgd"),
+    (  # a group that --help lists, but the config chooses none of by default
+        "experiment=eager_cpu",
+        "experiment=eager_cpu: the config chooses no experiment by default, so none can be overridden; add one: "
+        "+experiment=eager_cpu",
     ),
     ("loss=null", "loss=null: every run needs a loss option; valid loss options: causal_mse, huber, mse"),
     (
