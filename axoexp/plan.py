@@ -41,7 +41,7 @@ from axoexp.errors import (
     first_line,
 )
 from axoexp.executors import optimizer_calls
-from axoexp.executors.base import batch_loss
+from axoexp.executors.base import batch_loss, predictions
 from axoexp.interfaces import Executor, LossFn, PopulationSetup, adaptation_parameters
 from axoexp.nvml import cuda_present, gpu_probe
 from axoexp.registry import GROUPS, INIT_FROM, INIT_FROM_SHA256, REGISTRY, Component, Registry
@@ -358,11 +358,7 @@ def loss_problems(loss: Component, params: dict[str, Any], probe: PopulationSetu
             "backward needs one number; reduce it (e.g. .mean())"
         ]
     if not value.requires_grad:
-        return [
-            f"loss={loss.name} on this population's shortest batch ({shortest[0].shape[-2]} time steps) depends on "
-            "none of the banks it adapts (no gradient), so an update would adapt nothing (e.g. every output the "
-            "loss reads is a warm-up output); give the population more time steps"
-        ]
+        return [_no_gradient(loss.name, probe, shortest)]
     if where.type == "cpu" and not torch.isfinite(value):
         return [
             f"loss={loss.name} is {value.item()} on this population's shortest batch before any update "
@@ -370,6 +366,24 @@ def loss_problems(loss: Component, params: dict[str, Any], probe: PopulationSetu
             "(e.g. a mean over no time steps left after the loss's warm-up)"
         ]
     return []
+
+
+def _no_gradient(loss_name: str, probe: PopulationSetup, batch: tuple[torch.Tensor, ...]) -> str:
+    """Why a loss of ``batch`` carries no gradient to the banks: the population's predictions of it
+    carry none (e.g. every output is a warm-up output), or the loss drops theirs."""
+    refused = (
+        f"loss={loss_name} on this population's shortest batch ({batch[0].shape[-2]} time steps) depends on none "
+        "of the banks it adapts (no gradient), so an update would adapt nothing"
+    )
+    if not predictions(probe.module, batch[0]).requires_grad:
+        return (
+            f"{refused}: the population's predictions carry none (e.g. every output is a warm-up output); "
+            "give the population more time steps"
+        )
+    return (
+        f"{refused}: the predictions carry one, and the loss drops it (.detach(), .item() or NumPy, or it reads "
+        "only outputs without one, such as warm-up outputs); compute the loss with torch operations on them"
+    )
 
 
 INPUT_AXES = {3: ("population", "time", "channels"), 4: ("streams", "population", "time", "channels")}

@@ -274,6 +274,20 @@ def _a_tuple(*, device: torch.device, dtype: torch.dtype, seed: int) -> object:
     return _Fixed().to(device, dtype), _batches(device, dtype)
 
 
+class _Unreached(_Fixed):
+    """A bank its predictions never use (as every output of a batch all warm-up)."""
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return inputs[..., :2] * 1.0
+
+    def trainable_adaptation_parameters(self) -> list[torch.nn.Parameter]:
+        return [self.gain]
+
+
+def _unreached(*, device: torch.device, dtype: torch.dtype, seed: int) -> PopulationSetup:
+    return PopulationSetup(module=_Unreached().to(device, dtype), batches=_batches(device, dtype))
+
+
 def _no_banks(*, device: torch.device, dtype: torch.dtype, seed: int) -> PopulationSetup:
     return PopulationSetup(module=_Fixed().to(device, dtype), batches=_batches(device, dtype))
 
@@ -314,6 +328,7 @@ def wrapped(registry: Registry) -> Registry:
     registry.register("population", "no_banks", _no_banks, source=__file__)
     registry.register("population", "frozen", _frozen, source=__file__)
     registry.register("population", "raises", _raises, source=__file__)
+    registry.register("population", "unreached", _unreached, source=__file__)
     registry.register("loss", "wrong_axis", _wrong_axis, source=__file__)
     registry.register("loss", "unreduced", _unreduced, source=__file__)
     registry.register("loss", "after_warmup", _after_warmup, source=__file__)
@@ -351,11 +366,22 @@ def test_a_loss_that_is_not_finite_before_any_update_is_refused_while_planning(
         plan_experiment(make_config("loss=after_warmup"), wrapped)
 
 
-def test_a_loss_that_no_bank_reaches_is_refused_while_planning(make_config: Callable, wrapped: Registry) -> None:
-    """No gradient from the loss to the banks (here it detaches the predictions; a plugin population's
-    too-short batches, all warm-up, do the same): the run's updates would adapt nothing."""
-    with pytest.raises(ConfigError, match=r"loss=targets_only on this population's shortest batch \(12 time steps\) "):
-        plan_experiment(make_config("loss=targets_only"), wrapped)
+@pytest.mark.parametrize(
+    "overrides, cause",
+    [
+        (("loss=targets_only",), "the predictions carry one, and the loss drops it (.detach(), .item() or NumPy"),
+        (("population=unreached", "loss=mse"), "the population's predictions carry none (e.g. every output is a"),
+    ],
+)
+def test_a_loss_that_no_bank_reaches_is_refused_while_planning_naming_where_the_gradient_is_lost(
+    make_config: Callable, wrapped: Registry, overrides: tuple[str, ...], cause: str
+) -> None:
+    """No gradient from the loss to the banks, the run's updates would adapt nothing: the loss detaches
+    the predictions, or the predictions never reach a bank (a plugin population's too-short batches)."""
+    loss = overrides[-1].partition("=")[2]
+    refused = f"loss={loss} on this population's shortest batch (12 time steps) depends on none of the banks"
+    with pytest.raises(ConfigError, match=re.escape(refused) + ".*: " + re.escape(cause)):
+        plan_experiment(make_config(*overrides), wrapped)
 
 
 def test_an_optimizer_that_refuses_its_settings_is_refused_while_planning(

@@ -60,8 +60,16 @@ def batch_loss(
         loss_fn = functools.partial(masked, length=length)  # type: ignore[call-arg]
     if inputs.dim() != STREAM_AXIS_RANK:
         return loss_fn(module(inputs), targets)
+    return torch.vmap(loss_fn)(predictions(module, inputs), targets).mean()
+
+
+def predictions(module: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    """The population's predictions of ``inputs``: ``module(inputs)`` for one stream, and
+    ``module.forward_batch(inputs)`` for inputs with a leading stream axis."""
+    if inputs.dim() != STREAM_AXIS_RANK:
+        return module(inputs)
     forward_batch: Callable[[torch.Tensor], torch.Tensor] = module.forward_batch  # type: ignore[assignment]
-    return torch.vmap(loss_fn)(forward_batch(inputs), targets).mean()
+    return forward_batch(inputs)
 
 
 def pad_steps(tensor: torch.Tensor, steps: int) -> torch.Tensor:
