@@ -46,6 +46,7 @@ from axoexp.interfaces import Executor, LossFn, PopulationSetup, adaptation_para
 from axoexp.nvml import cuda_present, gpu_probe
 from axoexp.registry import GROUPS, INIT_FROM, INIT_FROM_SHA256, REGISTRY, Component, Registry
 from axoexp.runtime import allowed_cpus
+from axoexp.stdout import with_article
 from axoexp.tracking import configure_tracking, resolve_tracking_uri, store_problem, tracking_uri_key
 
 log = logging.getLogger(__name__)
@@ -469,17 +470,20 @@ def setup_problem(population: Component, setup: object) -> str | None:
     a module without ``trainable_adaptation_parameters()`` (what an update adapts), or nothing there."""
     if not isinstance(setup, PopulationSetup):
         return (
-            f"population={population.name} returns a {type(setup).__name__}, not an "
+            f"population={population.name} returns {with_article(type(setup).__name__)}, not an "
             "axoexp.interfaces.PopulationSetup(module=..., batches=...) (docs/plugins.md)"
         )
     module = type(setup.module).__name__
     if not callable(getattr(setup.module, "trainable_adaptation_parameters", None)):
         return (
-            f"population={population.name} builds a {module} without trainable_adaptation_parameters(), "
+            f"population={population.name} builds {with_article(module)} without trainable_adaptation_parameters(), "
             "which names the parameters an update adapts (docs/plugins.md)"
         )
     if not adaptation_parameters(setup.module):
-        return f"population={population.name} builds a {module} whose trainable_adaptation_parameters() is empty"
+        return (
+            f"population={population.name} builds {with_article(module)} whose trainable_adaptation_parameters() "
+            "is empty"
+        )
     return None
 
 

@@ -46,6 +46,11 @@ class ConsoleHandler(logging.StreamHandler[TextIO]):
             super().handleError(record)
 
 
+def with_article(noun: str) -> str:
+    """``a tuple``, ``an int``: a type's name in a line a command prints (by its first letter)."""
+    return f"{'an' if noun[:1].lower() in 'aeio' else 'a'} {noun}"
+
+
 def plural(count: int, noun: str) -> str:
     """``1 thread``, ``2 threads``: a count in a line a command prints."""
     return f"{count} {noun}{'' if count == 1 else 's'}"

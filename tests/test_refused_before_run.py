@@ -288,6 +288,10 @@ def _unreached(*, device: torch.device, dtype: torch.dtype, seed: int) -> Popula
     return PopulationSetup(module=_Unreached().to(device, dtype), batches=_batches(device, dtype))
 
 
+def _an_int(*, device: torch.device, dtype: torch.dtype, seed: int) -> object:
+    return 3
+
+
 def _no_banks(*, device: torch.device, dtype: torch.dtype, seed: int) -> PopulationSetup:
     return PopulationSetup(module=_Fixed().to(device, dtype), batches=_batches(device, dtype))
 
@@ -325,6 +329,7 @@ def _tensor_lr(*, parameters: list[torch.nn.Parameter], capturable: bool) -> tor
 def wrapped(registry: Registry) -> Registry:
     registry.register("population", "bare_lite", _bare_lite, source=__file__)
     registry.register("population", "a_tuple", _a_tuple, source=__file__)
+    registry.register("population", "an_int", _an_int, source=__file__)
     registry.register("population", "no_banks", _no_banks, source=__file__)
     registry.register("population", "frozen", _frozen, source=__file__)
     registry.register("population", "raises", _raises, source=__file__)
@@ -346,6 +351,7 @@ def wrapped(registry: Registry) -> Registry:
             "a_tuple",
             "population=a_tuple returns a tuple, not an axoexp.interfaces.PopulationSetup(module=..., batches=...)",
         ),
+        ("an_int", "population=an_int returns an int, not an axoexp.interfaces.PopulationSetup("),
         ("no_banks", "population=no_banks builds a _Fixed without trainable_adaptation_parameters(), which names"),
         ("frozen", "population=frozen builds a _Frozen whose trainable_adaptation_parameters() is empty"),
         ("raises", "population=raises cannot be built: RuntimeError: no such recording"),

@@ -19,6 +19,7 @@ from axoexp.errors import CheckpointError, ConfigError, first_line
 from axoexp.interfaces import PopulationSetup
 from axoexp.lengths import LENGTHS_SYNTAX, Lengths, parse_lengths
 from axoexp.registry import AT_LEAST_ONE, NON_NEGATIVE, Bounds, component
+from axoexp.stdout import with_article
 
 WARMUP_STEPS = 4
 """AxoSim-Lite forecasts after each 4-step input patch: its first 4 output steps are warm-up zeros,
@@ -99,7 +100,8 @@ def load_lite_checkpoint(path: str, pinned_sha256: str | None) -> tuple[AxoSimLi
         model = _lite_from_payload(path, payload)
     if not isinstance(model, AxoSimLite):
         raise CheckpointError(
-            f"population.checkpoint={path!r} holds a {type(model).__name__}, not an AxoSim-Lite model ({LITE_KIND})"
+            f"population.checkpoint={path!r} holds {with_article(type(model).__name__)}, "
+            f"not an AxoSim-Lite model ({LITE_KIND})"
         )
     return model, actual
 

@@ -13,6 +13,7 @@ from axoexp.executors.capture import release_autograd_graphs
 from axoexp.executors.cudagraph import CudaGraphExecutor, WarmupSteps
 from axoexp.interfaces import Executor, LossFn
 from axoexp.registry import component
+from axoexp.stdout import with_article
 from axoexp.timing import stopwatch, synchronizer
 
 INDUCTOR_OPTIONS: dict[str, Any] = {"triton.cudagraphs": False}  # the whole update is captured in one graph instead
@@ -56,7 +57,8 @@ class CompiledForward(torch.nn.Module):
     def forward_batch(self, inputs: torch.Tensor) -> torch.Tensor:
         if self.batched is None:
             raise TypeError(
-                f"batched streams need the population's forward_batch; a {type(self.population).__name__} has none"
+                "batched streams need the population's forward_batch; "
+                f"{with_article(type(self.population).__name__)} has none"
             )
         return self.batched(inputs)
 

@@ -27,6 +27,7 @@ from torch import nn
 
 from axoexp.interfaces import STREAM_AXIS_RANK
 from axoexp.kernels.loss import KernelLoss
+from axoexp.stdout import with_article
 
 if TYPE_CHECKING:
     from axoexp.kernels.lite_recurrence import Front
@@ -37,7 +38,7 @@ def lite_structure_reason(module: nn.Module) -> str | None:
     forward, and forward_batch, this module reproduces around a replaceable recurrence); None if it is.
     Exact types: a subclass may change the forward or the step this path reproduces."""
     if type(module) is not AxoSimPopulation:
-        return f"it runs an axosim.AxoSimPopulation, and the population is a {type(module).__name__}"
+        return f"it runs an axosim.AxoSimPopulation, and the population is {with_article(type(module).__name__)}"
     neuron = cast(nn.Module, module.neuron)
     if type(neuron) is not AxoSimLite:
         return f"it runs AxoSim-Lite (axosim.AxoSimLite) neurons, and the population's are {type(neuron).__name__}"
