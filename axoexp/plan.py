@@ -214,9 +214,16 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
             f"run.min_time_s={config.run.min_time_s!r} exceeds run.max_time_s={config.run.max_time_s!r}, "
             "the cap on adaptive measuring; raise run.max_time_s or lower run.min_time_s"
         )
+    cpus = len(allowed_cpus())
     lease_cpus = config.run.lease_cpus
-    if isinstance(lease_cpus, int) and lease_cpus > len(allowed_cpus()):
-        problems.append(f"run.lease_cpus={lease_cpus}: this process may use only {len(allowed_cpus())} CPUs")
+    if isinstance(lease_cpus, int) and lease_cpus > cpus:
+        problems.append(f"run.lease_cpus={lease_cpus}: this process may use only {cpus} CPUs")
+    threads = config.run.threads
+    if isinstance(threads, int) and threads > cpus:
+        problems.append(
+            f"run.threads={threads}: this process may use only {cpus} CPUs, so its threads would take turns on them "
+            f"and every update wait for the last; choose at most {cpus}, or null to calibrate"
+        )
     if resume_mode(config.sweep.resume) is None:
         problems.append(f"sweep.resume={config.sweep.resume!r}: choose one of {', '.join(RESUME_MODES)}")
     device = _parse_device(str(config.device), problems)

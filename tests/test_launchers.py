@@ -201,10 +201,14 @@ def test_every_run_records_the_lease_it_held(make_config: Callable, client: Mlfl
     assert sorted(path.name for path in lease_dir.iterdir())[0].startswith("cpu-")
 
 
-def test_more_lease_cpus_than_the_process_may_use_is_refused_before_any_run(make_config: Callable) -> None:
+@pytest.mark.parametrize("key", ["run.lease_cpus", "run.threads"])
+def test_more_cpus_or_threads_than_the_process_may_use_is_refused_before_any_run(
+    make_config: Callable, key: str
+) -> None:
+    """More threads than CPUs take turns on them, which a run's timings would not show as contention."""
     too_many = len(allowed_cpus()) + 1
-    with pytest.raises(ConfigError, match=rf"run.lease_cpus={too_many}: this process may use only"):
-        run_experiment(make_config(f"run.lease_cpus={too_many}"))
+    with pytest.raises(ConfigError, match=rf"{key}={too_many}: this process may use only {too_many - 1} CPUs"):
+        run_experiment(make_config(f"{key}={too_many}"))
 
 
 def test_presets_size_jobs_to_the_devices() -> None:
