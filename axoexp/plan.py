@@ -269,14 +269,9 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
     if executor is not None and dtype is not None and probe is not None:
         refusal = executor_class(executor).refusal(module=probe.module, dtype=dtype)
         if refusal:
-            able = [
-                entry.name
-                for entry in registry.components()
-                if entry.group == "executor" and not executor_class(entry).refusal(module=probe.module, dtype=dtype)
-            ]
             problems.append(
                 f"executor={executor.name} cannot run this experiment: {refusal}; "
-                f"executors that can: {', '.join(sorted(able))}"
+                f"executors that can: {_able_executors(registry, probe.module, dtype, device)}"
             )
     if probe is not None and "loss" in components and not problems:
         assert device is not None
@@ -326,6 +321,25 @@ def banks_problems(
     if kind or probe is None or dtype is None:
         return [kind] if kind else []
     return banks.problems(population.name, probe.module, dtype)
+
+
+def _able_executors(
+    registry: Registry, module: torch.nn.Module, dtype: torch.dtype, device: torch.device | None
+) -> str:
+    """The executors that can run ``module`` in ``dtype``, those that need CUDA named apart where
+    ``device`` is not a GPU: ``eager (with device=cuda: cudagraph, ...)``."""
+    able = sorted(
+        entry.name
+        for entry in registry.components()
+        if entry.group == "executor" and not executor_class(entry).refusal(module=module, dtype=dtype)
+    )
+    on_gpu_only = (
+        [name for name in able if executor_class(registry.get("executor", name)).requires_cuda]
+        if device is None or device.type != "cuda"
+        else []
+    )
+    here = ", ".join(name for name in able if name not in on_gpu_only) or "none"
+    return f"{here} (with device=cuda: {', '.join(on_gpu_only)})" if on_gpu_only else here
 
 
 def loss_problems(loss: Component, params: dict[str, Any], probe: PopulationSetup, device: torch.device) -> list[str]:

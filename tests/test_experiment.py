@@ -204,7 +204,8 @@ def test_thread_calibration_consumes_no_update(make_config, client) -> None:
         (
             ["executor=fused_cudagraph", "dtype=float64"],
             "executor=fused_cudagraph cannot run this experiment: the fused kernel runs float32, not dtype=float64; "
-            "executors that can: compiled_cudagraph, cudagraph, eager, reduce_overhead, regional_cudagraph",
+            "executors that can: eager (with device=cuda: compiled_cudagraph, cudagraph, reduce_overhead, "
+            "regional_cudagraph)",
         ),
         (["executor=fused_cudagraph"], "executor=fused_cudagraph needs CUDA, but device=cpu"),
     ],

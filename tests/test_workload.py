@@ -54,19 +54,19 @@ def test_a_documented_plugin_population_meets_every_executors_preconditions(make
             ["population.train_neuron=true"],
             "fused_eager",
             "the fused kernel trains only adaptation banks, but neuron weights require grad: ",
-            "compiled_cudagraph, cudagraph, eager, reduce_overhead, regional_cudagraph",
+            "eager (with device=cuda: compiled_cudagraph, cudagraph, reduce_overhead, regional_cudagraph)",
         ),
         (
             ["population.subclass=true"],
             "fused_eager",
             "the fused kernel runs an axosim.AxoSimPopulation, and the population is a TracedPopulation",
-            "compiled_cudagraph, cudagraph, eager, reduce_overhead",
+            "eager (with device=cuda: compiled_cudagraph, cudagraph, reduce_overhead)",
         ),
         (
             ["dtype=float64"],
             "fused_eager",
             "the fused kernel runs float32, not dtype=float64",
-            "compiled_cudagraph, cudagraph, eager, reduce_overhead, regional_cudagraph",
+            "eager (with device=cuda: compiled_cudagraph, cudagraph, reduce_overhead, regional_cudagraph)",
         ),
     ],
 )
@@ -110,7 +110,10 @@ def test_the_cli_refuses_in_one_line_and_runs_the_plugin_through_the_fused_kerne
     )
     _, refused = refusing.communicate(timeout=300)
     assert refusing.returncode == 2
-    assert refused.strip().count("\n") == 0 and "executors that can: compiled_cudagraph" in refused
+    assert (
+        refused.strip().count("\n") == 0
+        and "executors that can: eager (with device=cuda: compiled_cudagraph," in refused
+    )
     assert not (refused_in / "mlflow.db").exists() or not _runs(refused_in), "no MLflow run"
 
     assert ran.returncode == 0, ran.stderr
