@@ -68,8 +68,7 @@ class StoreReader:
         begins with where the URI was set (``--tracking-uri=...`` or ``$MLFLOW_TRACKING_URI=...``).
         A store that cannot be written is read as it is (sqlite reads a file on a read-only mount)."""
         uri = resolve_tracking_uri(tracking_uri)
-        path = sqlite_path(uri)
-        database = path if path is not None and str(path) != ":memory:" else None
+        database = sqlite_path(uri)
         absent = no_store_yet(uri)
         if absent:
             raise NoSweepError(f"no MLflow store: {redacted(uri)} {absent}; {none_yet}")

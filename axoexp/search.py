@@ -157,7 +157,7 @@ def study_storage(configured: str | None, tracking_uri: str) -> str:
     if configured:
         return configured
     store = sqlite_path(tracking_uri)
-    directory = store.parent if store is not None and str(store) != ":memory:" else Path(".")
+    directory = store.parent if store is not None else Path(".")
     return f"sqlite:///{(directory / STUDY_FILE).resolve()}"
 
 

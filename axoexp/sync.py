@@ -413,7 +413,7 @@ def journal_store(contents: JournalLines) -> str | None:
 def absolute_store(uri: str, base: Path) -> str:
     """``uri`` with a relative sqlite database path made absolute against ``base``; other URIs as they are."""
     path = sqlite_path(uri)
-    if path is None or str(path) == ":memory:" or path.is_absolute():
+    if path is None or path.is_absolute():
         return uri
     query = uri.partition("?")[2]
     return f"{SQLITE_PREFIX}{(base / path).resolve()}" + (f"?{query}" if query else "")
