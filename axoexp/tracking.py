@@ -69,6 +69,7 @@ WAL_OFFSET, WAL_FORMAT = 18, b"\x02\x02"  # the header's file format versions of
 MLFLOW_TABLES = frozenset({"experiments", "runs"})
 """Tables that mark an SQLite database as an MLflow store, the first MLflow creates (``alembic_version``
 alone does not: Alembic's, of any application that uses it, Optuna's among them)."""
+MAX_REASON = 300  # characters of an error's message that a line quotes as its reason
 MAX_TABLES_NAMED = 6  # of another application's database, in the line that refuses it
 STORE_LOCK_WAIT_S = 20
 """Seconds a check waits for a sqlite store another process holds locked (MLflow's own busy timeout)."""
@@ -494,10 +495,39 @@ def store_failure(reason: str) -> str:
     return "is unreachable"
 
 
+def store_reason(error: BaseException) -> str:
+    """A store's error as one short, whole line, any password hidden: the operating system's words where
+    it comes of one (``Connection refused``, ``Name or service not known``: MLflow nests them deep in
+    the repr of urllib3's errors), else the first line of its message (its type where it has none),
+    cut at a word."""
+    root = _os_error_at_root(error)
+    if root is not None:
+        return redacted(str(root) if root.filename is not None else root.strerror or str(root))
+    text = (redacted(error).strip() or type(error).__name__).splitlines()[0]
+    return text if len(text) <= MAX_REASON else f"{text[:MAX_REASON].rsplit(' ', 1)[0]} ..."
+
+
+def _os_error_at_root(error: BaseException) -> OSError | None:
+    """The operating system's error that ``error`` wraps, through causes, contexts, urllib3's ``reason``
+    and requests' arguments, where the innermost error is one; else ``None``."""
+    pending, seen = [error], set[int]()
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        wrapped = [current.__cause__, current.__context__, getattr(current, "reason", None), *current.args]
+        inner = [found for found in wrapped if isinstance(found, BaseException)]
+        if not inner and isinstance(current, OSError):
+            return current
+        pending += inner
+    return None
+
+
 def store_unreachable(uri: str, error: BaseException) -> str:
-    """``MLflow tracking at URI is on a full disk: <the error's first line>`` (locked, unreachable), or
-    the sqlite file named damaged with the command that moves it aside."""
-    reason = redacted(str(error).splitlines()[0])[:300]
+    """``MLflow tracking at URI is on a full disk: <the error's reason>`` (locked, unreachable;
+    :func:`store_reason`), or the sqlite file named damaged with the command that moves it aside."""
+    reason = store_reason(error)
     damaged = sqlite_damaged(uri, error)
     if damaged is not None:
         return f"MLflow tracking at {redacted(uri)}: {damaged_store(damaged, reason)}"

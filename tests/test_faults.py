@@ -464,6 +464,34 @@ def test_a_hung_server_is_given_up_on_within_the_configured_timeouts(hung_server
     assert len(updates_in(journal)) == 8
 
 
+def test_a_run_against_a_dead_server_says_where_it_is_kept_and_prints_its_summary(tmp_path: Path) -> None:
+    """A run whose server refuses connections logged "MLflow run journal-... at URI" (no such run exists),
+    printed no summary of what it measured, and ended in a line cut mid-token at 300 characters of
+    urllib3's repr; it says the run is kept in its journal only, prints the summary, and names the
+    refused connection whole."""
+    uri = f"http://127.0.0.1:{free_port()}"
+    done = run_cli(
+        f"tracking.uri={uri}",
+        "tracking.http_max_retries=0",
+        "run.measured_updates=5",
+        cwd=tmp_path,
+        env=own_leases(tmp_path),
+    )
+    (journal,) = journals(tmp_path / "outputs")
+    assert done.returncode == 1 and TRACEBACK not in done.stderr, done.stderr
+    refused = f"{uri} is unreachable (Connection refused)"
+    assert f"is kept in its journal {journal} only: MLflow tracking at {refused}\n" in done.stdout
+    assert "MLflow run journal-" not in done.stdout + done.stderr
+    assert "median of 5" in done.stdout
+    assert f"mlflow run    none: kept in its journal only, {uri} could not be written (Connection refused)" in (
+        done.stdout
+    )
+    assert done.stderr.splitlines()[-1] == (
+        f"axoexp: MLflow tracking at {refused}; the run's results are in {journal}; "
+        f"upload them with: python -m axoexp.sync {journal.parent} --tracking-uri {uri}"
+    )
+
+
 # --- a full disk --------------------------------------------------------------------------------
 
 
