@@ -695,3 +695,22 @@ def test_sync_names_a_path_that_does_not_exist_in_one_line(tmp_path: Path, capsy
     assert sync_main([str(tmp_path / "nope"), "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]) == 2
     assert capsys.readouterr().err == f"axoexp.sync: no such journal or directory: {tmp_path / 'nope'}\n"
     assert not (tmp_path / "mlflow.db").exists(), "nothing created"
+
+
+def test_sync_without_a_journal_or_a_store_creates_nothing_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A plain sync in an empty folder printed only MLflow's "Creating initial MLflow database tables",
+    and left mlflow.db and its lock file: with no journal to upload and no store whose runs to end,
+    it creates nothing and says so in one line, exit 0; a folder without journals likewise."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (tmp_path / "empty").mkdir()
+    assert sync_main([]) == 0
+    assert sync_main(["empty"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "no journal given, and the MLflow store sqlite:///mlflow.db does not exist: nothing to sync; "
+        "name journals or the folders that hold them (python -m axoexp.sync outputs/)",
+        "no journal.jsonl below empty: nothing to upload",
+    ]
+    assert [path.name for path in tmp_path.iterdir()] == ["empty"]
