@@ -30,7 +30,7 @@ from axoexp.executors.base import batch_loss
 from axoexp.interfaces import Batch, LossFn, RunLog, adaptation_parameters
 from axoexp.redact import redacted
 from axoexp.registry import INIT_FROM, INIT_FROM_SHA256
-from axoexp.tracking import UNREACHABLE, answering_client, no_store_yet, run_or_none
+from axoexp.tracking import UNREACHABLE, answering_client, no_store_yet, run_or_none, store_reason
 from axoexp.windows import Observer
 
 BANKS_FILE = "banks.safetensors"
@@ -218,7 +218,7 @@ def read_initial_banks(origin: str, pinned_sha256: str | None, tracking_uri: str
     except UNREACHABLE as error:
         raise BanksError(
             f"population.{INIT_FROM}={origin}: the run cannot be read from {redacted(tracking_uri)}: "
-            + redacted(str(error).splitlines()[0])[:300]
+            + store_reason(error)
         ) from error
     if run is None:
         raise BanksError(f"population.{INIT_FROM}={origin}: no such run in {redacted(tracking_uri)}")

@@ -29,7 +29,14 @@ from omegaconf.errors import OmegaConfBaseException
 from axoexp import collector, targets, wallclock
 from axoexp.compose_once import composed_once
 from axoexp.config import describe, one_line, register_configs, unchosen_group
-from axoexp.errors import AxoexpError, ConfigError, RefusedTargetError, quiet_store_errors, shown
+from axoexp.errors import (
+    AxoexpError,
+    ConfigError,
+    RefusedTargetError,
+    TrackingUnavailableError,
+    quiet_store_errors,
+    shown,
+)
 from axoexp.plugins import load_plugins
 from axoexp.redact import redacted
 from axoexp.signals import OUTSIDE_A_RUN, OUTSIDE_A_RUN_EXIT, Interrupted
@@ -119,6 +126,8 @@ def _experiment(config: DictConfig, hydra_config: HydraConf) -> float | None:
         )
     except AxoexpError as error:
         wallclock.take_phases()  # a failed job's phases are not the next job's
+        if isinstance(error, TrackingUnavailableError) and error.result is not None:
+            print_out(format_result(error.result))  # measured whole: the store's fault does not take it away
         if hydra_config.mode == RunMode.MULTIRUN:
             if isinstance(error, ConfigError):  # it made no run: the parent records why
                 sweep.note_refused_job(config, hydra_config.job.num, job_name or "", error)

@@ -46,9 +46,10 @@ def format_result(result: ExperimentResult) -> str:
             f"(held-out, {result.eval_batches} batches never adapted on)"
         )
     if result.banks is not None:
+        run = "RUN_ID, once synced," if result.tracking_lost else result.run_id
         lines.append(
             f"{'banks':<14}{result.banks.artifact}  sha256 {result.banks.sha256[:16]}...  "
-            f"(population.init_from={result.run_id} starts from them)"
+            f"(population.init_from={run} starts from them)"
         )
     if result.verification is not None:
         check = result.verification
@@ -63,7 +64,12 @@ def format_result(result: ExperimentResult) -> str:
             f"{'outputs':<14}not all kept ({result.output_loss}); MLflow has the run (tag {names.JOURNAL_LOST})"
         )
     store = redacted(result.tracking_uri)
-    lines.append(f"{'mlflow run':<14}{result.run_id}  (experiment {result.experiment!r} at {store})")
+    if result.tracking_lost:
+        lines.append(
+            f"{'mlflow run':<14}none: kept in its journal only, {store} could not be written ({result.tracking_lost})"
+        )
+    else:
+        lines.append(f"{'mlflow run':<14}{result.run_id}  (experiment {result.experiment!r} at {store})")
     return "\n".join(lines)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from axoexp.redact import redacted
 
@@ -61,7 +62,10 @@ class VerificationError(AxoexpError):
 
 
 class TrackingUnavailableError(AxoexpError):
-    """The tracking store could not be reached; what was measured is in the output dir."""
+    """The tracking store could not be reached; what was measured is in the output dir, and in ``result``
+    where the run measured all it was to."""
+
+    result: Any = None  # the run's axoexp.experiment.ExperimentResult, for its summary (a higher layer)
 
 
 class StoreError(AxoexpError):

@@ -17,9 +17,10 @@ from omegaconf import DictConfig, OmegaConf
 from axoexp import collector, describe, metadata, names, signals, wallclock
 from axoexp.banks import SavedBanks, UpdateCount, eval_loss, keep_banks
 from axoexp.contention import ContentionGuard
+from axoexp.errors import TrackingUnavailableError
 from axoexp.guard import FiniteGuard
 from axoexp.interfaces import RunLog
-from axoexp.journal import journaled_run
+from axoexp.journal import JournaledLog, journaled_run
 from axoexp.lease import device_lease
 from axoexp.measure import length_metrics, length_range, length_tags, measure_updates
 from axoexp.outputs import write_atomically
@@ -28,7 +29,7 @@ from axoexp.redact import redacted
 from axoexp.registry import REGISTRY, Registry
 from axoexp.runtime import configure_determinism, configure_threads
 from axoexp.statistics import LatencySummary
-from axoexp.tracking import StoreOpening, configure_tracking, flatten
+from axoexp.tracking import StoreOpening, configure_tracking, flatten, store_failure
 from axoexp.verification import Verification, bucket_metrics, verify_buckets, verify_parity
 from axoexp.windows import PREPARE, VERIFY, Observer, window
 
@@ -66,6 +67,7 @@ class ExperimentResult:
     padding_overhead: float | None = None  # padded steps / real steps of the measured updates
     recaptures: int | None = None  # graphs captured after prepare (None: the executor captures none)
     output_loss: str | None = None  # why the output folder's journal or result.json was not written (MLflow has all)
+    tracking_lost: str | None = None  # why MLflow does not have the run (its journal has it all): run_id names none
 
     @property
     def streams_per_s(self) -> float:
@@ -125,54 +127,67 @@ def run_experiment(
         **describe.run_tags(plan, container),
         names.RESULT_KEY: metadata.result_key(plan.device, container, components, collected=machine_tags),
     }
-    with (
-        signals.interruptible(),
-        journaled_run(
-            tracking_uri, config.tracking.experiment, run_name, tags, output_dir=output_dir, store=store
-        ) as tracker,
-    ):
-        log.info(
-            "MLflow run %s (%s) in experiment %r at %s",
-            tracker.run_id,
-            run_name,
-            config.tracking.experiment,
-            redacted(tracking_uri),
-        )
-        params = flatten(container)
-        del params[names.RUN_THREADS_PARAM]  # logged once resolved, inside the lease
-        tracker.log_params(params)
-        tracker.log_text(redacted(OmegaConf.to_yaml(config, resolve=True)), "config.yaml")
-        tracker.set_tags(machine_tags)
-        if output_dir is not None:
-            tracker.set_tags({names.OUTPUT_DIR: str(output_dir)})
-            if _holds_no_password(output_dir / HYDRA_DIR):  # else MLflow has it redacted in config.yaml
-                tracker.log_artifact(str(output_dir / HYDRA_DIR))
-        collector.release()  # the command line's start-up done: the run's work runs with the collector on
-        wallclock.mark("store")
-        with device_lease(plan.device, cpus=config.run.lease_cpus, timeout_s=config.run.lease_timeout_s) as lease:
-            # after the lease pinned this process's CPUs
-            threads = configure_threads(config.run.threads, plan.device.type, config.run.measured_updates)
-            # calibrated: the param says so (runs of one config stay one row); the count is in tag runtime.threads
-            tracker.log_params({names.RUN_THREADS_PARAM: "calibrated" if threads.candidates else threads.count})
-            tracker.set_tags({**lease.tags(), **threads.tags()})  # held alone from build through verify
-            result = _execute(plan, tracker, tracking_uri, [tracker, *observers], output_dir, threads.candidates)
-            result.threads = torch.get_num_threads()
-        tracker.set_tags(lease.tags())
-        if output_dir is not None:
-            path = output_dir / RESULT_FILE
-            result.output_loss = tracker.output_loss
-            try:
-                write_atomically(path, result.to_json())
-            except OSError as error:  # e.g. a full disk: MLflow and the printed summary still have it
-                tracker.output_lost(f"writing {path} failed: {error}")
+    result = None  # what was measured: a store lost meanwhile does not take it from the summary
+    try:
+        with (
+            signals.interruptible(),
+            journaled_run(
+                tracking_uri, config.tracking.experiment, run_name, tags, output_dir=output_dir, store=store
+            ) as tracker,
+        ):
+            log.info("%s", _where_logged(tracker, run_name, config.tracking.experiment, tracking_uri))
+            params = flatten(container)
+            del params[names.RUN_THREADS_PARAM]  # logged once resolved, inside the lease
+            tracker.log_params(params)
+            tracker.log_text(redacted(OmegaConf.to_yaml(config, resolve=True)), "config.yaml")
+            tracker.set_tags(machine_tags)
+            if output_dir is not None:
+                tracker.set_tags({names.OUTPUT_DIR: str(output_dir)})
+                if _holds_no_password(output_dir / HYDRA_DIR):  # else MLflow has it redacted in config.yaml
+                    tracker.log_artifact(str(output_dir / HYDRA_DIR))
+            collector.release()  # the command line's start-up done: the run's work runs with the collector on
+            wallclock.mark("store")
+            with device_lease(plan.device, cpus=config.run.lease_cpus, timeout_s=config.run.lease_timeout_s) as lease:
+                # after the lease pinned this process's CPUs
+                threads = configure_threads(config.run.threads, plan.device.type, config.run.measured_updates)
+                # calibrated: the param says so (runs of one config stay one row); the count is in tag runtime.threads
+                tracker.log_params({names.RUN_THREADS_PARAM: "calibrated" if threads.candidates else threads.count})
+                tracker.set_tags({**lease.tags(), **threads.tags()})  # held alone from build through verify
+                result = _execute(plan, tracker, tracking_uri, [tracker, *observers], output_dir, threads.candidates)
+                result.threads = torch.get_num_threads()
+            tracker.set_tags(lease.tags())
+            if output_dir is not None:
+                path = output_dir / RESULT_FILE
                 result.output_loss = tracker.output_loss
-            else:
-                tracker.log_artifact(str(path))
-        wallclock.mark("logging")
-        process_metrics = wallclock.take_phases()
-        tracker.log_metrics(process_metrics)
-        result.process_ms = process_metrics or None
-        return result
+                try:
+                    write_atomically(path, result.to_json())
+                except OSError as error:  # e.g. a full disk: MLflow and the printed summary still have it
+                    tracker.output_lost(f"writing {path} failed: {error}")
+                    result.output_loss = tracker.output_loss
+                else:
+                    tracker.log_artifact(str(path))
+            wallclock.mark("logging")
+            process_metrics = wallclock.take_phases()
+            tracker.log_metrics(process_metrics)
+            result.process_ms = process_metrics or None
+            return result
+    except TrackingUnavailableError as error:
+        if result is not None:
+            result.tracking_lost = tracker.remote_lost
+            error.result = result
+        raise
+
+
+def _where_logged(tracker: JournaledLog, run_name: str, experiment: str, tracking_uri: str) -> str:
+    """Where the run is logged: its MLflow run, or, where the store could not be reached, its journal only."""
+    uri = redacted(tracking_uri)
+    if tracker.remote_lost is None:
+        return f"MLflow run {tracker.run_id} ({run_name}) in experiment {experiment!r} at {uri}"
+    journal = tracker.journal.path if tracker.journal is not None else None
+    return (
+        f"run {run_name} is kept in its journal {journal} only: MLflow tracking at {uri} "
+        f"{store_failure(tracker.remote_lost)} ({tracker.remote_lost})"
+    )
 
 
 def _execute(

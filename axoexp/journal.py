@@ -43,6 +43,8 @@ from axoexp.tracking import (
     metric_value,
     store_failure,
     store_lock,
+    store_reason,
+    store_unreachable,
     with_mlflow_context,
 )
 from axoexp.windows import Observer
@@ -298,7 +300,7 @@ class JournaledLog(Observer):
         try:
             call(self.remote)
         except UNREACHABLE as error:
-            self.remote, self.remote_lost = None, redacted(f"{type(error).__name__}: {error}")[:2000]
+            self.remote, self.remote_lost = None, store_reason(error)
             self._record(TRACKING_LOST, reason=self.remote_lost)
 
 
@@ -378,9 +380,8 @@ def journaled_run(
         remote = Tracker(client, run.info.run_id)
     except UNREACHABLE as error:
         if journal is None:
-            unreachable = f"MLflow tracking at {tracking_uri} is unreachable: {error}"
-            raise TrackingUnavailableError(redacted(unreachable)) from error
-        lost = redacted(f"{type(error).__name__}: {error}")[:2000]
+            raise TrackingUnavailableError(store_unreachable(tracking_uri, error)) from error
+        lost = store_reason(error)
     run_id = remote.run_id if remote is not None else f"journal-{journal.id}"  # type: ignore[union-attr]
     log = JournaledLog(journal, remote, run_id, remote_lost=lost)
     log._record(
@@ -438,7 +439,7 @@ def _not_updated(log: JournaledLog, tracking_uri: str, then: str) -> str:
     """The store could not be written: why (locked, a full disk, unreachable), ``then`` what it meant,
     where the run's results are, and the command that uploads them."""
     assert log.remote_lost is not None
-    reason = log.remote_lost.splitlines()[0][:300]
+    reason = log.remote_lost
     state = f"{store_failure(reason)}{then}"
     journal = log.journal
     if journal is None:

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from mlflow.environment_variables import MLFLOW_TRACKING_URI
 from mlflow.tracking import MlflowClient
 
-from axoexp.errors import AxoexpError, NoSweepError, UnusableStoreError, first_line, quiet_store_errors
+from axoexp.errors import AxoexpError, NoSweepError, UnusableStoreError, quiet_store_errors
 from axoexp.redact import redacted
 from axoexp.signals import CTRL_C, OUTSIDE_A_RUN_EXIT
 from axoexp.tracking import (
@@ -37,6 +37,7 @@ from axoexp.tracking import (
     sqlite_path,
     store_problem,
     store_read_only,
+    store_reason,
     tracking_uri_key,
 )
 
@@ -68,8 +69,7 @@ class StoreReader:
         begins with where the URI was set (``--tracking-uri=...`` or ``$MLFLOW_TRACKING_URI=...``).
         A store that cannot be written is read as it is (sqlite reads a file on a read-only mount)."""
         uri = resolve_tracking_uri(tracking_uri)
-        path = sqlite_path(uri)
-        database = path if path is not None and str(path) != ":memory:" else None
+        database = sqlite_path(uri)
         absent = no_store_yet(uri)
         if absent:
             raise NoSweepError(f"no MLflow store: {redacted(uri)} {absent}; {none_yet}")
@@ -99,9 +99,9 @@ def reading(command: str, fault_status: int | None = None) -> Iterator[StoreRead
     except UNREACHABLE as error:
         damaged = sqlite_damaged(reader.uri, error) if reader.uri is not None else None
         if damaged is not None:
-            print(f"{command}: {damaged_store(damaged, first_line(error))}", file=sys.stderr)
+            print(f"{command}: {damaged_store(damaged, store_reason(error))}", file=sys.stderr)
             sys.exit(fault_status or UnusableStoreError.exit_code)
-        print(f"{command}: the MLflow store could not be read: {first_line(error)}", file=sys.stderr)
+        print(f"{command}: the MLflow store could not be read: {store_reason(error)}", file=sys.stderr)
         sys.exit(fault_status or STORE_FAILED)
     except KeyboardInterrupt:
         print(f"{command}: {CTRL_C}", file=sys.stderr)

@@ -40,9 +40,8 @@ from optuna.trial import TrialState
 
 from axoexp import names, signals
 from axoexp.errors import ConfigError, SearchError
-from axoexp.redact import redacted
 from axoexp.stdout import print_out
-from axoexp.tracking import UNREACHABLE, configure_tracking, flatten, open_client, sqlite_path
+from axoexp.tracking import UNREACHABLE, configure_tracking, flatten, open_client, sqlite_path, store_unreachable
 
 SAMPLERS = ("tpe", "nsga2", "random")
 DIRECTIONS = ("minimize", "maximize")
@@ -157,7 +156,7 @@ def study_storage(configured: str | None, tracking_uri: str) -> str:
     if configured:
         return configured
     store = sqlite_path(tracking_uri)
-    directory = store.parent if store is not None and str(store) != ":memory:" else Path(".")
+    directory = store.parent if store is not None else Path(".")
     return f"sqlite:///{(directory / STUDY_FILE).resolve()}"
 
 
@@ -311,8 +310,7 @@ class Search:
                 for key, value in parent_tags.items():
                     client.set_tag(parent_id, key, value)
         except UNREACHABLE as error:
-            store, why = redacted(self.tracking_uri), redacted(error)
-            log.error("MLflow at %s is unreachable; every trial will be told FAIL: %s", store, why)
+            log.error("%s; every trial will be told FAIL", store_unreachable(self.tracking_uri, error))
             return None
         return client
 

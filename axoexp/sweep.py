@@ -161,8 +161,7 @@ class MlflowSweepCallback(Callback):
             log.error("the sweep has no parent run: %s", error)
             return
         except UNREACHABLE as error:
-            store, why = redacted(uri), redacted(error)
-            log.error("MLflow tracking at %s is unreachable, so the sweep has no parent run: %s", store, why)
+            log.error("the sweep has no parent run: %s", store_unreachable(uri, error))
             return
         self.client, self.parent_run_id, self.parent_created = client, run.info.run_id, run
         self.uri, self.sweep_dir, self.experiment = uri, str(sweep_dir.resolve()), str(config.tracking.experiment)
@@ -447,10 +446,9 @@ def end_killed_job(config: DictConfig, job_number: int, job_name: str, output_di
                 config.sweep.parent_run_id, f"{names.DIED_PREFIX}job{job_number}", f"{job_name} {how}; {done}"[:5000]
             )
     except UNREACHABLE as error:
-        reason = redacted(str(error).splitlines()[0])[:300]
         done = redacted(
-            f"MLflow tracking at {uri} is unreachable ({reason}); complete its run with: "
-            f"python -m axoexp.sync {output_dir} --tracking-uri {uri}"
+            f"{store_unreachable(uri, error)}; complete its run with: python -m axoexp.sync {output_dir} "
+            f"--tracking-uri {uri}"
         )
     return done
 

@@ -15,7 +15,9 @@ sweep decided, from the journal it kept in its folder (status, reason; axoexp.sy
 
 Then every RUNNING run of those stores (of the default store where no journal was given)
 whose process (tags process.pid, hostname) ran on this host and is gone is ended KILLED
-with the reason, from its journal if it has one.
+with the reason, from its journal if it has one. Where no journal was given or found and the
+default store is a sqlite file that does not exist (or is empty), nothing is created: one line
+says so, exit 0.
 
 Exit status: 0 done; 2 a path that does not exist, a journal that cannot be read or a file that
 is no journal (the others are synced) or a store that is no usable MLflow store (damaged,
@@ -413,7 +415,7 @@ def journal_store(contents: JournalLines) -> str | None:
 def absolute_store(uri: str, base: Path) -> str:
     """``uri`` with a relative sqlite database path made absolute against ``base``; other URIs as they are."""
     path = sqlite_path(uri)
-    if path is None or str(path) == ":memory:" or path.is_absolute():
+    if path is None or path.is_absolute():
         return uri
     query = uri.partition("?")[2]
     return f"{SQLITE_PREFIX}{(base / path).resolve()}" + (f"?{query}" if query else "")
@@ -501,6 +503,14 @@ def _main(argv: list[str] | None) -> int:
     journals = list(find_journals(args.paths))
     if args.paths and not journals:
         print_out(f"no {JOURNAL_FILE} below {', '.join(map(str, args.paths))}: nothing to upload")
+    absent = None if journals else no_store_yet(default)
+    if absent:  # no RUNNING run to end either: the store is not created for nothing
+        if not args.paths:
+            print_out(
+                f"no journal given, and the MLflow store {redacted(default)} {absent}: nothing to sync; "
+                f"name journals or the folders that hold them (python -m axoexp.sync outputs/)"
+            )
+        return 0
     status, targets = 0, list[tuple[Path, str, str]]()
     for path in journals:  # each read once here; sync_journal reads it again as it syncs
         try:

@@ -57,6 +57,8 @@ FILE_STORE_SCHEMES = ("", "file")
 CREATING_SUFFIX = ".creating"  # a store being created: <name>.creating-<pid>, renamed into place when complete
 SQLITE_COMPANIONS = ("-journal", "-wal", "-shm")  # files sqlite keeps beside a database
 SQLITE_PREFIX = "sqlite:///"
+SQLITE_IN_MEMORY = ("sqlite://", SQLITE_PREFIX, f"{SQLITE_PREFIX}:memory:")
+"""The sqlite URIs of an in-memory database (SQLAlchemy's forms), which keeps nothing once the process ends."""
 MAX_BATCH = 1000  # MLflow's limit on metrics per log_batch call
 MAX_PARAM_LENGTH = 500
 SQLITE_LOCKED = ("database is locked", "database table is locked")  # how sqlite says SQLITE_BUSY, SQLITE_LOCKED
@@ -67,6 +69,7 @@ WAL_OFFSET, WAL_FORMAT = 18, b"\x02\x02"  # the header's file format versions of
 MLFLOW_TABLES = frozenset({"experiments", "runs"})
 """Tables that mark an SQLite database as an MLflow store, the first MLflow creates (``alembic_version``
 alone does not: Alembic's, of any application that uses it, Optuna's among them)."""
+MAX_REASON = 300  # characters of an error's message that a line quotes as its reason
 MAX_TABLES_NAMED = 6  # of another application's database, in the line that refuses it
 STORE_LOCK_WAIT_S = 20
 """Seconds a check waits for a sqlite store another process holds locked (MLflow's own busy timeout)."""
@@ -242,10 +245,31 @@ def runs_view() -> str:
 
 
 def sqlite_path(tracking_uri: str) -> Path | None:
-    """The database file of a ``sqlite:///`` URI (``None`` for any other store)."""
-    if not tracking_uri.startswith(SQLITE_PREFIX):
+    """The database file of a ``sqlite:///`` URI (``None`` for any other store, an in-memory one included)."""
+    if not tracking_uri.startswith(SQLITE_PREFIX) or in_memory(tracking_uri):
         return None
     return Path(tracking_uri[len(SQLITE_PREFIX) :].partition("?")[0]).expanduser()
+
+
+def in_memory(tracking_uri: str) -> bool:
+    """Whether ``tracking_uri`` names an in-memory sqlite database (:data:`SQLITE_IN_MEMORY`)."""
+    return tracking_uri.partition("?")[0] in SQLITE_IN_MEMORY
+
+
+def sqlite_uri_problem(tracking_uri: str) -> str | None:
+    """Why a ``sqlite:`` URI names no database file: an in-memory database, or too few slashes
+    (``sqlite://x.db``), which SQLAlchemy refuses only once the run has begun."""
+    if in_memory(tracking_uri):
+        return (
+            f"an in-memory store keeps nothing once the process ends; name a database file, e.g. {DEFAULT_TRACKING_URI}"
+        )
+    if not tracking_uri.startswith("sqlite:") or tracking_uri.startswith(SQLITE_PREFIX):
+        return None
+    path = tracking_uri.removeprefix("sqlite:").lstrip("/")
+    return (
+        "a sqlite URI has three slashes before a relative path and four before an absolute one: "
+        f"did you mean {SQLITE_PREFIX}{path} (or {SQLITE_PREFIX}/{path})?"
+    )
 
 
 def store_problem(tracking_uri: str, key: str = TRACKING_URI_KEY, *, writes: bool = True) -> str | None:
@@ -258,11 +282,16 @@ def store_problem(tracking_uri: str, key: str = TRACKING_URI_KEY, *, writes: boo
     another process holds locked raises :class:`StoreLockedError` (not a problem of the config: the
     same command works once the lock is gone)."""
     setting = f"{key}={redacted(tracking_uri)}"
-    outside = scheme_problem(tracking_uri) or database_problem(tracking_uri) or file_store_problem(tracking_uri)
+    outside = (
+        scheme_problem(tracking_uri)
+        or sqlite_uri_problem(tracking_uri)
+        or database_problem(tracking_uri)
+        or file_store_problem(tracking_uri)
+    )
     if outside:
         return f"{setting}: {redacted(outside)}"
     path = sqlite_path(tracking_uri)
-    if path is None or str(path) == ":memory:":
+    if path is None:
         return None
     directory = path.parent.resolve()
     if not directory.is_dir():
@@ -339,7 +368,7 @@ def no_store_yet(tracking_uri: str) -> str | None:
     nothing in it (MLflow would create its tables): ``"does not exist"`` or ``"is an empty file"``;
     ``None`` where the file holds data or the URI names no sqlite file."""
     path = sqlite_path(tracking_uri)
-    if path is None or str(path) == ":memory:" or holds_data(path):
+    if path is None or holds_data(path):
         return None
     return "is an empty file" if path.is_file() else "does not exist"
 
@@ -466,10 +495,39 @@ def store_failure(reason: str) -> str:
     return "is unreachable"
 
 
+def store_reason(error: BaseException) -> str:
+    """A store's error as one short, whole line, any password hidden: the operating system's words where
+    it comes of one (``Connection refused``, ``Name or service not known``: MLflow nests them deep in
+    the repr of urllib3's errors), else the first line of its message (its type where it has none),
+    cut at a word."""
+    root = _os_error_at_root(error)
+    if root is not None:
+        return redacted(str(root) if root.filename is not None else root.strerror or str(root))
+    text = (redacted(error).strip() or type(error).__name__).splitlines()[0]
+    return text if len(text) <= MAX_REASON else f"{text[:MAX_REASON].rsplit(' ', 1)[0]} ..."
+
+
+def _os_error_at_root(error: BaseException) -> OSError | None:
+    """The operating system's error that ``error`` wraps, through causes, contexts, urllib3's ``reason``
+    and requests' arguments, where the innermost error is one; else ``None``."""
+    pending, seen = [error], set[int]()
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        wrapped = [current.__cause__, current.__context__, getattr(current, "reason", None), *current.args]
+        inner = [found for found in wrapped if isinstance(found, BaseException)]
+        if not inner and isinstance(current, OSError):
+            return current
+        pending += inner
+    return None
+
+
 def store_unreachable(uri: str, error: BaseException) -> str:
-    """``MLflow tracking at URI is on a full disk: <the error's first line>`` (locked, unreachable), or
-    the sqlite file named damaged with the command that moves it aside."""
-    reason = redacted(str(error).splitlines()[0])[:300]
+    """``MLflow tracking at URI is on a full disk: <the error's reason>`` (locked, unreachable;
+    :func:`store_reason`), or the sqlite file named damaged with the command that moves it aside."""
+    reason = store_reason(error)
     damaged = sqlite_damaged(uri, error)
     if damaged is not None:
         return f"MLflow tracking at {redacted(uri)}: {damaged_store(damaged, reason)}"
@@ -545,7 +603,7 @@ def open_client(tracking_uri: str) -> MlflowClient:
     """A client whose store exists: a fresh sqlite store is created under :func:`store_lock`,
     atomically (:func:`create_store`); other stores as :func:`answering_client` opens them."""
     path = sqlite_path(tracking_uri)
-    if path is None or str(path) == ":memory:":
+    if path is None:
         return answering_client(tracking_uri)
     with store_lock(tracking_uri):
         if not holds_data(path):

@@ -464,6 +464,34 @@ def test_a_hung_server_is_given_up_on_within_the_configured_timeouts(hung_server
     assert len(updates_in(journal)) == 8
 
 
+def test_a_run_against_a_dead_server_says_where_it_is_kept_and_prints_its_summary(tmp_path: Path) -> None:
+    """A run whose server refuses connections logged "MLflow run journal-... at URI" (no such run exists),
+    printed no summary of what it measured, and ended in a line cut mid-token at 300 characters of
+    urllib3's repr; it says the run is kept in its journal only, prints the summary, and names the
+    refused connection whole."""
+    uri = f"http://127.0.0.1:{free_port()}"
+    done = run_cli(
+        f"tracking.uri={uri}",
+        "tracking.http_max_retries=0",
+        "run.measured_updates=5",
+        cwd=tmp_path,
+        env=own_leases(tmp_path),
+    )
+    (journal,) = journals(tmp_path / "outputs")
+    assert done.returncode == 1 and TRACEBACK not in done.stderr, done.stderr
+    refused = f"{uri} is unreachable (Connection refused)"
+    assert f"is kept in its journal {journal} only: MLflow tracking at {refused}\n" in done.stdout
+    assert "MLflow run journal-" not in done.stdout + done.stderr
+    assert "median of 5" in done.stdout
+    assert f"mlflow run    none: kept in its journal only, {uri} could not be written (Connection refused)" in (
+        done.stdout
+    )
+    assert done.stderr.splitlines()[-1] == (
+        f"axoexp: MLflow tracking at {refused}; the run's results are in {journal}; "
+        f"upload them with: python -m axoexp.sync {journal.parent} --tracking-uri {uri}"
+    )
+
+
 # --- a full disk --------------------------------------------------------------------------------
 
 
@@ -667,3 +695,22 @@ def test_sync_names_a_path_that_does_not_exist_in_one_line(tmp_path: Path, capsy
     assert sync_main([str(tmp_path / "nope"), "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]) == 2
     assert capsys.readouterr().err == f"axoexp.sync: no such journal or directory: {tmp_path / 'nope'}\n"
     assert not (tmp_path / "mlflow.db").exists(), "nothing created"
+
+
+def test_sync_without_a_journal_or_a_store_creates_nothing_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A plain sync in an empty folder printed only MLflow's "Creating initial MLflow database tables",
+    and left mlflow.db and its lock file: with no journal to upload and no store whose runs to end,
+    it creates nothing and says so in one line, exit 0; a folder without journals likewise."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (tmp_path / "empty").mkdir()
+    assert sync_main([]) == 0
+    assert sync_main(["empty"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "no journal given, and the MLflow store sqlite:///mlflow.db does not exist: nothing to sync; "
+        "name journals or the folders that hold them (python -m axoexp.sync outputs/)",
+        "no journal.jsonl below empty: nothing to upload",
+    ]
+    assert [path.name for path in tmp_path.iterdir()] == ["empty"]

@@ -19,6 +19,7 @@ from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE, MLFLOW_TRACKIN
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from axoexp.compare import main as compare_main
 from axoexp.components.population import lite, make_lite_model, sha256_of
 from axoexp.config import register_configs, unchosen_group
 from axoexp.errors import ConfigError, IncompatibleComponentsError
@@ -27,6 +28,7 @@ from axoexp.interfaces import LossFn, PopulationSetup
 from axoexp.journal import JOURNAL_FILE
 from axoexp.plan import plan_experiment, update_problems
 from axoexp.registry import Registry
+from axoexp.report.__main__ import main as report_main
 from axoexp.sync import main as sync_main
 from axoexp.tracking import file_store_problem, store_problem
 
@@ -186,6 +188,49 @@ def test_a_scheme_no_mlflow_store_has_is_refused_while_planning(
     assert "http, https, mssql, mysql, postgresql, sqlite" in str(refused.value)
     assert sync_main(["--tracking-uri", uri]) == 2
     assert capsys.readouterr().err.startswith(f"axoexp.sync: --tracking-uri={line}")
+
+
+IN_MEMORY = "an in-memory store keeps nothing once the process ends; name a database file, e.g. sqlite:///mlflow.db"
+
+
+@pytest.mark.parametrize(
+    ("uri", "why"),
+    [
+        (
+            "sqlite://x.db",
+            "a sqlite URI has three slashes before a relative path and four before an absolute one: "
+            "did you mean sqlite:///x.db (or sqlite:////x.db)?",
+        ),
+        ("sqlite:///:memory:", IN_MEMORY),
+        ("sqlite://", IN_MEMORY),
+    ],
+)
+def test_a_sqlite_uri_that_names_no_database_file_is_refused_while_planning(
+    uri: str,
+    why: str,
+    make_config: Callable,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``sqlite://x.db`` (two slashes) left an empty journal and ended in SQLAlchemy's traceback (Invalid
+    SQLite URL); an in-memory store ran the whole experiment, then failed "no such table", advised a
+    sync into another in-memory store and left a ``:memory:.lock`` file. Each is refused while
+    planning, and by sync, the report and compare, in one line (exit 2), and nothing is created."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    with pytest.raises(ConfigError) as refused:
+        plan_experiment(make_config(f"tracking.uri={uri}"))
+    assert str(refused.value) == f"invalid experiment config: tracking.uri={uri}: {why}"
+    assert sync_main(["--tracking-uri", uri]) == 2
+    for main, args in ((report_main, []), (compare_main, ["--latest", "2"])):
+        with pytest.raises(SystemExit) as ended:
+            main(["--tracking-uri", uri, *args])
+        assert ended.value.code == 2
+    commands = ("axoexp.sync", "axoexp.report", "axoexp.compare")
+    assert capsys.readouterr().err.splitlines() == [f"{command}: --tracking-uri={uri}: {why}" for command in commands]
+    assert list(cwd.iterdir()) == []
 
 
 @pytest.mark.skipif(DRIVERLESS is None, reason="pyodbc, pymysql and pg8000 are all installed")
