@@ -37,6 +37,7 @@ from axoexp.errors import (
     quiet_store_errors,
     shown,
 )
+from axoexp.outputs import remove_unused_run_dir, run_dir_given
 from axoexp.plugins import load_plugins
 from axoexp.redact import redacted
 from axoexp.signals import OUTSIDE_A_RUN, OUTSIDE_A_RUN_EXIT, Interrupted
@@ -132,6 +133,8 @@ def _experiment(config: DictConfig, hydra_config: HydraConf) -> float | None:
             if isinstance(error, ConfigError):  # it made no run: the parent records why
                 sweep.note_refused_job(config, hydra_config.job.num, job_name or "", error)
             raise  # the sweep records the failed job and goes on
+        if isinstance(error, ConfigError) and not run_dir_given(hydra_config):
+            remove_unused_run_dir(Path(hydra_config.runtime.output_dir))
         if _tracebacks_wanted:
             raise
         _exit_with(str(error), error.exit_code)

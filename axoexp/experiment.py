@@ -23,7 +23,7 @@ from axoexp.interfaces import RunLog
 from axoexp.journal import JournaledLog, journaled_run
 from axoexp.lease import device_lease
 from axoexp.measure import length_metrics, length_range, length_tags, measure_updates
-from axoexp.outputs import write_atomically
+from axoexp.outputs import HYDRA_DIR, write_atomically
 from axoexp.plan import Plan, plan_experiment
 from axoexp.redact import redacted
 from axoexp.registry import REGISTRY, Registry
@@ -34,7 +34,6 @@ from axoexp.verification import Verification, bucket_metrics, verify_buckets, ve
 from axoexp.windows import PREPARE, VERIFY, Observer, window
 
 RESULT_FILE = "result.json"
-HYDRA_DIR = ".hydra"  # Hydra's record of the job: config, its overrides, Hydra's own config
 
 log = logging.getLogger(__name__)
 

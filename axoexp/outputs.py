@@ -3,7 +3,9 @@ and files in them written whole or not at all."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, open_dict, read_write
 
 RUN_DIR_KEY = "hydra.run.dir"
+HYDRA_DIR = ".hydra"
+"""Hydra's record of a job in its folder: its config, its overrides, Hydra's own config."""
 
 
 def claim_directory(base: Path) -> Path:
@@ -31,12 +35,17 @@ def claim_run_dir(config: DictConfig) -> Path | None:
     """Give a single run a folder of its own: the default ``outputs/DATE/TIME`` becomes
     ``TIME-2``, ``TIME-3``... when another run has it. A folder named on the command line
     (``hydra.run.dir=DIR``) is used as given; ``None`` then."""
-    if any(str(override).startswith(f"{RUN_DIR_KEY}=") for override in config.hydra.overrides.hydra):
+    if run_dir_given(config.hydra):
         return None
     claimed = claim_directory(Path(str(config.hydra.run.dir)))
     with read_write(config.hydra), open_dict(config.hydra):
         config.hydra.run.dir = str(claimed)
     return claimed
+
+
+def run_dir_given(hydra: Any) -> bool:
+    """Whether the command line names the run's folder (``hydra.run.dir=DIR``): it is then the user's."""
+    return any(str(override).startswith(f"{RUN_DIR_KEY}=") for override in hydra.overrides.hydra)
 
 
 class OutputDirCallback(Callback):
@@ -45,6 +54,22 @@ class OutputDirCallback(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         claim_run_dir(config)
+
+
+def remove_unused_run_dir(folder: Path) -> None:
+    """Remove the folder claimed for a run that was refused before it began, and its date folder
+    where that is then empty: it holds only Hydra's record of the job and an empty log (nothing
+    was measured; the refusal's line says why). A folder holding anything more is left."""
+    kept = [
+        path
+        for path in folder.rglob("*")
+        if not (path.is_relative_to(folder / HYDRA_DIR) or (path.suffix == ".log" and path.stat().st_size == 0))
+    ]
+    if kept or not folder.is_dir():
+        return
+    shutil.rmtree(folder, ignore_errors=True)
+    with contextlib.suppress(OSError):  # not empty: another run's folder is in it
+        folder.parent.rmdir()
 
 
 def write_atomically(path: Path, text: str) -> None:

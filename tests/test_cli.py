@@ -91,6 +91,7 @@ COMMANDS = {  # a name: the command's arguments
     "shipped plugin": ("loss=log_cosh", "run.measured_updates=3"),
     "describe": ("--describe",),
     "no logging": ("hydra/job_logging=disabled", "hydra/hydra_logging=disabled", "run.measured_updates=3"),
+    "refused into a named folder": ("population.neurons=0", "hydra.run.dir=mine"),
     **{overrides: tuple(overrides.split(" ")) for overrides, _ in USER_ERRORS},
 }
 
@@ -194,6 +195,7 @@ def test_cudagraph_on_cpu_exits_at_once_suggesting_eager(ran) -> None:
     assert "use executor=eager" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (folder / "mlflow.db").exists()
+    assert not [path for path in folder.rglob("*") if path.is_file()], "a refused run leaves no folder of its own"
 
 
 def test_help_lists_every_group_and_option(ran) -> None:
@@ -233,6 +235,14 @@ def test_user_errors_exit_2_with_one_line_and_no_run(ran, overrides: str, messag
     assert result.stderr.strip().splitlines() == [f"axoexp: {message}"], result.stderr
     assert "Traceback" not in result.stderr
     assert not (folder / "mlflow.db").exists()
+    assert not [path for path in folder.rglob("*") if path.is_file()], "a refused run leaves no folder of its own"
+
+
+def test_a_refused_run_keeps_a_folder_the_command_line_named(ran) -> None:
+    """The folder is the user's (hydra.run.dir=DIR): Hydra's record of the job stays in it."""
+    result, folder = ran["refused into a named folder"]
+    assert result.returncode == 2
+    assert (folder / "mine" / ".hydra" / "overrides.yaml").is_file()
 
 
 def test_hydras_own_logging_options_replace_axoexps_whole(ran) -> None:
