@@ -26,7 +26,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from axoexp import collector, targets, wallclock
+from axoexp import collector, metadata, targets, wallclock
 from axoexp.compose_once import composed_once
 from axoexp.config import describe, one_line, register_configs, unchosen_group
 from axoexp.errors import (
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from axoexp.plan import Plan
 
 DESCRIBE_FLAG = "--describe"
+VERSION_FLAG = "--version"
 MULTIRUN_FLAGS = ("-m", "--multirun")
 INFO_FLAGS = ("--info", "-i")  # Hydra logs these through a handler of its own, not hydra_logging's
 HYDRA_PRINTS = ("--help", "-h", "--hydra-help", "--cfg", "-c", *INFO_FLAGS)  # Hydra prints them itself
@@ -158,6 +159,9 @@ def _main() -> None:
     collector.hold()  # until the run's work begins, or the sweep's (collector.release)
     multirun = any(argument in MULTIRUN_FLAGS for argument in sys.argv[1:])
     help_wanted = any(argument in ("--help", "-h", DESCRIBE_FLAG) for argument in sys.argv[1:])
+    if VERSION_FLAG in sys.argv[1:]:  # Hydra's own would print only "Hydra 1.3.x"
+        print_out(metadata.versions_line())
+        return
     try:  # help still works with a broken plugin, naming it
         registry = load_plugins(on_error=_warn_broken_plugin if help_wanted else None)
     except AxoexpError as error:

@@ -196,6 +196,12 @@ def result_key(
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
+def versions_line() -> str:
+    """``axoexp 0.1.0 (axosim ..., torch ..., python ...)``: what ``python -m axoexp --version`` prints."""
+    versions = {tag.removeprefix(names.VERSION_PREFIX): value for tag, value in package_versions().items()}
+    return f"axoexp {versions.pop('axoexp')} ({', '.join(f'{name} {value}' for name, value in versions.items())})"
+
+
 def package_versions() -> dict[str, str]:
     versions = {}
     for name in PACKAGES:

@@ -92,6 +92,7 @@ COMMANDS = {  # a name: the command's arguments
     "describe": ("--describe",),
     "no logging": ("hydra/job_logging=disabled", "hydra/hydra_logging=disabled", "run.measured_updates=3"),
     "refused into a named folder": ("population.neurons=0", "hydra.run.dir=mine"),
+    "version": ("--version",),
     **{overrides: tuple(overrides.split(" ")) for overrides, _ in USER_ERRORS},
 }
 
@@ -236,6 +237,14 @@ def test_user_errors_exit_2_with_one_line_and_no_run(ran, overrides: str, messag
     assert "Traceback" not in result.stderr
     assert not (folder / "mlflow.db").exists()
     assert not [path for path in folder.rglob("*") if path.is_file()], "a refused run leaves no folder of its own"
+
+
+def test_version_names_axoexp_and_its_stack(ran) -> None:
+    result, _ = ran["version"]
+    assert result.returncode == 0, result.stderr
+    assert re.fullmatch(
+        r"axoexp \S+ \(axosim \S+, torch \S+, .*hydra-core 1\.3\.\S+, .*python 3\.\S+\)\n", result.stdout
+    )
 
 
 def test_a_refused_run_keeps_a_folder_the_command_line_named(ran) -> None:
