@@ -198,7 +198,8 @@ def _main() -> None:
         if _tracebacks_wanted:
             raise
         if isinstance(error, AxoexpError):  # in a sweep, a job's error (but a refusal before any job)
-            _exit_with(str(error), 1 if multirun and not isinstance(error, RefusedTargetError) else error.exit_code)
+            status = 1 if multirun and not isinstance(error, RefusedTargetError) else error.exit_code
+            _exit_with((multirun and _sweep_line(error)) or str(error), status)
         composing = isinstance(error, ConfigCompositionException | OverrideParseException)  # before any job ran
         _exit_with(one_line(error), 1 if multirun and not composing else 2)
     except ValueError as error:
@@ -209,9 +210,12 @@ def _main() -> None:
             "config: --cfg job without -m)",
             2,
         )
-    except OSError as error:  # Hydra creating the output folder or writing its files there
+    except OSError as error:  # Hydra creating the output folder or writing its files there; a launcher's cluster
         if _tracebacks_wanted:
             raise
+        line = _sweep_line(error) if multirun else None
+        if line:
+            _exit_with(line, 1)
         _exit_with(
             f"cannot write {shown(str(error.filename))}: {error.strerror or error}; choose a writable output "
             "folder (hydra.run.dir=DIR, or hydra.sweep.dir=DIR with -m)",
@@ -231,6 +235,13 @@ def _exit_without_teardown() -> NoReturn:
     flush_out()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _sweep_line(error: BaseException) -> str | None:
+    """The sweep's own last line for the error that ended it, where it says more (:func:`axoexp.sweep.closing_line`)."""
+    from axoexp import sweep
+
+    return sweep.closing_line(error)
 
 
 def _warn_broken_plugin(error: AxoexpError) -> None:

@@ -418,7 +418,7 @@ def format_comparison(comparisons: list[Comparison], base: Side, new: Side, styl
         for side in (base, new)
     ]
     lines.append(
-        f"{len(comparisons)} rows matched; verdict from the {CONFIDENCE:.0%} interval of new/base "
+        f"{plural(len(comparisons), 'row')} matched; verdict from the {CONFIDENCE:.0%} interval of new/base "
         f"against 1 ± {threshold * 100:.3g}%, given {MIN_RUNS} or more runs per side; regressions in capitals"
     )
     lines += filter(None, [hardware_note(base, new)])

@@ -47,16 +47,16 @@ from omegaconf.errors import OmegaConfBaseException
 from axoexp import collector, metadata, names, processes, signals
 from axoexp.config import one_line
 from axoexp.describe import sweep_run_name
-from axoexp.errors import ConfigError, StoreError, SweepRefusedError
+from axoexp.errors import ConfigError, StoreError, SweepRefusedError, TrackingUnavailableError
 from axoexp.job_process import SWEEP_PROCESS_ENV, sweep_process_marker
-from axoexp.journal import JOURNAL_FILE, START, journal_end, process_tags, read_journal
+from axoexp.journal import JOURNAL_FILE, START, TRACKING_LOST, journal_end, process_tags, read_journal
 from axoexp.outputs import claim_directory
 from axoexp.plan import plan_experiment, resume_mode
 from axoexp.redact import redacted
 from axoexp.registry import GROUPS, REGISTRY, Component
 from axoexp.statistics import doubts
 from axoexp.stdout import plural, print_out
-from axoexp.sync import end_dead_run, process_gone, sync_journal
+from axoexp.sync import end_dead_run, find_journals, process_gone, sync_journal
 from axoexp.tracking import (
     UNREACHABLE,
     child_runs,
@@ -64,6 +64,7 @@ from axoexp.tracking import (
     configure_tracking,
     experiment_id,
     open_client,
+    store_failure,
     store_lock,
     store_problem,
     store_unreachable,
@@ -78,10 +79,13 @@ JOB_FAILED_OR_STOPPED = "a job failed or the sweep was interrupted"  # Hydra's m
 NEW = "new"  # resume's reason for a job with no earlier run of its config
 SAME_SWEEPS = "in an earlier sweep of the same jobs"  # where sweep.resume=same_sweep looks
 RESUME_CANDIDATES = 200  # newest runs of a job's result key looked at for reuse
+RAY_ADDRESS_KEY = "hydra.launcher.ray.init.address"
 WORKER_GRACE_S = 10.0
 """How long a stopped sweep waits for its workers to end their runs (SLURM's grace is 30 s)."""
 
 log = logging.getLogger(__name__)
+_open: list[MlflowSweepCallback] = []
+"""The sweep this process runs, once started: the command's last line is its (:func:`closing_line`)."""
 
 
 def sweep_definition(overrides: list[str], job_configs: list[str] | None = None) -> str:
@@ -107,6 +111,9 @@ class MlflowSweepCallback(Callback):
         self.uri = self.sweep_dir = self.experiment = ""
         self.decided = False  # the parent's end was decided: written, or kept in the sweep's folder
         self.kept_end = ""  # the end the sweep decided but could not write, as its last line says it
+        self.jobs = 0  # how many jobs the sweep has, where known up front (the basic sweeper); else 0
+        self.ray_address: str | None = None  # a Ray launcher's hydra.launcher.ray.init.address, if it is one
+        self.failure = ""  # why the launcher failed (closing_line): the parent's reason, which no run gives
 
     def _say_refused(self) -> None:
         """Each job planning refused, a line each: said as the sweep starts and again at its end."""
@@ -135,6 +142,11 @@ class MlflowSweepCallback(Callback):
         sweep_dir = claim_sweep_dir(config)
         with read_write(config.hydra.overrides), open_dict(config.hydra.overrides):
             add_repeats(config)  # also without a parent run
+        _open.append(self)
+        self.uri, self.sweep_dir, self.experiment = uri, str(sweep_dir.resolve()), str(config.tracking.experiment)
+        self.jobs = len(basic_jobs(config) or [])
+        if str(config.hydra.launcher.get("_target_", "")).endswith("RayLauncher"):
+            self.ray_address = str(OmegaConf.select(config, RAY_ADDRESS_KEY))
         problem = store_problem(uri, tracking_uri_key(config.tracking.uri))
         if problem:  # each job then refuses to run, naming it too
             log.error("the sweep has no parent run: %s", problem)
@@ -164,7 +176,6 @@ class MlflowSweepCallback(Callback):
             log.error("the sweep has no parent run: %s", store_unreachable(uri, error))
             return
         self.client, self.parent_run_id, self.parent_created = client, run.info.run_id, run
-        self.uri, self.sweep_dir, self.experiment = uri, str(sweep_dir.resolve()), str(config.tracking.experiment)
         with read_write(config.hydra.overrides), open_dict(config.hydra.overrides):
             config.hydra.overrides.task.append(f"{PARENT_OVERRIDE_KEY}={self.parent_run_id}")
         (sweep_dir / PARENT_FILE).write_text(self.parent_run_id + "\n")
@@ -226,7 +237,7 @@ class MlflowSweepCallback(Callback):
             if not self.decided:
                 stopped_by = signals.received()
                 reason = "its runs could not be read as it ended, so whether they finished is not known; " + (
-                    "every job returned" if all_jobs_returned else JOB_FAILED_OR_STOPPED
+                    "every job returned" if all_jobs_returned else self.failure or JOB_FAILED_OR_STOPPED
                 )
                 self._keep_end(
                     self.parent_created,
@@ -267,10 +278,8 @@ class MlflowSweepCallback(Callback):
         if all_jobs_returned and not unfinished and not refused and not died and not stopped_by:
             self._terminate(client, parent_run, "FINISHED", None)
             return
-        parts = []
-        if unfinished:  # never "0 of 3 child runs did not finish", which says nothing
-            which = ", ".join(sorted(str(child.info.run_name) for child in unfinished))
-            parts.append(f"{len(unfinished)} of {len(children)} child runs did not finish ({which})")
+        missing = self._unfinished(children, unfinished, parent_run.data.tags)
+        parts = [missing] if missing else []
         if refused:
             jobs = f"{len(refused)} job{'s were' if len(refused) != 1 else ' was'}"
             parts.append(f"{jobs} refused before creating a run (tags {names.REFUSED_PREFIX}*)")
@@ -278,7 +287,7 @@ class MlflowSweepCallback(Callback):
         if stopped_by:
             parts.insert(0, signals.interrupted_by(stopped_by))
         elif not all_jobs_returned and not refused and not died:
-            parts.append(JOB_FAILED_OR_STOPPED)
+            parts.append(self.failure or JOB_FAILED_OR_STOPPED)
         reason = "; ".join(parts)
         status = "KILLED" if stopped_by else "FAILED"
         self._terminate(client, parent_run, status, reason)
@@ -290,6 +299,39 @@ class MlflowSweepCallback(Callback):
         print(f"axoexp: the sweep ended {status}: {reason}", file=sys.stderr, flush=True)
         if lost is not None:
             raise lost
+
+    def _unfinished(self, children: list[Run], unfinished: list[Run], tags: dict[str, str]) -> str:
+        """``1 of 3 jobs did not finish (00 eager ...), 2 never started``; where the number of jobs is not
+        known up front (another sweeper), ``1 of 2 child runs did not finish (...)``; "" if nothing is missing."""
+        never = self.jobs - len(_jobs_begun(children, tags)) if self.jobs else 0
+        which = ", ".join(sorted(str(child.info.run_name) for child in unfinished))
+        total = plural(self.jobs, "job") if self.jobs else f"{len(children)} child runs"
+        if not unfinished:  # never "0 of 3 jobs did not finish", which says nothing
+            return f"{never} of {total} never started" if never > 0 else ""
+        return f"{len(unfinished)} of {total} did not finish ({which}){f', {never} never started' if never > 0 else ''}"
+
+    def closing_line(self, error: BaseException) -> str | None:
+        """The sweep's last line for the error that ended it, where the sweep says more than the error:
+        a Ray launcher with no cluster at its address (also the parent's reason, :attr:`failure`: no
+        run says it), or a store that jobs could not reach (every journal to upload, not only the
+        first failed job's)."""
+        if isinstance(error, ConnectionError) and self.ray_address is not None:
+            ray_said = (redacted(error).strip().splitlines() or [""])[0].partition(". ")[0]
+            self.failure = (
+                f"no Ray instance at {RAY_ADDRESS_KEY}={self.ray_address}: {ray_said}; start one there "
+                f"(ray start --head) or drop {RAY_ADDRESS_KEY} to start a local one"
+            )
+            return self.failure
+        lost = unsynced_journals(Path(self.sweep_dir)) if isinstance(error, TrackingUnavailableError) else {}
+        if not lost:
+            return None
+        reason = next(iter(lost.values())).splitlines()[0][:300]
+        jobs = f"{len(lost)} of {plural(self.jobs, 'job')}" if self.jobs else plural(len(lost), "job")
+        return redacted(
+            f"MLflow tracking at {self.uri} {store_failure(reason)} ({reason}); the results of {jobs} are only "
+            f"in their journals under {self.sweep_dir}; upload them all with: "
+            f"python -m axoexp.sync {self.sweep_dir} --tracking-uri {self.uri}"
+        )
 
     def _terminate(self, client: MlflowClient, parent: Run, status: str, reason: str | None) -> None:
         """End the parent run ``status`` (``reason`` in ``axoexp.failure``); where the store fails, keep
@@ -344,18 +386,52 @@ def check_launcher(config: DictConfig) -> None:
         raise SweepRefusedError(f"hydra.launcher.n_jobs={jobs}: must be at least 1 (the worker processes of the sweep)")
 
 
+def closing_line(error: BaseException) -> str | None:
+    """The running sweep's last line for ``error``, if a sweep began and says more than the error
+    (:meth:`MlflowSweepCallback.closing_line`)."""
+    return _open[-1].closing_line(error) if _open else None
+
+
+def unsynced_journals(sweep_dir: Path) -> dict[Path, str]:
+    """The journals under a sweep's folder whose run lost its store, each with why (its ``tracking_lost``
+    record): what they measured reaches MLflow only once ``python -m axoexp.sync`` uploads it."""
+    lost = {}
+    for path in find_journals([sweep_dir]):
+        reason = next((str(r.get("reason")) for r in read_journal(path) if r["kind"] == TRACKING_LOST), None)
+        if reason is not None:
+            lost[path] = reason
+    return lost
+
+
+def _jobs_begun(children: list[Run], tags: dict[str, str]) -> set[str]:
+    """The numbers of the jobs that left a trace: a child run (named ``NN ...``), or a reuse, refusal or
+    death recorded on the parent (``axoexp.*.jobN``)."""
+    prefixes = (names.REUSED_PREFIX, names.REFUSED_PREFIX, names.DIED_PREFIX)
+    begun = {key.rpartition(".job")[2] for key in tags if key.startswith(prefixes)}
+    numbers = (str(run.info.run_name).partition(" ")[0] for run in children)
+    return begun | {str(int(number)) for number in numbers if number.isdigit()}
+
+
+def basic_jobs(config: DictConfig) -> list[list[str]] | None:
+    """Each job's overrides, in order, for the basic sweeper, which knows them up front; None for another."""
+    if not str(config.hydra.sweeper.get("_target_", "")).endswith("BasicSweeper"):
+        return None
+    loader = GlobalHydra.instance().config_loader()
+    params = [f"{key}={value}" for key, value in (config.hydra.sweeper.get("params") or {}).items()]
+    parsed = OverridesParser.create(config_loader=loader).parse_overrides([*params, *config.hydra.overrides.task])
+    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+
+
 def plan_jobs(config: DictConfig) -> tuple[list[str], list[str]]:
     """Plan every job of a basic sweep before any run exists: ``job N (overrides): why`` for each
     refused one, and each job's resolved config as its :func:`~axoexp.tracking.config_digest`
     (the sweep's definition). If a job's config cannot be composed (Hydra's sweeper would then
     start no job) or every job is refused, :class:`SweepRefusedError` names those jobs in one line
     and no parent run is created. Other sweepers choose their jobs as they go: nothing is planned."""
-    if not str(config.hydra.sweeper.get("_target_", "")).endswith("BasicSweeper"):
+    jobs = basic_jobs(config)
+    if jobs is None:
         return [], []
     loader = GlobalHydra.instance().config_loader()
-    params = [f"{key}={value}" for key, value in (config.hydra.sweeper.get("params") or {}).items()]
-    parsed = OverridesParser.create(config_loader=loader).parse_overrides([*params, *config.hydra.overrides.task])
-    jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
     # Planning runs a few torch ops (the meta build's inputs). In this process, which forks every
     # job, they must not start torch's intra-op (OpenMP) thread pool: a child forked after it has
     # started deadlocks in its first parallel op. Each job sets its own threads (run.threads).

@@ -481,6 +481,7 @@ def test_one_run_on_a_side_gets_no_verdict_and_says_why(
     new = _run(client, experiment, None, "0.1", 1.8)
     assert _compare(tracking_uri, base, new) == 0
     text = capsys.readouterr().out
+    assert "\n1 row matched; verdict from " in text, text  # not "1 rows"
     row = next(line for line in text.splitlines() if line.startswith("2x12x4"))
     assert "no verdict" in row and "one run per side: run-to-run spread unknown; measure with sweep.repeats=2" in row
     assert " 1.800 " in row and "[" not in row and row.endswith("1/1")

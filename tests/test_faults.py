@@ -456,6 +456,43 @@ def test_server_killed_mid_run_switches_to_the_journal_then_sync(tmp_path: Path,
 
 
 @pytest.mark.slow
+def test_a_sweep_against_a_dead_server_names_every_journal_to_sync(tmp_path: Path, empty_store: Path) -> None:
+    """Both jobs of a sweep whose server is down measure into their journals; the sweep's last line
+    names its folder, which holds both, and the one sync that uploads them all (it once named only
+    the first failed job's folder, the one whose error Hydra raised). That sync loses nothing."""
+    uri = f"http://127.0.0.1:{free_port()}/"
+    sweep_dir = tmp_path / "sweep"
+    result = run_cli(
+        "-m",
+        "population.neurons=3,4",
+        "run.measured_updates=5",
+        f"tracking.uri={uri}",
+        "tracking.http_max_retries=0",
+        f"hydra.sweep.dir={sweep_dir}",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 1 and TRACEBACK not in result.stderr, result.stderr
+    (last,) = [line for line in result.stderr.splitlines() if line.startswith("axoexp: ")]
+    assert last.startswith(f"axoexp: MLflow tracking at {uri} is unreachable ("), last
+    assert last.endswith(
+        f"; the results of 2 of 2 jobs are only in their journals under {sweep_dir}; "
+        f"upload them all with: python -m axoexp.sync {sweep_dir} --tracking-uri {uri}"
+    ), last
+    found = journals(sweep_dir)
+    assert [journal.parent.name for journal in found] == ["0", "1"]
+    shutil.copyfile(empty_store, tmp_path / "up.db")
+    store = f"sqlite:///{tmp_path / 'up.db'}"
+    synced = sync(str(sweep_dir), "--tracking-uri", store, cwd=tmp_path)
+    assert synced.returncode == 0, synced.stderr
+    client = MlflowClient(tracking_uri=store)
+    runs = client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
+    assert sorted((run.info.status, run.data.metrics[names.update_metric("count")]) for run in runs) == [
+        ("FINISHED", 5),
+        ("FINISHED", 5),
+    ]
+
+
+@pytest.mark.slow
 def test_a_hung_server_is_given_up_on_within_the_configured_timeouts(hung_server_run) -> None:
     stderr, elapsed, folder = hung_server_run()
     assert "is unreachable" in stderr

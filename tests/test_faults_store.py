@@ -352,7 +352,7 @@ def test_a_sweep_whose_store_fills_up_says_so_in_lines_and_names_the_sync_that_e
         last = stderr.splitlines()[-1]
         assert last.startswith(
             f"axoexp: the sweep could not end its MLflow runs: MLflow tracking at {uri} is on a full disk: "
-            "(sqlite3.OperationalError) database or disk is full; it ended FAILED: 1 of 1 child runs did not finish ("
+            "(sqlite3.OperationalError) database or disk is full; it ended FAILED: 1 of 1 job did not finish ("
         ), (name, last)
         kept = (
             f" (kept in {folder / 'sweep' / JOURNAL_FILE} for the sync); "
@@ -376,7 +376,7 @@ def test_a_sweep_whose_store_fills_up_says_so_in_lines_and_names_the_sync_that_e
             assert "is gone and never ended this run" in parent.data.tags[names.FAILURE], name
             continue
         assert parent.data.tags[names.FAILURE] == (
-            f"1 of 1 child runs did not finish ({child.info.run_name}); a job failed or the sweep was interrupted; "
+            f"1 of 1 job did not finish ({child.info.run_name}); a job failed or the sweep was interrupted; "
             f"the store failed as the sweep ended (MLflow tracking at {uri} is on a full disk: "
             "(sqlite3.OperationalError) database or disk is full)"
         ), name

@@ -163,7 +163,7 @@ def check_one_job_killed(root: Path, process: subprocess.Popen[str]) -> None:
         ("FINISHED", SHORT),
     ], "the siblings and the later job finished, every update kept"
     assert parent.info.status == "FAILED"
-    assert re.search(r"^1 of 3 child runs did not finish \(00 [^)]*\); job0 died: ", parent.data.tags[names.FAILURE])
+    assert re.search(r"^1 of 3 jobs did not finish \(00 [^)]*\); job0 died: ", parent.data.tags[names.FAILURE])
     assert f"run.measured_updates={LONG}" in parent.data.tags[names.FAILURE]
     assert "was killed by SIGKILL" in parent.data.tags[names.FAILURE]
 
@@ -237,7 +237,7 @@ def check_a_killed_worker(root: Path, process: subprocess.Popen[str]) -> None:
     assert Path(sibling.data.tags[names.JOURNAL]) == sibling_journal.resolve()
     assert parent.info.status == "FAILED"
     failure = parent.data.tags[names.FAILURE]
-    assert re.search(r"^1 of 3 child runs did not finish \(00 [^)]*\); job0 died: ", failure)
+    assert re.search(r"^1 of 3 jobs did not finish \(00 [^)]*\); job0 died: ", failure)
     assert f"run.measured_updates={LONG}" in failure
     assert f"was stopped when its worker process {worker.pid} was killed by SIGKILL" in failure
     assert _gone(family) == [], "a worker or a job's process outlived the sweep"

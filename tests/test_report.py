@@ -367,6 +367,39 @@ def test_the_report_answers_a_single_run_in_one_line_and_an_unknown_parent_with_
     assert capsys.readouterr().err == f"axoexp.report: --parent nope: no such run at {tracking_uri}\n"
 
 
+def test_the_report_names_a_jobs_sweep_a_missing_experiment_and_a_sweep_without_runs(
+    client: MlflowClient, tracking_uri: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A sweep's job given as --parent names its sweep and the command that reports it (it once
+    said "a single run"); --experiment naming none says so and lists those there (it once said "no
+    sweep in experiment"); a sweep with no runs (its launcher failed) says why in one line, where it
+    once printed an empty table and wrote an empty figure."""
+    experiment = client.create_experiment("axoexp")
+    parent = client.create_run(experiment, run_name="sweep", tags={names.SWEEP_ROLE: "parent"}).info.run_id
+    job = logged_run(client, experiment, "eager", "3x12x4", 1.25, parent=parent)
+    argv = ["--tracking-uri", tracking_uri, "--out", str(tmp_path / "figure.png")]
+    report_main([*argv, "--parent", job])
+    out = capsys.readouterr().out
+    assert out.startswith(f"run {job} 'executor=eager' is a job of sweep {parent}, not a sweep: eager 3x12x4 ")
+    assert out.endswith(f"; its sweep's report: python -m axoexp.report --parent {parent}\n"), out
+    with pytest.raises(SystemExit) as exit_info:
+        report_main([*argv, "--experiment", "nope"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        f"axoexp.report: no experiment 'nope' in {tracking_uri} (its experiments: axoexp, Default); "
+        "--experiment names one, or run a sweep: python -m axoexp -m ...\n"
+    )
+    empty = client.create_run(experiment, run_name="sweep 2", tags={names.SWEEP_ROLE: "parent"}).info.run_id
+    client.set_tag(empty, names.FAILURE, "2 of 2 jobs never started; no Ray instance at ...")
+    client.set_terminated(empty, "FAILED")
+    report_main([*argv, "--parent", empty])
+    assert capsys.readouterr().out == (
+        f"sweep {empty} 'sweep 2' has no runs to report: it ended FAILED: 2 of 2 jobs never started; "
+        "no Ray instance at ...\n"
+    )
+    assert not (tmp_path / "figure.png").exists(), "no empty figure"
+
+
 def report_sweep(client: MlflowClient, tmp_path: Path) -> str:
     """A sweep's parent with two runs, in an experiment whose artifacts go to ``tmp_path/artifacts``."""
     experiment = client.create_experiment("axoexp", artifact_location=str(tmp_path / "artifacts"))

@@ -18,7 +18,7 @@ from helpers import free_port, run_cli, run_clis, sleepy_executor_plugin, start_
 from mlflow.tracking import MlflowClient
 from test_faults import start_cli
 
-from axoexp import names
+from axoexp import names, signals
 from axoexp.experiment import run_experiment
 from axoexp.journal import read_journal_lines
 from axoexp.sweep import MlflowSweepCallback
@@ -105,7 +105,7 @@ def test_failing_job_fails_the_parent_but_keeps_the_others(sweeps) -> None:
     (parent,), children = _split(runs)
     assert parent.info.status == "FAILED"
     assert parent.data.tags[names.FAILURE] == (
-        "1 of 2 child runs did not finish (03 flaky 2x12x4 neurons=2 measured_updates=3); "
+        "1 of 4 jobs did not finish (03 flaky 2x12x4 neurons=2 measured_updates=3); "
         "2 jobs were refused before creating a run (tags axoexp.refused.*)"
     )
     assert lines[-2].startswith("axoexp: 03 flaky 2x12x4 neurons=2 measured_updates=3: FAILED: ")
@@ -155,6 +155,28 @@ def test_a_sweeps_reason_names_only_what_went_wrong(
     sweep.end_parent(all_jobs_returned=refused)
     ended = client.get_run(parent.info.run_id)
     assert (ended.info.status, ended.data.tags[names.FAILURE]) == ("FAILED", reason)
+
+
+def test_a_stopped_sweeps_reason_counts_the_jobs_that_never_started(
+    client: MlflowClient, tracking_uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C during the first of three jobs: ``1 of 3 jobs did not finish (...), 2 never started``,
+    where it once read "1 of 1 child runs did not finish", as if the sweep had one job."""
+    experiment = experiment_id(client, "axoexp")
+    parent = client.create_run(experiment, tags={names.SWEEP_ROLE: "parent"})
+    tags = {names.PARENT_RUN_ID: parent.info.run_id}
+    child = client.create_run(experiment, run_name="00 eager 3x12x4 neurons=3", tags=tags)
+    client.set_terminated(child.info.run_id, "KILLED")
+    monkeypatch.setattr(signals, "_received", ["SIGINT"])
+    sweep = MlflowSweepCallback()
+    sweep.client, sweep.parent_run_id, sweep.parent_created = client, parent.info.run_id, parent
+    sweep.uri, sweep.sweep_dir, sweep.experiment, sweep.jobs = tracking_uri, str(tmp_path), "axoexp", 3
+    sweep.end_parent(all_jobs_returned=False)
+    ended = client.get_run(parent.info.run_id)
+    assert (ended.info.status, ended.data.tags[names.FAILURE]) == (
+        "KILLED",
+        "interrupted by SIGINT; 1 of 3 jobs did not finish (00 eager 3x12x4 neurons=3), 2 never started",
+    )
 
 
 @pytest.mark.usefixtures("migrated_store")

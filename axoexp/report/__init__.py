@@ -9,6 +9,9 @@ CSV or JSON (--format). The figure shows median latency against the swept dimens
 (p10-p90 bars; the other swept settings as panels, executors as colours) and the speedup
 over eager per executor. Both are written to the sweep's output directory and logged to the
 parent run, except where the store is read-only (only read, it still serves): the last line says so.
+A --parent that is no sweep is one line instead: a single run's result, or a sweep's job's with the
+command that reports its sweep; so is a sweep without runs (every job refused, or its launcher
+failed), with the reason it ended.
 
 Runs measured under contention, with high noise, or logged without those labels (an older store's:
 a timing whose load was not recorded cannot claim to be quiet) form rows of their own, marked in the
@@ -25,7 +28,7 @@ One module per job: rows.py (runs to rows), table.py (rows as text, markdown, CS
 figure.py (the figure), length_figure.py (latency against length), pareto.py (a search's Pareto
 front) and __main__.py (the command). None imports torch or the executors.
 
-Exit status (axoexp.readers): 0 done; 2 with one line on bad input (no sweep, an unknown --parent,
+Exit status (axoexp.readers): 0 done; 2 with one line on bad input (no sweep, an unknown --experiment or --parent,
 an --out where no file can be written, checked before the store is read, or a sweep's output
 directory where none can, checked before anything is printed) or a store that is no usable MLflow
 store (damaged, half-built, an older schema, a file store, another application's file, a database

@@ -38,8 +38,19 @@ from axoexp.report.table import BUCKETS_CSV, FORMATS, format_buckets, format_tab
 from axoexp.stdout import print_out
 from axoexp.tracking import newest_run, run_or_none
 
+LISTED_EXPERIMENTS = 10
+"""Up to how many experiments a line naming a missing one lists."""
+
 
 def latest_parent(client: MlflowClient, experiment: str) -> Run:
+    """The newest sweep's parent in ``experiment``; one line where there is none, or no such experiment."""
+    if client.get_experiment_by_name(experiment) is None:
+        found = [known.name for known in client.search_experiments(max_results=LISTED_EXPERIMENTS + 1)]
+        listed = f" (its experiments: {', '.join(found)})" if 0 < len(found) <= LISTED_EXPERIMENTS else ""
+        raise NoSweepError(
+            f"no experiment {experiment!r} in {redacted(client.tracking_uri)}{listed}; --experiment names one, "
+            "or run a sweep: python -m axoexp -m ..."
+        )
     run = newest_run(client, experiment, f"tags.`{names.SWEEP_ROLE}` = 'parent'")
     if run is None:
         raise NoSweepError(f"no sweep in experiment {experiment!r}; run one with python -m axoexp -m ...")
@@ -102,8 +113,12 @@ def named_run(client: MlflowClient, run_id: str) -> Run:
 
 
 def single_run_line(run: Run) -> str:
-    """A run that is no sweep's parent, in one line: what it ran, its status, median and labels."""
+    """A run that is no sweep's parent, in one line: what it ran, its status, median and labels; for
+    a sweep's job, the command that reports its sweep."""
     tags, metrics = run.data.tags, run.data.metrics
+    parent = tags.get(names.PARENT_RUN_ID)
+    what = f"a job of sweep {parent}, not a sweep" if parent else "a single run, not a sweep"
+    sweep = f"; its sweep's report: python -m axoexp.report --parent {parent}" if parent else ""
     median, p10, p90 = (metrics.get(names.update_metric(stat)) for stat in ("median", "p10", "p90"))
     timing = (
         f"median {median:.3f} ms (p10 {p10:.3f}, p90 {p90:.3f})"
@@ -111,9 +126,19 @@ def single_run_line(run: Run) -> str:
         else "no latency logged"
     )
     return (
-        f"run {run.info.run_id} '{run.info.run_name}' is a single run, not a sweep: "
+        f"run {run.info.run_id} '{run.info.run_name}' is {what}: "
         f"{tags.get(names.component_tag('executor'), '?')} {tags.get(names.SHAPE, '?')} {run.info.status}, "
         f"{timing}, contention {tags.get(names.TIMING_CONTENTION, '?')}, noise {tags.get(names.TIMING_NOISE, '?')}"
+        f"{sweep}"
+    )
+
+
+def no_runs_line(parent: Run) -> str:
+    """A sweep without a run to report (every job refused, or its launcher failed), in one line, with why."""
+    why = parent.data.tags.get(names.FAILURE)
+    return (
+        f"sweep {parent.info.run_id} '{parent.info.run_name}' has no runs to report: it ended "
+        f"{parent.info.status}{f': {why}' if why else ''}"
     )
 
 
@@ -156,8 +181,9 @@ def run_report(store: StoreReader, argv: list[str] | None = None) -> None:
     client = store.open(args.tracking_uri, "run a sweep first: python -m axoexp -m ...")
     parent = named_run(client, args.parent) if args.parent else latest_parent(client, args.experiment)
     runs = sweep_runs(client, parent)
-    if not runs and parent.data.tags.get(names.SWEEP_ROLE) != "parent":
-        print_out(single_run_line(parent))
+    if not runs:
+        is_sweep = parent.data.tags.get(names.SWEEP_ROLE) == "parent"
+        print_out(no_runs_line(parent) if is_sweep else single_run_line(parent))
         return
     figure = out or default_figure(parent)  # refused before anything is printed
     rows = build_rows(runs, client, parent.info.run_id, include_contended=args.include_contended)
