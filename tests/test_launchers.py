@@ -416,6 +416,7 @@ def test_sweep_through_ray(ray_cluster: tuple[str, Path, dict[str, str]], tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.no_ray_yet
 def test_a_ray_sweep_with_no_ray_at_its_address_says_so_and_its_parent_records_why(tmp_path: Path) -> None:
     """``hydra.launcher.ray.init.address=auto`` with no Ray running: one line naming the address and
     what to do (it once read "cannot write 'None': ...; choose a writable output folder", Ray's
