@@ -46,7 +46,7 @@ def format_result(result: ExperimentResult) -> str:
             f"(held-out, {result.eval_batches} batches never adapted on)"
         )
     if result.banks is not None:
-        run = "RUN_ID, once synced," if result.tracking_lost else result.run_id
+        run = result.run_id if result.in_mlflow else "RUN_ID, once synced,"
         lines.append(
             f"{'banks':<14}{result.banks.artifact}  sha256 {result.banks.sha256[:16]}...  "
             f"(population.init_from={run} starts from them)"
@@ -64,10 +64,16 @@ def format_result(result: ExperimentResult) -> str:
             f"{'outputs':<14}not all kept ({result.output_loss}); MLflow has the run (tag {names.JOURNAL_LOST})"
         )
     store = redacted(result.tracking_uri)
-    if result.tracking_lost:
+    lost = f"{store} could not be written ({result.tracking_lost})"
+    kept = (
+        f"and {result.output_loss}: this summary alone has it all" if result.output_loss else "its journal has it all"
+    )
+    if result.tracking_lost and result.in_mlflow:
         lines.append(
-            f"{'mlflow run':<14}none: kept in its journal only, {store} could not be written ({result.tracking_lost})"
+            f"{'mlflow run':<14}{result.run_id}  not ended: {lost}; {kept} (python -m axoexp.sync completes it)"
         )
+    elif result.tracking_lost:
+        lines.append(f"{'mlflow run':<14}none: {lost}; {kept}")
     else:
         lines.append(f"{'mlflow run':<14}{result.run_id}  (experiment {result.experiment!r} at {store})")
     return "\n".join(lines)

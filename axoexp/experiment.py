@@ -66,7 +66,8 @@ class ExperimentResult:
     padding_overhead: float | None = None  # padded steps / real steps of the measured updates
     recaptures: int | None = None  # graphs captured after prepare (None: the executor captures none)
     output_loss: str | None = None  # why the output folder's journal or result.json was not written (MLflow has all)
-    tracking_lost: str | None = None  # why MLflow does not have the run (its journal has it all): run_id names none
+    tracking_lost: str | None = None  # why MLflow's copy of the run is not complete (its journal has it all)
+    in_mlflow: bool = True  # MLflow has the run, perhaps not ended; else run_id names its journal, not an MLflow run
 
     @property
     def streams_per_s(self) -> float:
@@ -172,7 +173,7 @@ def run_experiment(
             return result
     except TrackingUnavailableError as error:
         if result is not None:
-            result.tracking_lost = tracker.remote_lost
+            result.tracking_lost, result.in_mlflow = tracker.remote_lost, tracker.in_mlflow
             error.result = result
         raise
 
@@ -182,11 +183,11 @@ def _where_logged(tracker: JournaledLog, run_name: str, experiment: str, trackin
     uri = redacted(tracking_uri)
     if tracker.remote_lost is None:
         return f"MLflow run {tracker.run_id} ({run_name}) in experiment {experiment!r} at {uri}"
-    journal = tracker.journal.path if tracker.journal is not None else None
-    return (
-        f"run {run_name} is kept in its journal {journal} only: MLflow tracking at {uri} "
-        f"{store_failure(tracker.remote_lost)} ({tracker.remote_lost})"
-    )
+    unreachable = f"MLflow tracking at {uri} {store_failure(tracker.remote_lost)} ({tracker.remote_lost})"
+    journal = tracker.journal
+    if journal is None or journal.lost is not None:
+        return f"run {run_name} is kept in no store, only in what it returns: {unreachable}, and it has no journal"
+    return f"run {run_name} is kept in its journal {journal.path} only: {unreachable}"
 
 
 def _execute(

@@ -183,6 +183,7 @@ class JournaledLog(Observer):
     remote: Tracker | None
     run_id: str
     remote_lost: str | None = None
+    in_mlflow: bool = True  # MLflow has the run (not ended where remote_lost): run_id is its id, else the journal's
     _journal_loss_reported: bool = False
     _params: dict[str, str] = field(default_factory=dict)  # held for the batch at the end
     _tags: dict[str, str] = field(default_factory=dict)
@@ -383,7 +384,7 @@ def journaled_run(
             raise TrackingUnavailableError(store_unreachable(tracking_uri, error)) from error
         lost = store_reason(error)
     run_id = remote.run_id if remote is not None else f"journal-{journal.id}"  # type: ignore[union-attr]
-    log = JournaledLog(journal, remote, run_id, remote_lost=lost)
+    log = JournaledLog(journal, remote, run_id, remote_lost=lost, in_mlflow=remote is not None)
     log._record(
         START,
         journal_id=journal.id if journal else None,
@@ -445,7 +446,7 @@ def _not_updated(log: JournaledLog, tracking_uri: str, then: str) -> str:
     if journal is None:
         return redacted(
             f"MLflow tracking at {tracking_uri} {state} ({reason}); no output directory was given, "
-            "so only the returned result holds what was measured"
+            "so only the error's result (TrackingUnavailableError.result) holds what was measured"
         )
     kept = (
         f"the run's results are in {journal.path}"
