@@ -8,6 +8,7 @@ its Ctrl-C handler (:func:`axoexp.signals.run_command`) before it imports anythi
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what plugins' type checkers see; at run time __getattr__ imports each on first use
@@ -37,4 +38,6 @@ __all__ = list(_LAZY)
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if importlib.util.find_spec(f"{__name__}.{name}") is not None:  # a submodule: axoexp.errors
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'axoexp' has no attribute {name!r}")

@@ -26,7 +26,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from axoexp import collector, metadata, targets, wallclock
+from axoexp import collector, targets, wallclock
 from axoexp.compose_once import composed_once
 from axoexp.config import describe, one_line, register_configs, unchosen_group
 from axoexp.errors import (
@@ -34,6 +34,7 @@ from axoexp.errors import (
     ConfigError,
     RefusedTargetError,
     TrackingUnavailableError,
+    first_line,
     quiet_store_errors,
     shown,
 )
@@ -160,6 +161,8 @@ def _main() -> None:
     multirun = any(argument in MULTIRUN_FLAGS for argument in sys.argv[1:])
     help_wanted = any(argument in ("--help", "-h", DESCRIBE_FLAG) for argument in sys.argv[1:])
     if VERSION_FLAG in sys.argv[1:]:  # Hydra's own would print only "Hydra 1.3.x"
+        from axoexp import metadata  # torch: only here, not for --help
+
         print_out(metadata.versions_line())
         return
     try:  # help still works with a broken plugin, naming it
@@ -195,11 +198,12 @@ def _main() -> None:
     except Interrupted as interrupted:  # the run ended KILLED with what was measured
         _exit_with(f"{interrupted}; {interrupted.run_outcome}", interrupted.exit_code)
     except (AxoexpError, *CONFIG_ERRORS) as error:
+        line = _sweep_line(error) if multirun else None  # the sweep notes why it failed, shown or not
         if _tracebacks_wanted:
             raise
         if isinstance(error, AxoexpError):  # in a sweep, a job's error (but a refusal before any job)
             status = 1 if multirun and not isinstance(error, RefusedTargetError) else error.exit_code
-            _exit_with((multirun and _sweep_line(error)) or str(error), status)
+            _exit_with(line or str(error), status)
         composing = isinstance(error, ConfigCompositionException | OverrideParseException)  # before any job ran
         _exit_with(one_line(error), 1 if multirun and not composing else 2)
     except ValueError as error:
@@ -211,11 +215,13 @@ def _main() -> None:
             2,
         )
     except OSError as error:  # Hydra creating the output folder or writing its files there; a launcher's cluster
+        line = _sweep_line(error) if multirun else None
         if _tracebacks_wanted:
             raise
-        line = _sweep_line(error) if multirun else None
         if line:
             _exit_with(line, 1)
+        if error.filename is None:  # no file: e.g. a launcher's connection
+            _exit_with(first_line(error), 1)
         _exit_with(
             f"cannot write {shown(str(error.filename))}: {error.strerror or error}; choose a writable output "
             "folder (hydra.run.dir=DIR, or hydra.sweep.dir=DIR with -m)",
@@ -238,7 +244,8 @@ def _exit_without_teardown() -> NoReturn:
 
 
 def _sweep_line(error: BaseException) -> str | None:
-    """The sweep's own last line for the error that ended it, where it says more (:func:`axoexp.sweep.closing_line`)."""
+    """The sweep's own last line for the error that ended it, where it says more (:func:`axoexp.sweep.closing_line`,
+    which also notes why the sweep failed, for its parent run)."""
     from axoexp import sweep
 
     return sweep.closing_line(error)

@@ -22,6 +22,7 @@ from axoexp.redact import redacted
 from axoexp.registry import BUILTIN, Component
 
 PACKAGE_DIR = Path(__file__).resolve().parent
+NOT_INSTALLED = "not installed"
 PACKAGES = ("axoexp", "axosim", "torch", "numpy", "hydra-core", "omegaconf", "mlflow", "mlflow-skinny")
 
 
@@ -199,7 +200,9 @@ def result_key(
 def versions_line() -> str:
     """``axoexp 0.1.0 (axosim ..., torch ..., python ...)``: what ``python -m axoexp --version`` prints."""
     versions = {tag.removeprefix(names.VERSION_PREFIX): value for tag, value in package_versions().items()}
-    return f"axoexp {versions.pop('axoexp')} ({', '.join(f'{name} {value}' for name, value in versions.items())})"
+    own = versions.pop("axoexp")
+    stack = ", ".join(f"{name} {value}" for name, value in versions.items() if value != NOT_INSTALLED)
+    return f"axoexp {own} ({stack})"
 
 
 def package_versions() -> dict[str, str]:
@@ -208,7 +211,7 @@ def package_versions() -> dict[str, str]:
         try:
             versions[names.version_tag(name)] = version(name)
         except PackageNotFoundError:
-            versions[names.version_tag(name)] = "not installed"
+            versions[names.version_tag(name)] = NOT_INSTALLED
     versions[names.version_tag("torch")] = torch.__version__  # names the build too, e.g. 2.11.0+cu130
     versions[names.version_tag("python")] = platform.python_version()
     return versions

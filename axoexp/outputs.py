@@ -57,19 +57,19 @@ class OutputDirCallback(Callback):
 
 
 def remove_unused_run_dir(folder: Path) -> None:
-    """Remove the folder claimed for a run that was refused before it began, and its date folder
-    where that is then empty: it holds only Hydra's record of the job and an empty log (nothing
-    was measured; the refusal's line says why). A folder holding anything more is left."""
-    kept = [
-        path
-        for path in folder.rglob("*")
-        if not (path.is_relative_to(folder / HYDRA_DIR) or (path.suffix == ".log" and path.stat().st_size == 0))
-    ]
-    if kept or not folder.is_dir():
-        return
-    shutil.rmtree(folder, ignore_errors=True)
-    with contextlib.suppress(OSError):  # not empty: another run's folder is in it
-        folder.parent.rmdir()
+    """Remove the folder claimed for a run that was refused before it began, where it holds only
+    Hydra's record of the job and an empty log (nothing was measured; the refusal's line says why).
+    A folder holding anything more is left, and so is its date folder, where another run may be
+    claiming one; a folder that cannot be read or removed is left as it is."""
+    with contextlib.suppress(OSError):
+        record = folder / HYDRA_DIR
+        kept = [
+            path
+            for path in folder.rglob("*")
+            if not (path.is_relative_to(record) or (path.suffix == ".log" and path.lstat().st_size == 0))
+        ]
+        if not kept and folder.is_dir():
+            shutil.rmtree(folder)
 
 
 def write_atomically(path: Path, text: str) -> None:

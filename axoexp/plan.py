@@ -46,7 +46,7 @@ from axoexp.interfaces import Executor, LossFn, PopulationSetup, adaptation_para
 from axoexp.nvml import cuda_present, gpu_probe
 from axoexp.registry import GROUPS, INIT_FROM, INIT_FROM_SHA256, REGISTRY, Component, Registry
 from axoexp.runtime import allowed_cpus
-from axoexp.stdout import with_article
+from axoexp.stdout import plural, with_article
 from axoexp.tracking import configure_tracking, resolve_tracking_uri, store_problem, tracking_uri_key
 
 log = logging.getLogger(__name__)
@@ -219,10 +219,16 @@ def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
     if isinstance(lease_cpus, int) and lease_cpus > cpus:
         problems.append(f"run.lease_cpus={lease_cpus}: this process may use only {cpus} CPUs")
     threads = config.run.threads
-    if isinstance(threads, int) and threads > cpus:
+    leased = lease_cpus if isinstance(lease_cpus, int) and lease_cpus < cpus else None
+    if isinstance(threads, int) and threads > (leased or cpus):
+        usable = (
+            f"run.lease_cpus={leased} pins this process to {plural(leased, 'CPU')}"
+            if leased
+            else f"this process may use only {cpus} CPUs"
+        )
         problems.append(
-            f"run.threads={threads}: this process may use only {cpus} CPUs, so its threads would take turns on them "
-            f"and every update wait for the last; choose at most {cpus}, or null to calibrate"
+            f"run.threads={threads}: {usable}, so its threads would take turns on them and every update wait for "
+            f"the last; choose at most {leased or cpus}, or null (axoexp's choice)"
         )
     if resume_mode(config.sweep.resume) is None:
         problems.append(f"sweep.resume={config.sweep.resume!r}: choose one of {', '.join(RESUME_MODES)}")
@@ -328,17 +334,14 @@ def _able_executors(
 ) -> str:
     """The executors that can run ``module`` in ``dtype``, those that need CUDA named apart where
     ``device`` is not a GPU: ``eager (with device=cuda: cudagraph, ...)``."""
-    able = sorted(
-        entry.name
+    able = [
+        entry
         for entry in registry.components()
         if entry.group == "executor" and not executor_class(entry).refusal(module=module, dtype=dtype)
-    )
-    on_gpu_only = (
-        [name for name in able if executor_class(registry.get("executor", name)).requires_cuda]
-        if device is None or device.type != "cuda"
-        else []
-    )
-    here = ", ".join(name for name in able if name not in on_gpu_only) or "none"
+    ]
+    off_gpu = device is None or device.type != "cuda"
+    on_gpu_only = sorted(entry.name for entry in able if off_gpu and executor_class(entry).requires_cuda)
+    here = ", ".join(sorted(entry.name for entry in able if entry.name not in on_gpu_only)) or "none"
     return f"{here} (with device=cuda: {', '.join(on_gpu_only)})" if on_gpu_only else here
 
 

@@ -80,11 +80,12 @@ NEW = "new"  # resume's reason for a job with no earlier run of its config
 SAME_SWEEPS = "in an earlier sweep of the same jobs"  # where sweep.resume=same_sweep looks
 RESUME_CANDIDATES = 200  # newest runs of a job's result key looked at for reuse
 RAY_ADDRESS_KEY = "hydra.launcher.ray.init.address"
+RAY_NOT_FOUND = "Could not find any running Ray instance"  # how ray.init says no instance is at its address
 WORKER_GRACE_S = 10.0
 """How long a stopped sweep waits for its workers to end their runs (SLURM's grace is 30 s)."""
 
 log = logging.getLogger(__name__)
-_open: list[MlflowSweepCallback] = []
+_running: list[MlflowSweepCallback] = []
 """The sweep this process runs, once started: the command's last line is its (:func:`closing_line`)."""
 
 
@@ -142,11 +143,12 @@ class MlflowSweepCallback(Callback):
         sweep_dir = claim_sweep_dir(config)
         with read_write(config.hydra.overrides), open_dict(config.hydra.overrides):
             add_repeats(config)  # also without a parent run
-        _open.append(self)
+        _running[:] = [self]
         self.uri, self.sweep_dir, self.experiment = uri, str(sweep_dir.resolve()), str(config.tracking.experiment)
         self.jobs = len(basic_jobs(config) or [])
-        if str(config.hydra.launcher.get("_target_", "")).endswith("RayLauncher"):
-            self.ray_address = str(OmegaConf.select(config, RAY_ADDRESS_KEY))
+        address = OmegaConf.select(config, RAY_ADDRESS_KEY)  # null: the launcher starts a local Ray instance
+        if str(config.hydra.launcher.get("_target_", "")).endswith("RayLauncher") and address is not None:
+            self.ray_address = str(address)
         problem = store_problem(uri, tracking_uri_key(config.tracking.uri))
         if problem:  # each job then refuses to run, naming it too
             log.error("the sweep has no parent run: %s", problem)
@@ -303,7 +305,7 @@ class MlflowSweepCallback(Callback):
     def _unfinished(self, children: list[Run], unfinished: list[Run], tags: dict[str, str]) -> str:
         """``1 of 3 jobs did not finish (00 eager ...), 2 never started``; where the number of jobs is not
         known up front (another sweeper), ``1 of 2 child runs did not finish (...)``; "" if nothing is missing."""
-        never = self.jobs - len(_jobs_begun(children, tags)) if self.jobs else 0
+        never = self.jobs - _jobs_begun(children, tags) if self.jobs else 0
         which = ", ".join(sorted(str(child.info.run_name) for child in unfinished))
         total = plural(self.jobs, "job") if self.jobs else f"{len(children)} child runs"
         if not unfinished:  # never "0 of 3 jobs did not finish", which says nothing
@@ -315,8 +317,8 @@ class MlflowSweepCallback(Callback):
         a Ray launcher with no cluster at its address (also the parent's reason, :attr:`failure`: no
         run says it), or a store that jobs could not reach (every journal to upload, not only the
         first failed job's)."""
-        if isinstance(error, ConnectionError) and self.ray_address is not None:
-            ray_said = (redacted(error).strip().splitlines() or [""])[0].partition(". ")[0]
+        ray_said = (redacted(error).strip().splitlines() or [""])[0].partition(". ")[0]
+        if isinstance(error, ConnectionError) and self.ray_address is not None and ray_said.startswith(RAY_NOT_FOUND):
             self.failure = (
                 f"no Ray instance at {RAY_ADDRESS_KEY}={self.ray_address}: {ray_said}; start one there "
                 f"(ray start --head) or drop {RAY_ADDRESS_KEY} to start a local one"
@@ -325,7 +327,7 @@ class MlflowSweepCallback(Callback):
         lost = unsynced_journals(Path(self.sweep_dir)) if isinstance(error, TrackingUnavailableError) else {}
         if not lost:
             return None
-        reason = next(iter(lost.values())).splitlines()[0][:300]
+        reason = next(iter(lost.values())).splitlines()[0]  # a journal of an older axoexp kept the whole error
         jobs = f"{len(lost)} of {plural(self.jobs, 'job')}" if self.jobs else plural(len(lost), "job")
         return redacted(
             f"MLflow tracking at {self.uri} {store_failure(reason)} ({reason}); the results of {jobs} are only "
@@ -389,7 +391,7 @@ def check_launcher(config: DictConfig) -> None:
 def closing_line(error: BaseException) -> str | None:
     """The running sweep's last line for ``error``, if a sweep began and says more than the error
     (:meth:`MlflowSweepCallback.closing_line`)."""
-    return _open[-1].closing_line(error) if _open else None
+    return _running[0].closing_line(error) if _running else None
 
 
 def unsynced_journals(sweep_dir: Path) -> dict[Path, str]:
@@ -403,13 +405,15 @@ def unsynced_journals(sweep_dir: Path) -> dict[Path, str]:
     return lost
 
 
-def _jobs_begun(children: list[Run], tags: dict[str, str]) -> set[str]:
-    """The numbers of the jobs that left a trace: a child run (named ``NN ...``), or a reuse, refusal or
-    death recorded on the parent (``axoexp.*.jobN``)."""
+def _jobs_begun(children: list[Run], tags: dict[str, str]) -> int:
+    """How many jobs left a trace: a child run (named ``NN ...``; one named otherwise, by
+    ``tracking.run_name``, counts once), or a reuse, refusal or death recorded on the parent (``axoexp.*.jobN``)."""
     prefixes = (names.REUSED_PREFIX, names.REFUSED_PREFIX, names.DIED_PREFIX)
     begun = {key.rpartition(".job")[2] for key in tags if key.startswith(prefixes)}
-    numbers = (str(run.info.run_name).partition(" ")[0] for run in children)
-    return begun | {str(int(number)) for number in numbers if number.isdigit()}
+    numbers = [str(run.info.run_name).partition(" ")[0] for run in children]
+    return len(begun | {str(int(number)) for number in numbers if number.isdigit()}) + sum(
+        not number.isdigit() for number in numbers
+    )
 
 
 def basic_jobs(config: DictConfig) -> list[list[str]] | None:

@@ -80,11 +80,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if shared:
             item.add_marker(pytest.mark.xdist_group(shared[0]))
     before_ray = [item for item in items if item.get_closest_marker(NO_RAY_YET)]
-    first_ray = next((item for item in items if "ray_cluster" in item.fixturenames), None)
+    rest = [item for item in items if item not in before_ray]
+    first_ray = next((at for at, item in enumerate(rest) if "ray_cluster" in item.fixturenames), None)
     if first_ray is not None and before_ray:
-        rest = [item for item in items if item not in before_ray]
-        at = rest.index(first_ray)
-        items[:] = [*rest[:at], *before_ray, *rest[at:]]
+        items[:] = [*rest[:first_ray], *before_ray, *rest[first_ray:]]
 
 
 @pytest.fixture(scope="session")

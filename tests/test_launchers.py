@@ -211,6 +211,14 @@ def test_more_cpus_or_threads_than_the_process_may_use_is_refused_before_any_run
         run_experiment(make_config(f"{key}={too_many}"))
 
 
+def test_more_threads_than_the_leased_cpus_is_refused_before_any_run(make_config: Callable) -> None:
+    """The lease pins the process to run.lease_cpus CPUs before its threads are set."""
+    if len(allowed_cpus()) < 2:
+        pytest.skip("one CPU: run.lease_cpus=1 leases all of them")
+    with pytest.raises(ConfigError, match=r"run.threads=2: run.lease_cpus=1 pins this process to 1 CPU, so its"):
+        run_experiment(make_config("run.threads=2", "run.lease_cpus=1"))
+
+
 def test_presets_size_jobs_to_the_devices() -> None:
     cpus = len(allowed_cpus())
     assert lease.parallel_jobs("cpu", None) == 1, "a CPU job leases every CPU: one at a time"

@@ -59,7 +59,7 @@ def batch_loss(
             raise IncompatibleComponentsError("this loss has no masked form, so padded batches cannot be adapted to")
         loss_fn = functools.partial(masked, length=length)  # type: ignore[call-arg]
     if inputs.dim() != STREAM_AXIS_RANK:
-        return loss_fn(module(inputs), targets)
+        return loss_fn(predictions(module, inputs), targets)
     return torch.vmap(loss_fn)(predictions(module, inputs), targets).mean()
 
 

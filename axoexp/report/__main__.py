@@ -136,10 +136,12 @@ def single_run_line(run: Run) -> str:
 def no_runs_line(parent: Run) -> str:
     """A sweep without a run to report (every job refused, or its launcher failed), in one line, with why."""
     why = parent.data.tags.get(names.FAILURE)
-    return (
-        f"sweep {parent.info.run_id} '{parent.info.run_name}' has no runs to report: it ended "
-        f"{parent.info.status}{f': {why}' if why else ''}"
+    state = (
+        "it is still RUNNING (no job has started a run yet)"
+        if parent.info.status == "RUNNING"
+        else f"it ended {parent.info.status}{f': {why}' if why else ''}"
     )
+    return f"sweep {parent.info.run_id} '{parent.info.run_name}' has no runs to report: {state}"
 
 
 def main(argv: list[str] | None = None) -> None:
