@@ -64,26 +64,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 WORKER_TMP = pytest.StashKey[str]()
 
 
-NO_RAY_YET = "no_ray_yet"
-"""The marker of a test that needs no Ray instance on the machine (Ray's ``address=auto`` finds any
-by its processes): it runs on the Ray tests' worker before the session's local Ray instance starts."""
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         definitions = item._fixtureinfo.name2fixturedefs  # type: ignore[attr-defined]
         shared = [name for name in SHARED_SESSION_FIXTURES if name in definitions]
         if not shared and any(fixture.scope == "module" for defs in definitions.values() for fixture in defs):
             shared = [item.module.__name__]  # type: ignore[attr-defined]
-        if item.get_closest_marker(NO_RAY_YET):
-            shared = ["ray_cluster"]
         if shared:
             item.add_marker(pytest.mark.xdist_group(shared[0]))
-    before_ray = [item for item in items if item.get_closest_marker(NO_RAY_YET)]
-    rest = [item for item in items if item not in before_ray]
-    first_ray = next((at for at, item in enumerate(rest) if "ray_cluster" in item.fixturenames), None)
-    if first_ray is not None and before_ray:
-        items[:] = [*rest[:first_ray], *before_ray, *rest[first_ray:]]
 
 
 @pytest.fixture(scope="session")

@@ -423,34 +423,6 @@ def test_sweep_through_ray(ray_cluster: tuple[str, Path, dict[str, str]], tmp_pa
     assert leftovers(str(tmp_path)) == []
 
 
-@pytest.mark.slow
-@pytest.mark.no_ray_yet
-def test_a_ray_sweep_with_no_ray_at_its_address_says_so_and_its_parent_records_why(tmp_path: Path) -> None:
-    """``hydra.launcher.ray.init.address=auto`` with no Ray running: one line naming the address and
-    what to do (it once read "cannot write 'None': ...; choose a writable output folder", Ray's
-    ConnectionError taken for a write's OSError), and the parent ends FAILED with that reason, not
-    "a job failed or the sweep was interrupted"."""
-    pytest.importorskip("hydra_plugins.hydra_ray_launcher")
-    if any(process.info["name"] == "gcs_server" for process in psutil.process_iter(["name"])):
-        pytest.skip("a Ray instance runs on this machine: address=auto would find it")
-    private = {"HOME": str(tmp_path), "TMPDIR": str(tmp_path)}  # no ~/.ray or /tmp/ray of another Ray
-    overrides = ("hydra/launcher=ray_devices", "hydra.launcher.ray.init.address=auto", "population.neurons=3,4")
-    result = run_cli("-m", *overrides, cwd=tmp_path, env=private)
-    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
-    why = (
-        "no Ray instance at hydra.launcher.ray.init.address=auto: Could not find any running Ray instance; "
-        "start one there (ray start --head) or drop hydra.launcher.ray.init.address to start a local one"
-    )
-    lines = [line for line in result.stderr.splitlines() if line.startswith("axoexp: ")]
-    assert lines == [f"axoexp: {why}", f"axoexp: the sweep ended FAILED: 2 of 2 jobs never started; {why}"]
-    (parent,), children = _sweep_runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    assert (parent.info.status, parent.data.tags[names.FAILURE], children) == (
-        "FAILED",
-        f"2 of 2 jobs never started; {why}",
-        [],
-    )
-
-
 @pytest.mark.parametrize("device, gpus", [("cpu", 0), ("cuda", 1)])
 def test_ray_preset_asks_for_a_gpu_on_cuda_and_never_retries(loaded_registry, device: str, gpus: int) -> None:
     pytest.importorskip("hydra_plugins.hydra_ray_launcher")
