@@ -28,7 +28,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from axoexp import collector, targets, wallclock
 from axoexp.compose_once import composed_once
-from axoexp.config import describe, one_line, register_configs, unchosen_group
+from axoexp.config import describe, did_you_mean, one_line, register_configs, unchosen_group
 from axoexp.errors import (
     AxoexpError,
     ConfigError,
@@ -172,9 +172,9 @@ def _main() -> None:
             raise
         _exit_with(str(error), error.exit_code)
     register_configs(registry)
-    unchosen = unchosen_group(sys.argv[1:], registry)
-    if unchosen:
-        _exit_with(unchosen, 2)
+    refused = _unknown_option(sys.argv[1:]) or unchosen_group(sys.argv[1:], registry)
+    if refused:
+        _exit_with(refused, 2)
     wallclock.mark("imports")
     if DESCRIBE_FLAG in sys.argv[1:]:
         print_out(describe(registry))
@@ -198,7 +198,7 @@ def _main() -> None:
     except Interrupted as interrupted:  # the run ended KILLED with what was measured
         _exit_with(f"{interrupted}; {interrupted.run_outcome}", interrupted.exit_code)
     except (AxoexpError, *CONFIG_ERRORS) as error:
-        line = _sweep_line(error) if multirun else None  # the sweep notes why it failed, shown or not
+        line = _sweep_failed(error) if multirun else None  # noted for the sweep's parent, shown or not
         if _tracebacks_wanted:
             raise
         if isinstance(error, AxoexpError):  # in a sweep, a job's error (but a refusal before any job)
@@ -215,7 +215,7 @@ def _main() -> None:
             2,
         )
     except OSError as error:  # Hydra creating the output folder or writing its files there; a launcher's cluster
-        line = _sweep_line(error) if multirun else None
+        line = _sweep_failed(error) if multirun else None
         if _tracebacks_wanted:
             raise
         if line:
@@ -243,12 +243,32 @@ def _exit_without_teardown() -> NoReturn:
     os._exit(0)
 
 
-def _sweep_line(error: BaseException) -> str | None:
-    """The sweep's own last line for the error that ended it, where it says more (:func:`axoexp.sweep.closing_line`,
-    which also notes why the sweep failed, for its parent run)."""
+def _unknown_option(arguments: list[str]) -> str | None:
+    """``--bogus: no such option ...; options: ...`` for a ``-`` argument neither Hydra nor axoexp reads.
+    Hydra's argument parser said so in a dozen lines of usage under the name ``__main__.py``; its
+    parser, named as the command is typed, still says what else it finds wrong (``--cfg bogus``)."""
+    from hydra._internal.utils import get_args_parser
+
+    parser = get_args_parser()
+    parser.prog = "python -m axoexp"
+    parser.add_argument(DESCRIBE_FLAG, action="store_true")
+    _, unknown = parser.parse_known_args(arguments)
+    options = sorted(option for option in parser._option_string_actions if option.startswith("--"))
+    for argument in unknown:
+        if argument.startswith("-"):
+            option = argument.partition("=")[0]
+            return (
+                f"{option}: no such option{did_you_mean(option, options)}; options: {', '.join(options)} "
+                "(and overrides, key=value: python -m axoexp --help lists them)"
+            )
+    return None
+
+
+def _sweep_failed(error: BaseException) -> str | None:
+    """:func:`axoexp.sweep.failed`: the sweep's module is imported only by a sweep."""
     from axoexp import sweep
 
-    return sweep.closing_line(error)
+    return sweep.failed(error)
 
 
 def _warn_broken_plugin(error: AxoexpError) -> None:

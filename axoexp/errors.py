@@ -16,10 +16,21 @@ def shown(path: str, limit: int = 200) -> str:
     return repr(path) if len(path) <= limit else f"{path[:limit]!r}... ({len(path)} characters)"
 
 
-def first_line(error: BaseException) -> str:
-    """An error as one short line: its type and the first line of its message, any URI's password hidden."""
+MAX_REASON = 300
+"""Characters of an error's first line that a message quotes; a longer one is cut at a word."""
+
+
+def first_line(error: BaseException, typed: bool = True) -> str:
+    """An error as one short line, any URI's password hidden: the first line of its message, cut at a
+    word past :data:`MAX_REASON` characters, after its type where ``typed`` (its type alone where it
+    has no message)."""
     text = redacted(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0][:200]}" if text else type(error).__name__
+    if not text:
+        return type(error).__name__
+    line = text.splitlines()[0]
+    if len(line) > MAX_REASON:
+        line = f"{line[:MAX_REASON].rsplit(' ', 1)[0]} ..."
+    return f"{type(error).__name__}: {line}" if typed else line
 
 
 class AxoexpError(Exception):

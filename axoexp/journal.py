@@ -172,6 +172,18 @@ def read_journal(path: Path) -> list[dict[str, Any]]:
     return read_journal_lines(path).records
 
 
+def first_record(path: Path, kind: str) -> dict[str, Any] | None:
+    """A journal's first good record of ``kind``, or ``None``: read line by line, and only the lines
+    that name the kind decoded (a long run's journal holds a record per update)."""
+    marker = json.dumps({"kind": kind})[1:-1]  # '"kind": "start"', as encode_record writes it
+    with path.open(encoding="utf-8", errors="replace") as lines:
+        for line in lines:
+            record = _decode(line.rstrip("\n")) if marker in line else None
+            if record is not None and record["kind"] == kind:
+                return record
+    return None
+
+
 @dataclass
 class JournaledLog(Observer):
     """The run's :class:`~axoexp.tracking.RunLog`: every call goes to the journal first, then

@@ -49,7 +49,7 @@ from axoexp.config import one_line
 from axoexp.describe import sweep_run_name
 from axoexp.errors import ConfigError, StoreError, SweepRefusedError, TrackingUnavailableError
 from axoexp.job_process import SWEEP_PROCESS_ENV, sweep_process_marker
-from axoexp.journal import JOURNAL_FILE, START, TRACKING_LOST, journal_end, process_tags, read_journal
+from axoexp.journal import JOURNAL_FILE, START, TRACKING_LOST, first_record, journal_end, process_tags
 from axoexp.outputs import claim_directory
 from axoexp.plan import plan_experiment, resume_mode
 from axoexp.redact import redacted
@@ -86,7 +86,7 @@ WORKER_GRACE_S = 10.0
 
 log = logging.getLogger(__name__)
 _running: list[MlflowSweepCallback] = []
-"""The sweep this process runs, once started: the command's last line is its (:func:`closing_line`)."""
+"""The sweep this process runs, once started: the command's last line is its (:func:`failed`)."""
 
 
 def sweep_definition(overrides: list[str], job_configs: list[str] | None = None) -> str:
@@ -114,7 +114,7 @@ class MlflowSweepCallback(Callback):
         self.kept_end = ""  # the end the sweep decided but could not write, as its last line says it
         self.jobs = 0  # how many jobs the sweep has, where known up front (the basic sweeper); else 0
         self.ray_address: str | None = None  # a Ray launcher's hydra.launcher.ray.init.address, if it is one
-        self.failure = ""  # why the launcher failed (closing_line): the parent's reason, which no run gives
+        self.failure = ""  # why the launcher failed (:func:`failed`): the parent's reason, which no run gives
 
     def _say_refused(self) -> None:
         """Each job planning refused, a line each: said as the sweep starts and again at its end."""
@@ -142,10 +142,10 @@ class MlflowSweepCallback(Callback):
             self._say_refused()
         sweep_dir = claim_sweep_dir(config)
         with read_write(config.hydra.overrides), open_dict(config.hydra.overrides):
-            add_repeats(config)  # also without a parent run
+            runs_each = add_repeats(config)  # also without a parent run
         _running[:] = [self]
         self.uri, self.sweep_dir, self.experiment = uri, str(sweep_dir.resolve()), str(config.tracking.experiment)
-        self.jobs = len(basic_jobs(config) or [])
+        self.jobs = len(job_configs) * runs_each
         address = OmegaConf.select(config, RAY_ADDRESS_KEY)  # null: the launcher starts a local Ray instance
         if str(config.hydra.launcher.get("_target_", "")).endswith("RayLauncher") and address is not None:
             self.ray_address = str(address)
@@ -312,18 +312,20 @@ class MlflowSweepCallback(Callback):
             return f"{never} of {total} never started" if never > 0 else ""
         return f"{len(unfinished)} of {total} did not finish ({which}){f', {never} never started' if never > 0 else ''}"
 
-    def closing_line(self, error: BaseException) -> str | None:
-        """The sweep's last line for the error that ended it, where the sweep says more than the error:
-        a Ray launcher with no cluster at its address (also the parent's reason, :attr:`failure`: no
-        run says it), or a store that jobs could not reach (every journal to upload, not only the
-        first failed job's)."""
+    def launcher_failure(self, error: BaseException) -> str | None:
+        """Why the launcher failed, where the error says it and no run could: a Ray launcher with no
+        instance at its set address."""
         ray_said = (redacted(error).strip().splitlines() or [""])[0].partition(". ")[0]
         if isinstance(error, ConnectionError) and self.ray_address is not None and ray_said.startswith(RAY_NOT_FOUND):
-            self.failure = (
+            return (
                 f"no Ray instance at {RAY_ADDRESS_KEY}={self.ray_address}: {ray_said}; start one there "
                 f"(ray start --head) or drop {RAY_ADDRESS_KEY} to start a local one"
             )
-            return self.failure
+        return None
+
+    def unsynced_line(self, error: BaseException) -> str | None:
+        """Where jobs could not reach the store (``error``, the one that ended the sweep, says so), the
+        sweep's last line: every journal to upload, not only the first failed job's; else ``None``."""
         lost = unsynced_journals(Path(self.sweep_dir)) if isinstance(error, TrackingUnavailableError) else {}
         if not lost:
             return None
@@ -388,10 +390,18 @@ def check_launcher(config: DictConfig) -> None:
         raise SweepRefusedError(f"hydra.launcher.n_jobs={jobs}: must be at least 1 (the worker processes of the sweep)")
 
 
-def closing_line(error: BaseException) -> str | None:
-    """The running sweep's last line for ``error``, if a sweep began and says more than the error
-    (:meth:`MlflowSweepCallback.closing_line`)."""
-    return _running[0].closing_line(error) if _running else None
+def failed(error: BaseException) -> str | None:
+    """The running sweep, if one began, failed of ``error``: the sweep's last line where it says more
+    than the error, the launcher's failure (kept as the parent run's reason, which no run gives) or
+    the journals left to upload; else ``None``."""
+    if not _running:
+        return None
+    sweep = _running[0]
+    failure = sweep.launcher_failure(error)
+    if failure is not None:
+        sweep.failure = failure
+        return failure
+    return sweep.unsynced_line(error)
 
 
 def unsynced_journals(sweep_dir: Path) -> dict[Path, str]:
@@ -399,9 +409,9 @@ def unsynced_journals(sweep_dir: Path) -> dict[Path, str]:
     record): what they measured reaches MLflow only once ``python -m axoexp.sync`` uploads it."""
     lost = {}
     for path in find_journals([sweep_dir]):
-        reason = next((str(r.get("reason")) for r in read_journal(path) if r["kind"] == TRACKING_LOST), None)
-        if reason is not None:
-            lost[path] = reason
+        record = first_record(path, TRACKING_LOST)
+        if record is not None:
+            lost[path] = str(record.get("reason"))
     return lost
 
 
@@ -511,7 +521,7 @@ def end_killed_job(config: DictConfig, job_number: int, job_name: str, output_di
         client = open_client(uri)
         if journal.is_file():
             done = sync_journal(client, journal)
-            run_id = next((record.get("run_id") for record in read_journal(journal) if record["kind"] == START), None)
+            run_id = (first_record(journal, START) or {}).get("run_id")
             if run_id and done.startswith("synced"):
                 client.set_tag(
                     run_id,
@@ -547,14 +557,17 @@ def _signal_all(pids: list[int], signum: int) -> None:
             pass
 
 
-def add_repeats(config: DictConfig) -> None:
+def add_repeats(config: DictConfig) -> int:
     """``sweep.repeats=N``: the sweep gets the override ``sweep.repeat=0,...,N-1``, first, so the
     sweeper varies it slowest: every job runs once, then every job again, and drift during the
-    sweep hits every job alike. Each repetition is a child run of its own (param ``sweep.repeat``)."""
+    sweep hits every job alike. Each repetition is a child run of its own (param ``sweep.repeat``).
+    Returns how many times this made each planned job run: N, or 1 where it added nothing."""
     repeats = int(config.sweep.repeats)
     task = config.hydra.overrides.task
     if repeats > 1 and not any(str(item).lstrip("+~").startswith(f"{REPEAT_OVERRIDE_KEY}=") for item in task):
         task.insert(0, f"{REPEAT_OVERRIDE_KEY}={','.join(map(str, range(repeats)))}")
+        return repeats
+    return 1
 
 
 def note_refused_job(config: DictConfig, job_number: int, job_name: str, error: Exception) -> None:

@@ -42,7 +42,7 @@ from omegaconf import DictConfig
 
 from axoexp import names
 from axoexp.databases import database_problem, database_unreachable
-from axoexp.errors import StoreError, StoreLockedError
+from axoexp.errors import StoreError, StoreLockedError, first_line
 from axoexp.redact import redacted
 
 _REVISION = re.compile(r"""^revision\s*=\s*["']([0-9A-Za-z_]+)["']\s*$""", re.MULTILINE)
@@ -69,7 +69,6 @@ WAL_OFFSET, WAL_FORMAT = 18, b"\x02\x02"  # the header's file format versions of
 MLFLOW_TABLES = frozenset({"experiments", "runs"})
 """Tables that mark an SQLite database as an MLflow store, the first MLflow creates (``alembic_version``
 alone does not: Alembic's, of any application that uses it, Optuna's among them)."""
-MAX_REASON = 300  # characters of an error's message that a line quotes as its reason
 MAX_TABLES_NAMED = 6  # of another application's database, in the line that refuses it
 STORE_LOCK_WAIT_S = 20
 """Seconds a check waits for a sqlite store another process holds locked (MLflow's own busy timeout)."""
@@ -498,13 +497,11 @@ def store_failure(reason: str) -> str:
 def store_reason(error: BaseException) -> str:
     """A store's error as one short, whole line, any password hidden: the operating system's words where
     it comes of one (``Connection refused``, ``Name or service not known``: MLflow nests them deep in
-    the repr of urllib3's errors), else the first line of its message (its type where it has none),
-    cut at a word."""
+    the repr of urllib3's errors), else its message's first line (:func:`~axoexp.errors.first_line`)."""
     root = _os_error_at_root(error)
     if root is not None:
         return redacted(str(root) if root.filename is not None else root.strerror or str(root))
-    text = (redacted(error).strip() or type(error).__name__).splitlines()[0]
-    return text if len(text) <= MAX_REASON else f"{text[:MAX_REASON].rsplit(' ', 1)[0]} ..."
+    return first_line(error, typed=False)
 
 
 def _os_error_at_root(error: BaseException) -> OSError | None:
@@ -645,7 +642,7 @@ def create_store(path: Path) -> None:
             engine.dispose()
         os.replace(temporary, path)
     except Exception as error:  # e.g. a full disk; a signal's KeyboardInterrupt passes, after the clean-up
-        reason = str(getattr(error, "orig", None) or error).strip().splitlines()[0][:300]
+        reason = first_line(getattr(error, "orig", None) or error, typed=False)  # sqlite's, not SQLAlchemy's
         raise StoreError(
             f"the MLflow store {path} could not be created: {reason}; free space on its disk "
             f"or choose another {TRACKING_URI_KEY}"

@@ -78,6 +78,13 @@ USER_ERRORS = [  # (the overrides, space-separated; the one line printed)
         "config lacks)",
     ),
     (
+        "--multi-run population.neurons=2,5",
+        "--multi-run: no such option (did you mean --multirun?); options: --cfg, --config-dir, --config-name, "
+        "--config-path, --describe, --experimental-rerun, --help, --hydra-help, --info, --multirun, --package, "
+        "--resolve, --run, --shell-completion, --version (and overrides, key=value: python -m axoexp --help lists "
+        "them)",
+    ),
+    (
         "-m --cfg job",
         "Only one of --run, --multirun, --cfg, --info and --shell-completion can be specified; give one (to print "
         "a sweep's config: --cfg job without -m)",

@@ -43,14 +43,14 @@ from axoexp import lease, names, tracking
 from axoexp.compare import main as compare_main
 from axoexp.components.population import CheckpointError
 from axoexp.databases import lasting_refusal
-from axoexp.errors import ConfigError, StoreLockedError, TrackingUnavailableError
+from axoexp.errors import MAX_REASON, ConfigError, StoreLockedError, TrackingUnavailableError, first_line
 from axoexp.experiment import RESULT_FILE, run_experiment
-from axoexp.journal import JOURNAL_FILE, journal_end, read_journal, read_journal_lines
+from axoexp.journal import JOURNAL_FILE, Journal, first_record, journal_end, read_journal, read_journal_lines
 from axoexp.plan import plan_experiment
 from axoexp.report.__main__ import main as report_main
 from axoexp.sync import end_dead_run, end_dead_runs, stored_updates, sync_journal
 from axoexp.sync import main as sync_main
-from axoexp.tracking import CREATING_SUFFIX, experiment_id, open_client, store_problem
+from axoexp.tracking import CREATING_SUFFIX, experiment_id, open_client, store_problem, store_reason
 
 
 def assert_one_line(stderr: str, expected: str) -> None:
@@ -448,6 +448,24 @@ def test_a_refusal_that_may_soon_pass_is_left_to_mlflows_retries(error: str, las
     assert lasting_refusal(error) == (error.splitlines()[0] if lasting else None)
 
 
+def test_an_error_is_one_short_line_and_a_stores_names_the_operating_systems_words() -> None:
+    """One home for an error as a line (errors.first_line): the store's lines, planning's and the CLI's
+    cut a long message at a word, hide a URI's password and name a message-less error by its type;
+    a store's reason is the OS error at the root of MLflow's wrapping where there is one."""
+    long = RuntimeError("postgresql://u:s3cret@h/db failed " + "word " * 100)
+    line = first_line(long)
+    assert line.startswith("RuntimeError: postgresql://u:***@h/db failed word") and line.endswith("word ...")
+    assert len(line) <= len("RuntimeError: ") + MAX_REASON + len(" ...") and "\n" not in line
+    assert first_line(ValueError("first\nsecond"), typed=False) == "first"
+    assert first_line(KeyError()) == store_reason(KeyError()) == "KeyError"
+    assert store_reason(long) == first_line(long, typed=False)
+    refused = ConnectionRefusedError(111, "Connection refused")
+    wrapped = RuntimeError("Max retries exceeded with url: /api/2.0/mlflow/runs/create (" + "x" * 400 + ")")
+    wrapped.__cause__ = OSError("HTTPConnectionPool(...)")
+    wrapped.__cause__.__context__ = refused
+    assert store_reason(wrapped) == "Connection refused"
+
+
 @pytest.mark.slow
 def test_a_database_that_refuses_the_connection_is_named_at_once(
     postgres: str, make_config, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -604,6 +622,23 @@ def _damage_line(journal: Path, number: int) -> None:
     lines = journal.read_bytes().split(b"\n")
     lines[number - 1] = lines[number - 1].replace(b'"', b"'", 3)
     journal.write_bytes(b"\n".join(lines))
+
+
+def test_a_journals_first_record_of_a_kind_skips_damaged_lines_and_others_kinds(tmp_path: Path) -> None:
+    """first_record (a failed sweep's unsynced journals, a dead job's run id) reads a journal line by
+    line: the first good record of the kind, past a damaged one and a record naming the kind in a field."""
+    journal = Journal(tmp_path / JOURNAL_FILE)
+    journal.append("start", run_id="r1")
+    for index in range(3):
+        journal.append("update", index=index, note='"kind": "tracking_lost"')
+    journal.append("tracking_lost", reason="first")
+    journal.append("tracking_lost", reason="second")
+    journal.close()
+    assert (first_record(journal.path, "start") or {}).get("run_id") == "r1"
+    assert (first_record(journal.path, "tracking_lost") or {}).get("reason") == "first"
+    _damage_line(journal.path, 5)
+    assert (first_record(journal.path, "tracking_lost") or {}).get("reason") == "second"
+    assert first_record(journal.path, "end") is None
 
 
 @pytest.mark.slow
