@@ -25,6 +25,7 @@ from axoexp.lease import device_lease
 from axoexp.measure import length_metrics, length_range, length_tags, measure_updates
 from axoexp.outputs import HYDRA_DIR, write_atomically
 from axoexp.plan import Plan, plan_experiment
+from axoexp.progress import noted_if_slow
 from axoexp.redact import redacted
 from axoexp.registry import REGISTRY, Registry
 from axoexp.runtime import configure_determinism, configure_threads
@@ -201,13 +202,15 @@ def _execute(
     """Build, evaluate, prepare, time, verify, evaluate and keep the adapted banks; log each as it
     completes. A run interrupted after an update keeps its banks too (not evaluated: it is stopping)."""
     config = plan.config
-    setup = plan.build_population()
-    tracker.set_tags(describe.workload_tags(setup, plan))
-    if plan.initial_banks is not None:
-        tracker.set_tags(plan.initial_banks.tags())
-    tracker.log_dataset(describe.workload_dataset(setup, plan), names.WORKLOAD_CONTEXT)
-    loss_fn, population = plan.build_loss(), plan.components["population"].name
-    eval_before = eval_loss(setup.module, loss_fn, setup.eval_batches)  # not timed: no window is open
+    population = plan.components["population"].name
+    with noted_if_slow(f"build (population={population} on {plan.device}, its batches, and the held-out loss)"):
+        setup = plan.build_population()
+        tracker.set_tags(describe.workload_tags(setup, plan))
+        if plan.initial_banks is not None:
+            tracker.set_tags(plan.initial_banks.tags())
+        tracker.log_dataset(describe.workload_dataset(setup, plan), names.WORKLOAD_CONTEXT)
+        loss_fn = plan.build_loss()
+        eval_before = eval_loss(setup.module, loss_fn, setup.eval_batches)  # not timed: no window is open
     if eval_before is not None:
         tracker.log_metrics({names.EVAL_LOSS_BEFORE: eval_before})
     pristine = copy.deepcopy(setup.module) if config.verify.enabled else None

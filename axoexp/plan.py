@@ -44,6 +44,7 @@ from axoexp.executors import optimizer_calls
 from axoexp.executors.base import batch_loss, predictions
 from axoexp.interfaces import Executor, LossFn, PopulationSetup, adaptation_parameters
 from axoexp.nvml import cuda_present, gpu_probe
+from axoexp.progress import noted_if_slow
 from axoexp.registry import GROUPS, INIT_FROM, INIT_FROM_SHA256, REGISTRY, Component, Registry
 from axoexp.runtime import allowed_cpus
 from axoexp.stdout import plural, with_article
@@ -175,7 +176,15 @@ def resume_mode(value: object) -> str | None:
 
 
 def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
-    """Check everything that can be checked before any work; raise one :class:`ConfigError`."""
+    """Check everything that can be checked before any work; raise one :class:`ConfigError`. Planning
+    that takes long says so (:func:`~axoexp.progress.noted_if_slow`): it builds the population and
+    runs one forward, loss and update, whose Python runs at every time step even on the meta device."""
+    population = OmegaConf.select(config, "population.name")
+    with noted_if_slow(f"planning (population={population} is built and one update checked before any run exists)"):
+        return _plan(config, registry)
+
+
+def _plan(config: DictConfig, registry: Registry) -> Plan:
     problems: list[str] = []
     components: dict[str, Component] = {}
     params: dict[str, dict[str, Any]] = {}

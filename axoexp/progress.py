@@ -1,4 +1,5 @@
-"""Watching a run as it goes: every window and its duration in the job's log, and a live display.
+"""Watching a run as it goes: every window and its duration in the job's log, and a live display;
+a line for a phase without one of its own that takes long (:func:`noted_if_slow`).
 
 :class:`RunProgress` is an :class:`~axoexp.measure.Observer`, so it works only between timed
 updates. The display has no thread of its own: it is redrawn from the hooks, at most every
@@ -12,7 +13,10 @@ from __future__ import annotations
 import logging
 import statistics
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TextIO
 
 from rich.console import Console
@@ -29,6 +33,8 @@ from rich.progress import (
 from axoexp.windows import MEASURED, PREPARE, VERIFY, WARMUP, Observer
 
 REFRESH_S = 0.1
+NOTICE_AFTER_S = 10.0
+"""How long a phase without lines of its own (planning, the population's build) runs before it says so."""
 LABELS = {PREPARE: "prepare (compile, capture)", WARMUP: "warm-up", MEASURED: "measured", VERIFY: "verify"}
 
 log = logging.getLogger("axoexp.run")
@@ -113,3 +119,33 @@ class RunProgress(Observer):
 def run_observers(progress: bool, in_this_terminal: bool = True) -> list[Observer]:
     """What watches a CLI run: the log always, the live display when asked for and stderr is a terminal."""
     return [RunProgress(display=progress and in_this_terminal and sys.stderr.isatty())]
+
+
+@contextmanager
+def noted_if_slow(what: str, after_s: float | None = None) -> Iterator[None]:
+    """Log ``WHAT: still going after N s`` once the block has run :data:`NOTICE_AFTER_S` seconds
+    (``after_s``), and ``WHAT: done in N s`` (``stopped after``, where it raised) as a block that long
+    ends: a population of tens of thousands of time steps plans and builds for minutes, which would
+    otherwise pass in silence. A quicker block says nothing."""
+    after = NOTICE_AFTER_S if after_s is None else after_s
+    started, said = time.monotonic(), threading.Event()
+
+    def say() -> None:
+        log.info("%s: still going after %.0f s", what, after)
+        said.set()
+
+    timer = threading.Timer(after, say)
+    timer.daemon = True
+    timer.start()
+    ended = "done in"
+    try:
+        yield
+    except BaseException:  # a refusal, a signal: said as what it is, after this line
+        ended = "stopped after"
+        raise
+    finally:
+        timer.cancel()
+        timer.join()  # a line being said now is said before its end
+        took = time.monotonic() - started
+        if said.is_set() or took >= after:
+            log.info("%s: %s %.1f s", what, ended, took)
