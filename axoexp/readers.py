@@ -101,7 +101,8 @@ def reading(command: str, fault_status: int | None = None) -> Iterator[StoreRead
         if damaged is not None:
             print(f"{command}: {damaged_store(damaged, store_reason(error))}", file=sys.stderr)
             sys.exit(fault_status or UnusableStoreError.exit_code)
-        print(f"{command}: the MLflow store could not be read: {store_reason(error)}", file=sys.stderr)
+        where = f" at {redacted(reader.uri)}" if reader.uri is not None else ""
+        print(f"{command}: the MLflow store{where} could not be read: {store_reason(error)}", file=sys.stderr)
         sys.exit(fault_status or STORE_FAILED)
     except KeyboardInterrupt:
         print(f"{command}: {CTRL_C}", file=sys.stderr)

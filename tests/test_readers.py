@@ -39,18 +39,20 @@ def test_a_store_that_cannot_be_read_is_one_line(
     garbage = f"sqlite:///{tmp_path / 'mlflow.db'}"
     why = f"{tmp_path / 'mlflow.db'} is not an SQLite database, so not an MLflow store; choose another path\n"
     main, args = COMMANDS[command]
+    server, database = free_port(), free_port()
     refused = [
         (garbage, 2, f"--tracking-uri={garbage}: {why}"),
         (str(tmp_path / "mlruns"), 2, f"--tracking-uri={tmp_path / 'mlruns'}: a file store, which MLflow"),
         (
-            f"http://u:s3cret@127.0.0.1:{free_port()}",
+            f"http://u:s3cret@127.0.0.1:{server}",
             unanswered,
-            "the MLflow store could not be read: Connection refused",
+            f"the MLflow store at http://u:***@127.0.0.1:{server} could not be read: Connection refused",
         ),
         (  # a database whose server does not answer: at once, not after MLflow's ~100 s of retries
-            f"postgresql+psycopg2://u:s3cret@127.0.0.1:{free_port()}/db",
+            f"postgresql+psycopg2://u:s3cret@127.0.0.1:{database}/db",
             unanswered,
-            "the MLflow store could not be read: no database answers at 127.0.0.1:",
+            f"the MLflow store at postgresql+psycopg2://u:***@127.0.0.1:{database}/db could not be read: no database "
+            "answers at 127.0.0.1:",
         ),
     ]
     if DRIVERLESS is not None:  # a traceback of SQLAlchemy's ModuleNotFoundError
@@ -138,9 +140,10 @@ def test_a_store_damaged_beyond_its_schema_or_a_dead_server_is_named_never_a_mis
     capsys.readouterr()  # MLflow's lines as it made the store
     main, args = COMMANDS[command]
     given = ["--parent", run_ids[1]] if command == "axoexp.report" else run_ids
+    server = f"http://127.0.0.1:{free_port()}"
     for uri, line in (
         (f"sqlite:///{store}", f"{store} is damaged, not a readable MLflow store ((sqlite3.DatabaseError) "),
-        (f"http://127.0.0.1:{free_port()}", "the MLflow store could not be read: Connection refused"),
+        (server, f"the MLflow store at {server} could not be read: Connection refused"),
     ):
         for arguments in (args, given):
             with pytest.raises(SystemExit) as ended:
