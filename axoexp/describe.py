@@ -50,7 +50,7 @@ def workload_tags(setup: PopulationSetup, plan: Plan) -> dict[str, str]:
     """Shapes, dtypes, device, the adaptation banks and the population's own description."""
     inputs, targets = setup.batches[0]
     tags = {
-        names.SHAPE: names.shape_label(*setup.shape),  # as built (planning may not have built it)
+        names.SHAPE: setup.shape_label,  # as built (planning may not have built it)
         names.STREAMS: str(setup.streams),
         names.SHAPE_INPUTS: str(tuple(inputs.shape)),
         names.SHAPE_TARGETS: str(tuple(targets.shape)),
@@ -152,7 +152,7 @@ def workload_dataset(setup: PopulationSetup, plan: Plan) -> MetaDataset:
             specs.append(TensorSpec(dtype, (len(setup.batches), *tensor.shape), name))
     return MetaDataset(  # type: ignore[abstract]  # MLflow declares profile abstract; MetaDataset has none
         source,
-        name=f"{population}-{names.shape_label(*setup.shape)}" + (f"-B{setup.streams}" if setup.streams > 1 else ""),
+        name=f"{population}-{setup.shape_label}" + (f"-B{setup.streams}" if setup.streams > 1 else ""),
         digest=digest.hexdigest()[:16],
         schema=Schema(specs) if specs else None,
     )

@@ -19,10 +19,10 @@ from axoexp.banks import SavedBanks, UpdateCount, eval_loss, keep_banks
 from axoexp.contention import ContentionGuard
 from axoexp.errors import TrackingUnavailableError
 from axoexp.guard import FiniteGuard
-from axoexp.interfaces import RunLog
+from axoexp.interfaces import RunLog, length_range
 from axoexp.journal import JournaledLog, journaled_run
 from axoexp.lease import device_lease
-from axoexp.measure import length_metrics, length_range, length_tags, measure_updates
+from axoexp.measure import length_metrics, length_tags, measure_updates
 from axoexp.outputs import HYDRA_DIR, write_atomically
 from axoexp.plan import Plan, plan_experiment
 from axoexp.progress import noted_if_slow

@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeAlias, cast
 
+from axoexp import names
+
 if TYPE_CHECKING:  # annotations only: importing torch or MLflow costs seconds
     import torch
     from mlflow.data.dataset import Dataset
@@ -30,6 +32,13 @@ does); the update's loss is then the mean over streams of each stream's loss
 
 STREAM_AXIS_RANK = 4
 """Rank of batched-stream inputs: (streams, population, time, channels)."""
+
+
+def length_range(batches: list[Batch]) -> tuple[int, int] | None:
+    """The shortest and the longest batch's time steps, or ``None`` where every batch has one length."""
+    lengths = {int(inputs.shape[-2]) for inputs, _ in batches}
+    return (min(lengths), max(lengths)) if len(lengths) > 1 else None
+
 
 # typing's Callable, not collections.abc's: typing.get_type_hints evaluates the quoted arguments of the
 # former where the hint is read; Python 3.11 flattens the latter's argument list when it does
@@ -72,6 +81,16 @@ class PopulationSetup:
         """One stream's input shape, (population, time, channels): what the population says it is."""
         inputs = self.batches[0][0]
         return tuple(inputs.shape[1:] if inputs.dim() == STREAM_AXIS_RANK else inputs.shape)
+
+    @property
+    def shape_label(self) -> str:
+        """One stream's shape as runs are named and tagged by it (:func:`~axoexp.names.shape_label`), the
+        time steps the range of the batches' lengths where they differ: ``3x17..39x4``, not the first's."""
+        dims: list[object] = list(self.shape)
+        lengths = length_range(self.batches)
+        if lengths is not None:
+            dims[-2] = f"{lengths[0]}..{lengths[1]}"
+        return names.shape_label(*dims)
 
 
 class MetricsLog(Protocol):

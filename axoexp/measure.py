@@ -14,7 +14,7 @@ import torch
 
 from axoexp import names, signals
 from axoexp.executors.capture import state_preserved
-from axoexp.interfaces import Batch, Executor, RunLog
+from axoexp.interfaces import Batch, Executor, RunLog, length_range
 from axoexp.lengths import by_bucket, padding_overhead
 from axoexp.runtime import CALIBRATION_ROUNDS, CALIBRATION_TOLERANCE, CALIBRATION_UPDATES, choose_threads
 from axoexp.statistics import STABLE_THRESHOLD, LatencySummary, rel_iqr
@@ -175,12 +175,6 @@ def measure_updates(
     finally:
         log_traces(tracker, warmup, measured, measured_count)
     return warmup, measured
-
-
-def length_range(batches: list[Batch]) -> tuple[int, int] | None:
-    """The shortest and the longest batch's time steps, or ``None`` where every batch has one length."""
-    lengths = {int(inputs.shape[-2]) for inputs, _ in batches}
-    return (min(lengths), max(lengths)) if len(lengths) > 1 else None
 
 
 def length_tags(buckets: tuple[int, ...] | None, batches: list[Batch]) -> dict[str, str]:

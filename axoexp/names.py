@@ -280,13 +280,15 @@ NOT_MEASUREMENT_PARAM_PREFIXES = ("tracking.", "sweep.", "run.progress")
 
 def shape_label(*dims: object) -> str:
     """The one spelling of a population's shape, one stream's input dimensions joined by ``x``:
-    (population, time, channels), e.g. ``64x256x32``."""
+    (population, time, channels), e.g. ``64x256x32``; batches of several lengths give their range of
+    time steps, ``3x17..39x4``."""
     return "x".join(map(str, dims))
 
 
 def shape_size(label: str) -> int:
-    """The product of a :func:`shape_label`'s dimensions, for ordering (0 if unreadable)."""
-    parts = label.split("x")
+    """The product of a :func:`shape_label`'s dimensions, a range by its upper end (``3x17..39x4``), for
+    ordering (0 if unreadable)."""
+    parts = [part.rpartition(".")[2] for part in label.split("x")]
     return math.prod(int(part) for part in parts) if all(part.isdigit() for part in parts) else 0
 
 

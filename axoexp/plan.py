@@ -28,7 +28,6 @@ import psutil
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from axoexp import names
 from axoexp.banks import InitialBanks, init_from_problems, read_initial_banks
 from axoexp.components.population import checkpoint_problem
 from axoexp.config import added_keys, bounded_keys, choice_keys
@@ -90,9 +89,9 @@ class Plan:
 
     @property
     def shape(self) -> str:
-        """The population's shape label, one stream's (population, time, channels), e.g. ``64x256x32``
+        """The population's :attr:`~axoexp.interfaces.PopulationSetup.shape_label`, e.g. ``64x256x32``
         (``?`` where planning could not build it)."""
-        return names.shape_label(*self.probe.shape) if self.probe is not None else "?"
+        return self.probe.shape_label if self.probe is not None else "?"
 
     @property
     def streams(self) -> int:

@@ -83,10 +83,13 @@ def empty_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def migrated_store(tmp_path: Path, empty_store: Path) -> Path:
+def migrated_store(tmp_path: Path, empty_store: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """``tmp_path/mlflow.db``, a copy of the empty store: the default store of a command run in
-    ``tmp_path``, which then skips creating it (seconds). Tests of store creation do without."""
+    ``tmp_path``, which then skips creating it (seconds). Tests of store creation do without. The
+    test runs in ``tmp_path``: MLflow puts a sqlite store's artifacts under ``./mlruns`` of the
+    process that creates its experiment (else the checkout's)."""
     shutil.copyfile(empty_store, tmp_path / "mlflow.db")
+    monkeypatch.chdir(tmp_path)
     return tmp_path / "mlflow.db"
 
 

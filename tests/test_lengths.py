@@ -258,6 +258,10 @@ def test_an_executor_that_captures_nothing_logs_no_recaptures_and_exact_lengths(
     assert names.RECAPTURES not in run.data.metrics and result.recaptures is None
     assert run.data.tags[names.LENGTH_BUCKETS] == names.LENGTH_BUCKETS_EXACT
     assert "each batch at its own length (no padding)" in format_result(result)
+    low, high = result.lengths or (0, 0)
+    shape = f"3x{low}..{high}x4"  # the batches' range of lengths, not the first batch's length
+    assert low < high and run.data.tags[names.SHAPE] == shape and f" eager {shape} B=2 cpu" in run.info.run_name
+    assert names.shape_size(shape) == 3 * high * 4
 
 
 @pytest.mark.slow  # a sweep's runs
