@@ -9,6 +9,7 @@ checkpoints, a plugin exiting at import. Each runs the real thing and reads the 
 from __future__ import annotations
 
 import itertools
+import logging
 import random
 import shutil
 import signal
@@ -304,6 +305,36 @@ def test_a_fresh_store_on_a_full_disk_is_one_line_and_leaves_nothing(tmp_path: P
         result.stderr, f"the MLflow store {full / 'mlflow.db'} could not be created: database or disk is full"
     )
     assert not [path for path in full.iterdir() if path.name.startswith("mlflow.db") and path.stat().st_size > 0]
+
+
+def test_a_run_that_loses_its_store_and_its_journal_says_it_is_kept_in_neither(
+    make_config, tmp_path: Path, mount, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A dead server and a full disk under the run's folder: the run measures anyway and says it is
+    kept in no store, not "in its journal" (it has none); what it measured is in what it returns."""
+    full = mount("full", "size=256k")
+    fill(full)
+    caplog.set_level(logging.INFO, logger="axoexp")
+    with socket.socket() as held:  # bound, not listening: every connection is refused
+        held.bind(("127.0.0.1", 0))
+        uri = f"http://127.0.0.1:{held.getsockname()[1]}"
+        with pytest.raises(TrackingUnavailableError) as lost:
+            run_experiment(
+                make_config(f"tracking.uri={uri}", "tracking.http_max_retries=0", "run.measured_updates=3"),
+                output_dir=full,
+            )
+    said = [record.getMessage() for record in caplog.records if record.name == "axoexp.experiment"]
+    assert any(
+        line.startswith("run ")
+        and line.endswith(
+            f" is kept in no store, only in what it returns: MLflow tracking at {uri} is unreachable "
+            "(Connection refused), and it has no journal"
+        )
+        for line in said
+    ), said
+    assert not any("kept in its journal" in line for line in said), said
+    result = lost.value.result
+    assert result is not None and result.update.count == 3 and not result.in_mlflow
 
 
 SWEEP_LAUNCHERS = {  # the parallel one forks its workers from the sweep; Hydra's joblib one spawns them
