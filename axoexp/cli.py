@@ -42,7 +42,7 @@ from axoexp.outputs import remove_unused_run_dir, run_dir_given
 from axoexp.plugins import load_plugins
 from axoexp.redact import redacted
 from axoexp.signals import OUTSIDE_A_RUN, OUTSIDE_A_RUN_EXIT, Interrupted
-from axoexp.stdout import flush_out, print_out, reader_gone
+from axoexp.stdout import SweepStderr, flush_out, print_out, reader_gone
 
 if TYPE_CHECKING:
     from axoexp.plan import Plan
@@ -186,6 +186,8 @@ def _main() -> None:
         quiet_store_errors()
     if any(argument.partition("=")[0] in INFO_FLAGS for argument in sys.argv[1:]):  # --info, --info=config
         logging.raiseExceptions = False  # Hydra's plain handler: no "Logging error" per line once | head has gone
+    if multirun:
+        sys.stderr = SweepStderr(sys.stderr)  # Hydra writes its failed-job line there
     try:
         with nullcontext() if multirun else composed_once():
             hydra_app()

@@ -1,13 +1,17 @@
 """What a command prints: standard output whose reader may go away (``python -m axoexp | head -1``),
 no fault of the command, which goes on as if nothing had been read, its later output sent to the
-null device; and a count in words (:func:`plural`)."""
+null device; a sweep's stderr without Hydra's own line for a failed job (:class:`SweepStderr`); and
+a count in words (:func:`plural`)."""
 
 from __future__ import annotations
 
 import logging
 import os
 import sys
-from typing import TextIO
+from typing import Any, TextIO
+
+HYDRA_JOB_ERROR = "Error executing job with overrides: "
+"""How Hydra starts the line it writes to stderr for a sweep's first failed job (``JobReturn.return_value``)."""
 
 
 def print_out(text: str) -> None:
@@ -44,6 +48,22 @@ class ConsoleHandler(logging.StreamHandler[TextIO]):
             reader_gone(self.stream)
         else:
             super().handleError(record)
+
+
+class SweepStderr:
+    """A sweep's stderr, less Hydra's ``Error executing job with overrides: [...]`` line: the sweep's
+    own lines name each failed job by its run and why it failed, where Hydra's names only the first
+    one's overrides, escaped as Hydra escapes them (``http\\://``), with the sweep's own (its parent
+    run's id) and any password in a URI. Everything else is written as it comes."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        return len(text) if text.startswith(HYDRA_JOB_ERROR) else self.stream.write(text)
+
+    def __getattr__(self, name: str) -> Any:  # flush, fileno, isatty, encoding: the stream's own
+        return getattr(self.stream, name)
 
 
 def with_article(noun: str) -> str:

@@ -110,6 +110,7 @@ def test_failing_job_fails_the_parent_but_keeps_the_others(sweeps) -> None:
     )
     assert lines[-2].startswith("axoexp: 03 flaky 2x12x4 neurons=2 measured_updates=3: FAILED: ")
     assert lines[-1] == f"axoexp: the sweep ended FAILED: {parent.data.tags[names.FAILURE]}"
+    assert "Error executing job" not in result.stderr, "Hydra's line for the first failed job: the lines above say it"
     refused = sorted(value for key, value in parent.data.tags.items() if key.startswith(names.REFUSED_PREFIX))
     assert [value.split(":")[0] for value in refused] == [
         "executor=eager,population.neurons=0,run.measured_updates=3",
