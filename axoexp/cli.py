@@ -26,7 +26,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from axoexp import collector, targets, wallclock
+from axoexp import collector, signals, targets, wallclock
 from axoexp.compose_once import composed_once
 from axoexp.config import describe, did_you_mean, one_line, register_configs, unchosen_group
 from axoexp.errors import (
@@ -94,6 +94,8 @@ def _experiment(config: DictConfig, hydra_config: HydraConf) -> float | None:
     from axoexp.targets import check_targets
 
     wallclock.mark("imports")
+    if signals.interrupted_outside_a_run() and hydra_config.mode != RunMode.MULTIRUN:
+        raise KeyboardInterrupt  # caught by a library as modules imported: no run starts after it
     job_name = run_name = on_planned = None
     if hydra_config.mode == RunMode.MULTIRUN:
         job_name = redacted(describe_run.unescaped(hydra_config.job.override_dirname) or "defaults")
@@ -153,6 +155,10 @@ def main() -> None:
         if _tracebacks_wanted:
             raise
         _exit_with(OUTSIDE_A_RUN, OUTSIDE_A_RUN_EXIT)
+    except Exception:
+        if not signals.interrupted_outside_a_run() or _tracebacks_wanted:
+            raise
+        _exit_with(OUTSIDE_A_RUN, OUTSIDE_A_RUN_EXIT)  # an import the interrupt broke, a library caught it
 
 
 def _main() -> None:
@@ -278,6 +284,11 @@ def _warn_broken_plugin(error: AxoexpError) -> None:
 
 
 def _exit_with(message: str, status: int) -> NoReturn:
+    """``axoexp: MESSAGE`` on stderr and exit ``status``; after a Ctrl-C outside a run that something
+    caught (:func:`~axoexp.signals.interrupted_outside_a_run`), the interrupt's line instead: the
+    error is the interrupt's doing (an import it broke halfway), not the user's."""
+    if signals.interrupted_outside_a_run() and status != OUTSIDE_A_RUN_EXIT:
+        message, status = OUTSIDE_A_RUN, OUTSIDE_A_RUN_EXIT
     print(f"axoexp: {redacted(message)}", file=sys.stderr)
     sys.exit(status)
 

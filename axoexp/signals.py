@@ -36,6 +36,8 @@ SHUTDOWN_HTTP_TIMEOUT_S = 3
 """Seconds per request to the tracking store once a signal came, with no retries."""
 
 _received: list[str] = []
+_outside_a_run: list[str] = []
+"""Stop signals :func:`watch_outside_a_run` saw: before a run's own handlers, or after them."""
 _deferring = 0
 """How many :func:`deferred` blocks the main thread is in."""
 _deferred: list[Callable[[], None]] = []
@@ -67,6 +69,24 @@ class Interrupted(KeyboardInterrupt):
 def received() -> str | None:
     """The first signal this process was asked to stop by, if any (e.g. ``SIGTERM``)."""
     return _received[0] if _received else None
+
+
+def watch_outside_a_run() -> None:
+    """Make Ctrl-C raise ``KeyboardInterrupt``, as Python's own handler does, and remember it
+    (:func:`interrupted_outside_a_run`): a library that catches it halfway through an import leaves
+    its modules broken, and the error a later import raises (``partially initialized module``, a
+    registration made twice) is then the interrupt's doing, not the user's config's."""
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        _outside_a_run.append(signal.Signals(signum).name)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, handle)
+
+
+def interrupted_outside_a_run() -> bool:
+    """Whether Ctrl-C came while :func:`watch_outside_a_run` watched, even where something caught it."""
+    return bool(_outside_a_run)
 
 
 def _shorten_http_timeouts() -> None:
@@ -150,8 +170,9 @@ def run_command(command: str, module: str | None = None, interrupted: str = CTRL
     """``python -m COMMAND``, called atop the module ``-m`` runs, before it imports anything heavy:
     import ``module`` (``command`` itself unless named) and exit with what its ``main()`` returns.
     Ctrl-C while it imports (MLflow alone takes seconds) is one line, ``COMMAND: INTERRUPTED``, and
-    exit 130, as ``main()`` says Ctrl-C once it runs. It installs nothing: a command's module
-    imported as a library (by the tests) has no handler."""
+    exit 130, as ``main()`` says Ctrl-C once it runs; it is watched for (:func:`watch_outside_a_run`)
+    from here on. A command's module imported as a library (by the tests) has no handler."""
+    watch_outside_a_run()
     try:
         main = importlib.import_module(module or command).main
     except KeyboardInterrupt:

@@ -307,6 +307,30 @@ def test_ctrl_c_before_a_run_is_one_line_and_exit_130(tmp_path: Path) -> None:
     assert not (tmp_path / "mlflow.db").exists()
 
 
+SWALLOWING_IMPORT = """
+import os, signal, time
+try:  # as a library may, halfway through its own imports: the interrupt is caught, and gone
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(5)
+except KeyboardInterrupt:
+    pass
+"""
+
+
+def test_ctrl_c_that_a_plugin_catches_as_it_imports_still_stops_the_command(tmp_path: Path) -> None:
+    """A Ctrl-C caught by library code as modules import (which breaks them halfway: a later import
+    then fails with 'partially initialized module', which the command reported as a refused
+    config, exit 2) ran the whole experiment and exited 0. It is the interrupt's line, exit 130,
+    and no run starts."""
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "swallowing.py").write_text(SWALLOWING_IMPORT)
+    process = start_python(["-m", "axoexp", "run.measured_updates=1"], tmp_path)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1] == "axoexp: interrupted (SIGINT) outside a run: no run was left unfinished"
+    assert not (tmp_path / "outputs").exists() or not list((tmp_path / "outputs").rglob("result.json"))
+
+
 def test_the_ctrl_c_handler_is_reached_before_any_other_module_of_axoexp_imports() -> None:
     """What ``python -m axoexp`` imports before :func:`~axoexp.signals.run_command` catches Ctrl-C:
     the package, and the signals module with its names; a SIGINT there is a traceback. The
