@@ -217,7 +217,8 @@ def _plan(config: DictConfig, registry: Registry) -> Plan:
     for key, allowed in choice_keys().items():
         if OmegaConf.select(config, key) not in allowed:
             problems.append(f"{key}={OmegaConf.select(config, key)!r}: choose one of {', '.join(allowed)}")
-    if config.run.min_time_s > config.run.max_time_s:
+    out_of_bounds = any(problem.startswith(("run.min_time_s=", "run.max_time_s=")) for problem in problems)
+    if config.run.min_time_s > config.run.max_time_s and not out_of_bounds:  # each said once
         problems.append(
             f"run.min_time_s={config.run.min_time_s!r} exceeds run.max_time_s={config.run.max_time_s!r}, "
             "the cap on adaptive measuring; raise run.max_time_s or lower run.min_time_s"
@@ -317,8 +318,8 @@ def _plan(config: DictConfig, registry: Registry) -> Plan:
             problems += banks_problems(initial_banks, components["population"], probe, dtype)
     if problems:
         raise ConfigError(
-            "invalid experiment config: "
-            + (problems[0] if len(problems) == 1 else "".join(f"\n  - {problem}" for problem in problems))
+            "invalid experiment config:"
+            + (f" {problems[0]}" if len(problems) == 1 else "".join(f"\n  - {problem}" for problem in problems))
         )
     assert device is not None and dtype is not None
     probe = on_meta(probe) if probe is not None else None  # a CPU-built probe's memory goes back to the run

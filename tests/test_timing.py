@@ -215,6 +215,13 @@ def test_adaptive_measuring_stops_at_the_cap_when_the_median_never_settles(
 def test_min_time_above_the_cap_is_refused_before_any_run(make_config) -> None:
     with pytest.raises(ConfigError, match=r"run.min_time_s=5.0 exceeds run.max_time_s=1.0"):
         plan_experiment(make_config("run.min_time_s=5", "run.max_time_s=1"))
+    with pytest.raises(ConfigError) as refused:  # out of bounds: said once, not also as above the cap
+        plan_experiment(make_config("run.max_time_s=-5", "population.neurons=0"))
+    assert str(refused.value).splitlines() == [
+        "invalid experiment config:",
+        "  - population.neurons=0: must be at least 1",
+        "  - run.max_time_s=-5.0: must be greater than 0",
+    ]
 
 
 # --- the report's intervals and pooled repeats, from runs with known series
