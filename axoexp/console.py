@@ -46,7 +46,8 @@ def format_result(result: ExperimentResult) -> str:
             f"(held-out, {result.eval_batches} batches never adapted on)"
         )
     if result.banks is not None:
-        run = result.run_id if result.in_mlflow else "RUN_ID, once synced,"
+        run = result.run_id if result.in_mlflow else "RUN_ID"
+        run += ", once synced," if result.tracking_lost else ""  # an unended or unmade run is refused until then
         lines.append(
             f"{'banks':<14}{result.banks.artifact}  sha256 {result.banks.sha256[:16]}...  "
             f"(population.init_from={run} starts from them)"

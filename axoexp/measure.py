@@ -16,6 +16,7 @@ from axoexp import names, signals
 from axoexp.executors.capture import state_preserved
 from axoexp.interfaces import Batch, Executor, RunLog, length_range
 from axoexp.lengths import by_bucket, padding_overhead
+from axoexp.progress import log as run_log
 from axoexp.runtime import CALIBRATION_ROUNDS, CALIBRATION_TOLERANCE, CALIBRATION_UPDATES, choose_threads
 from axoexp.statistics import STABLE_THRESHOLD, LatencySummary, rel_iqr
 from axoexp.timing import device_events, elapsed_ms, synchronizer
@@ -112,6 +113,9 @@ def calibrate_threads(
     consumes no update: the module and the optimizer are restored as they were after warm-up."""
     scored: dict[int, list[float]] = {count: [] for count in candidates}
     index = first
+    updates = CALIBRATION_ROUNDS * (1 + CALIBRATION_UPDATES)
+    run_log.info("threads: calibrating %s, %d updates each (not measured)", ", ".join(map(str, candidates)), updates)
+    started = time.perf_counter()
     with state_preserved(executor.module, executor.optimizer):
         for order in (list(candidates), list(reversed(candidates)))[:CALIBRATION_ROUNDS]:
             for count in order:
@@ -123,13 +127,13 @@ def calibrate_threads(
     means = {count: float(np.mean(values)) for count, values in scored.items()}
     chosen = choose_threads(means)
     torch.set_num_threads(chosen)
+    timed = ", ".join(f"{count}: {mean:.3f} ms" for count, mean in means.items())
+    run_log.info("threads: %d chosen in %.2f s (mean update %s)", chosen, time.perf_counter() - started, timed)
     tracker.log_metrics({names.threads_calibration_metric(count): mean for count, mean in means.items()})
     tracker.set_tags(
         {
             names.RUNTIME_THREADS: f"{chosen} (calibrated after warm-up: the fewest threads within "
-            f"{CALIBRATION_TOLERANCE:g}x of the fastest mean update; "
-            + ", ".join(f"{count}: {mean:.3f} ms" for count, mean in means.items())
-            + ")"
+            f"{CALIBRATION_TOLERANCE:g}x of the fastest mean update; {timed})"
         }
     )
     return chosen

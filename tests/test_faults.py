@@ -433,7 +433,7 @@ def test_server_killed_mid_run_switches_to_the_journal_then_sync(tmp_path: Path,
         assert set(roles) == {"parent", True, False}, "the sweep's parent, its child and the single run"
         run = roles[False]
         summary = f"mlflow run    {run.info.run_id}  not ended: {uri} could not be written ("  # its id, not "none"
-        assert summary in printed and f"population.init_from={run.info.run_id} starts" in printed, printed
+        assert summary in printed and f"population.init_from={run.info.run_id}, once synced, starts" in printed, printed
         said = f"synced to run {run.info.run_id} (FINISHED, 302 updates: 2 warm-up, 300 measured)"
         assert said in synced.stdout, synced.stdout + synced.stderr
         run = client.get_run(run.info.run_id)

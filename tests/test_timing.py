@@ -7,6 +7,7 @@ statistics are checked on series whose answers are known by construction.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -107,7 +108,11 @@ def test_thread_count_is_calibrated_on_the_cpu_capped_on_a_gpu_and_can_be_set() 
     assert choose_threads({1: 10.0, 2: 6.0, 4: 5.0}) == 4
 
 
-def test_unset_threads_are_calibrated_and_logged_resolved(make_config, client) -> None:
+def test_unset_threads_are_calibrated_and_logged_resolved(
+    make_config, client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The calibration says itself in the log as it starts and ends (seconds on a loaded machine passed in silence)."""
+    caplog.set_level(logging.INFO, logger="axoexp")
     if len(allowed_cpus()) < 2:
         pytest.skip("calibration needs at least 2 allowed CPUs")
     before = torch.get_num_threads()
@@ -124,6 +129,9 @@ def test_unset_threads_are_calibrated_and_logged_resolved(make_config, client) -
     assert run.data.tags[names.RUNTIME_THREADS].startswith(f"{result.threads} (calibrated after warm-up")
     series = client.get_metric_history(result.run_id, names.UPDATE_SERIES)
     assert len(series) == 1 + measured, "calibration updates are not in the per-update series"
+    said = [record.getMessage() for record in caplog.records if record.getMessage().startswith("threads: ")]
+    assert said[0].startswith(f"threads: calibrating {', '.join(map(str, candidates))}, ") and len(said) == 2
+    assert said[1].startswith(f"threads: {result.threads} chosen in ") and "(mean update 1: " in said[1]
 
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
