@@ -166,10 +166,13 @@ def _main() -> None:
     collector.hold()  # until the run's work begins, or the sweep's (collector.release)
     multirun = any(argument in MULTIRUN_FLAGS for argument in sys.argv[1:])
     help_wanted = any(argument in ("--help", "-h", DESCRIBE_FLAG) for argument in sys.argv[1:])
+    unknown = _unknown_option(sys.argv[1:])
+    if unknown:
+        _exit_with(unknown, 2)
     if VERSION_FLAG in sys.argv[1:]:  # Hydra's own would print only "Hydra 1.3.x"
-        from axoexp import metadata  # torch: only here, not for --help
+        from axoexp.versions import versions_line
 
-        print_out(metadata.versions_line())
+        print_out(versions_line())
         return
     try:  # help still works with a broken plugin, naming it
         registry = load_plugins(on_error=_warn_broken_plugin if help_wanted else None)
@@ -178,9 +181,9 @@ def _main() -> None:
             raise
         _exit_with(str(error), error.exit_code)
     register_configs(registry)
-    refused = _unknown_option(sys.argv[1:]) or unchosen_group(sys.argv[1:], registry)
-    if refused:
-        _exit_with(refused, 2)
+    unchosen = unchosen_group(sys.argv[1:], registry)
+    if unchosen:
+        _exit_with(unchosen, 2)
     wallclock.mark("imports")
     if DESCRIBE_FLAG in sys.argv[1:]:
         print_out(describe(registry))

@@ -75,6 +75,7 @@ from axoexp.report.table import FORMATS, csv_text, grid
 from axoexp.statistics import CONFIDENCE, MIN_RUNS, doubts, median_ratio_interval
 from axoexp.stdout import plural, print_out
 from axoexp.tracking import TRACKING_URI_OPTION, run_or_none
+from axoexp.versions import VersionAction
 
 DEFAULT_THRESHOLD = "5%"
 SLOWER, FASTER, NO_CHANGE, UNCLEAR = "slower", "faster", "no change", "unclear"
@@ -440,6 +441,7 @@ def run_compare(store: StoreReader, argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m axoexp.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--version", action=VersionAction)
     parser.add_argument("runs", nargs="*", metavar="BASE NEW", help="run ids or sweep parent run ids")
     parser.add_argument("--latest", type=int, default=None, metavar="2", help="the experiment's two newest runs")
     add_store_option(parser)

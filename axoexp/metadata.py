@@ -11,7 +11,6 @@ import subprocess
 import sys
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +19,9 @@ import torch
 from axoexp import names
 from axoexp.redact import redacted
 from axoexp.registry import BUILTIN, Component
+from axoexp.versions import version_tags
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-NOT_INSTALLED = "not installed"
-PACKAGES = ("axoexp", "axosim", "torch", "numpy", "hydra-core", "omegaconf", "mlflow", "mlflow-skinny")
 
 
 def _git(args: list[str], cwd: Path) -> str | None:
@@ -191,30 +189,10 @@ def result_key(
         "config": config_digest(resolved_config),
         "code": {name: collected[name] for name in CODE_STATE_TAGS},
         names.GIT_COMMIT: collected[names.GIT_COMMIT],
-        "versions": package_versions(),
+        "versions": version_tags(torch.__version__),
         names.DEVICE: device_identity(device),
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
-
-
-def versions_line() -> str:
-    """``axoexp 0.1.0 (axosim ..., torch ..., python ...)``: what ``python -m axoexp --version`` prints."""
-    versions = {tag.removeprefix(names.VERSION_PREFIX): value for tag, value in package_versions().items()}
-    own = versions.pop("axoexp")
-    stack = ", ".join(f"{name} {value}" for name, value in versions.items() if value != NOT_INSTALLED)
-    return f"axoexp {own} ({stack})"
-
-
-def package_versions() -> dict[str, str]:
-    versions = {}
-    for name in PACKAGES:
-        try:
-            versions[names.version_tag(name)] = version(name)
-        except PackageNotFoundError:
-            versions[names.version_tag(name)] = NOT_INSTALLED
-    versions[names.version_tag("torch")] = torch.__version__  # names the build too, e.g. 2.11.0+cu130
-    versions[names.version_tag("python")] = platform.python_version()
-    return versions
 
 
 def _nvidia_driver() -> str:
@@ -303,7 +281,7 @@ def collect(device: torch.device, components: Iterable[Component]) -> dict[str, 
     return {
         **git_state(PACKAGE_DIR),
         **code_state(components),
-        **package_versions(),
+        **version_tags(torch.__version__),
         **device_info(device),
         **determinism_flags(),
         names.COMMAND: command_line(),
@@ -318,7 +296,7 @@ def provenance(device: str = "cuda") -> dict[str, str]:
         names.COMMAND: shlex.join(["python", *sys.argv]),
         **git_state(PACKAGE_DIR),
         **device_identity(torch.device(device)),
-        **package_versions(),
+        **version_tags(torch.__version__),
     }
 
 

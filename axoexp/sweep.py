@@ -71,6 +71,7 @@ from axoexp.tracking import (
     tracking_uri_key,
     with_mlflow_context,
 )
+from axoexp.versions import version_tags
 
 PARENT_FILE = "mlflow_parent_run_id"
 PARENT_OVERRIDE_KEY = "sweep.parent_run_id"
@@ -704,7 +705,7 @@ def _what_changed(earlier: Run, config: DictConfig) -> str:
     now = {
         **metadata.code_state(job_components(config)),
         **metadata.git_state(metadata.PACKAGE_DIR),
-        **metadata.package_versions(),
+        **version_tags(torch.__version__),
         **metadata.device_identity(torch.device(str(config.device))),
     }
     if names.CODE_FILES in tags and tags[names.CODE_FILES] != now[names.CODE_FILES]:

@@ -85,6 +85,7 @@ from axoexp.tracking import (
     store_unreachable,
     tracking_uri_key,
 )
+from axoexp.versions import VersionAction
 from axoexp.windows import MEASURED, WARMUP, UpdateTrace, log_traces
 
 RUNNING = "RUNNING"
@@ -484,6 +485,7 @@ def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m axoexp.sync", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--version", action=VersionAction)
     parser.add_argument("paths", nargs="*", type=Path, help="journals, or directories to search for journal.jsonl")
     parser.add_argument(
         "--tracking-uri",

@@ -49,6 +49,7 @@ LAYERS = (
         "axoexp.stdout",
         "axoexp.redact",
         "axoexp.databases",
+        "axoexp.versions",
     ),
     # the registry, the store, the output folders, the process's runtime, the windows of a run, the kernels
     (

@@ -21,6 +21,7 @@ from axoexp.compare import main as compare_main
 from axoexp.report.__main__ import main as report_main
 from axoexp.signals import CTRL_C
 from axoexp.sync import main as sync_main
+from axoexp.versions import versions_line
 
 COMMANDS = {"axoexp.report": (report_main, []), "axoexp.compare": (compare_main, ["--latest", "2"])}
 
@@ -199,3 +200,15 @@ def test_ctrl_c_while_the_command_imports_is_one_line_and_exit_130(command: str,
     stderr = interrupted(process, lambda: wait_for(tmp_path / "importing"))
     assert process.returncode == 130 and TRACEBACK not in stderr, stderr
     assert stderr.strip().splitlines() == [f"{command}: {CTRL_C}"], stderr
+
+
+@pytest.mark.parametrize("main", [report_main, compare_main, sync_main])
+def test_every_reader_prints_the_version_line_the_command_line_does(
+    main, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--version`` was argparse's 'unrecognized arguments' in the report, compare and sync."""
+    monkeypatch.chdir(tmp_path)  # nothing is read or created: no store here
+    with pytest.raises(SystemExit) as ended:
+        main(["--version"])
+    assert ended.value.code == 0 and capsys.readouterr().out == f"{versions_line()}\n"
+    assert not list(tmp_path.iterdir())

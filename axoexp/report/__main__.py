@@ -37,6 +37,7 @@ from axoexp.report.rows import ReportRow, build_rows, sweep_runs
 from axoexp.report.table import BUCKETS_CSV, FORMATS, format_buckets, format_table
 from axoexp.stdout import print_out
 from axoexp.tracking import newest_run, run_or_none
+from axoexp.versions import VersionAction
 
 LISTED_EXPERIMENTS = 10
 """Up to how many experiments a line naming a missing one lists."""
@@ -155,6 +156,7 @@ def run_report(store: StoreReader, argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m axoexp.report", description=report.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--version", action=VersionAction)
     add_store_option(parser)
     parser.add_argument("--experiment", default="axoexp")
     parser.add_argument("--parent", default=None, help="the sweep's parent run id (default: the newest sweep)")
