@@ -9,6 +9,7 @@ import difflib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import sqlite3
@@ -42,7 +43,7 @@ from omegaconf import DictConfig
 
 from axoexp import names
 from axoexp.databases import database_problem, database_unreachable
-from axoexp.errors import StoreError, StoreLockedError, first_line
+from axoexp.errors import STORE_LOGGER, StoreError, StoreLockedError, first_line
 from axoexp.redact import redacted
 
 _REVISION = re.compile(r"""^revision\s*=\s*["']([0-9A-Za-z_]+)["']\s*$""", re.MULTILINE)
@@ -636,9 +637,12 @@ def create_store(path: Path) -> None:
     temporary = path.with_name(f"{path.name}{CREATING_SUFFIX}-{os.getpid()}")
     try:
         engine = create_sqlalchemy_engine(f"{SQLITE_PREFIX}{temporary}")
+        tables = logging.getLogger(STORE_LOGGER)
+        level, tables.level = tables.level, max(tables.level, logging.WARNING)  # its two lines per migration
         try:
             _initialize_tables(engine)
         finally:
+            tables.setLevel(level)
             engine.dispose()
         os.replace(temporary, path)
     except Exception as error:  # e.g. a full disk; a signal's KeyboardInterrupt passes, after the clean-up
