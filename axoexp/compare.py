@@ -140,6 +140,14 @@ class Side:
     label: str
     runs: list[Run]
     rows: list[ReportRow]
+    sweep: bool = True  # a sweep parent's runs; else the one run its id names
+
+    def described(self) -> str:
+        """``a sweep of 4 runs``, or ``a single run: cudagraph 3x12x4``, as a line names the side."""
+        if self.sweep:
+            return f"a sweep of {plural(len(self.runs), 'run')}"
+        tags = self.runs[0].data.tags
+        return f"a single run: {tags.get(names.component_tag('executor'), '?')} {tags.get(names.SHAPE, '?')}"
 
     def code(self) -> dict[str, str]:
         """Commit, dirty, code and plugin hashes; several values of one joined by ``,``."""
@@ -247,10 +255,11 @@ def load_side(client: MlflowClient, run_id: str, label: str, include_contended: 
     run = run_or_none(client, run_id)
     if run is None:
         raise ComparisonError(f"{label}={run_id}: no such run in this store; give a run id or a sweep's parent run id")
-    runs = sweep_runs(client, run) if run.data.tags.get(names.SWEEP_ROLE) == "parent" else [run]
+    sweep = run.data.tags.get(names.SWEEP_ROLE) == "parent"
+    runs = sweep_runs(client, run) if sweep else [run]
     if not runs:
         raise ComparisonError(f"{label}={run_id}: the sweep has no runs to compare")
-    return Side(label, runs, build_rows(runs, client, include_contended=include_contended))
+    return Side(label, runs, build_rows(runs, client, include_contended=include_contended), sweep)
 
 
 def latest_two(client: MlflowClient, experiment: str) -> tuple[str, str]:
@@ -459,7 +468,8 @@ def run_compare(store: StoreReader, argv: list[str] | None = None) -> int:
     if args.latest is not None and args.latest != 2:
         raise ComparisonError(f"--latest={args.latest}: only --latest 2 (BASE the older, NEW the newer) is supported")
     if (args.latest is None) == (len(args.runs) != 2) or (args.latest is not None and args.runs):
-        raise ComparisonError(f"runs={' '.join(args.runs) or '(none)'}: give BASE NEW (two run ids) or --latest 2")
+        given = f"runs={' '.join(args.runs)}" if args.runs else "nothing to compare"
+        raise ComparisonError(f"{given}: give BASE NEW (two run ids) or --latest 2")
     if len(args.runs) == 2 and args.runs[0] == args.runs[1]:
         raise ComparisonError(f"runs={' '.join(args.runs)}: BASE and NEW are one run; give two run ids")
     client = store.open(args.tracking_uri, f"give {TRACKING_URI_OPTION} or run something first")
@@ -468,6 +478,9 @@ def run_compare(store: StoreReader, argv: list[str] | None = None) -> int:
     new = load_side(client, new_id, "NEW", args.include_contended)
     comparisons = compare(client, base, new, threshold)
     if not comparisons:
-        raise ComparisonError(f"BASE={base_id} NEW={new_id}: no config and executor was measured on both sides")
+        raise ComparisonError(
+            f"BASE={base_id} ({base.described()}) NEW={new_id} ({new.described()}): no config and executor was "
+            "measured on both sides"
+        )
     print_out(format_comparison(comparisons, base, new, args.format, threshold))  # a reader gone: the verdict stands
     return sum(c.regression for c in comparisons)

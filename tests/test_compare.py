@@ -503,7 +503,12 @@ def test_bad_input_is_one_line_and_exit_2(
         ((run,), "axoexp.compare: runs=" + run + ": give BASE NEW (two run ids) or --latest 2"),
         ((run, run, "--threshold", "lots"), "axoexp.compare: --threshold=lots: not a fraction"),
         ((run, run), f"axoexp.compare: runs={run} {run}: BASE and NEW are one run; give two run ids"),
-        ((run, other), f"axoexp.compare: BASE={run} NEW={other}: no config and executor was measured on both sides"),
+        (
+            (run, other),
+            f"axoexp.compare: BASE={run} (a sweep of 2 runs) NEW={other} (a single run: eager 2x12x4): no config "
+            "and executor was measured on both sides",
+        ),
+        ((), "axoexp.compare: nothing to compare: give BASE NEW (two run ids) or --latest 2"),
     ):
         assert _compare(tracking_uri, *args) == 2
         err = capsys.readouterr().err
