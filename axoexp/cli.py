@@ -41,7 +41,7 @@ from axoexp.errors import (
 from axoexp.outputs import remove_unused_run_dir, run_dir_given
 from axoexp.plugins import load_plugins
 from axoexp.redact import redacted
-from axoexp.signals import OUTSIDE_A_RUN, OUTSIDE_A_RUN_EXIT, Interrupted
+from axoexp.signals import Interrupted
 from axoexp.stdout import SweepStderr, flush_out, print_out, reader_gone
 
 if TYPE_CHECKING:
@@ -147,21 +147,23 @@ def _experiment(config: DictConfig, hydra_config: HydraConf) -> float | None:
 
 
 def main() -> None:
-    """Load plugins first, so their components are config options, then run Hydra. Ctrl-C before a
-    run's signal handlers are in place (imports, composition, planning) is one line, exit 130."""
+    """Load plugins first, so their components are config options, then run Hydra. Ctrl-C or SIGTERM
+    before a run's signal handlers are in place (imports, composition, planning) is one line, exit
+    130 or 143."""
     try:
         _main()
     except KeyboardInterrupt:
         if _tracebacks_wanted:
             raise
-        _exit_with(OUTSIDE_A_RUN, OUTSIDE_A_RUN_EXIT)
+        _exit_with(*signals.outside_a_run())
     except Exception:
         if not signals.interrupted_outside_a_run() or _tracebacks_wanted:
             raise
-        _exit_with(OUTSIDE_A_RUN, OUTSIDE_A_RUN_EXIT)  # an import the interrupt broke, a library caught it
+        _exit_with(*signals.outside_a_run())  # an import the interrupt broke, a library caught it
 
 
 def _main() -> None:
+    signals.watch_outside_a_run(signal.SIGTERM)  # a scheduler's, until a run's own handlers
     wallclock.start_process_clock()
     collector.hold()  # until the run's work begins, or the sweep's (collector.release)
     multirun = any(argument in MULTIRUN_FLAGS for argument in sys.argv[1:])
@@ -186,6 +188,10 @@ def _main() -> None:
         _exit_with(unchosen, 2)
     wallclock.mark("imports")
     if DESCRIBE_FLAG in sys.argv[1:]:
+        others = [argument for argument in sys.argv[1:] if argument != DESCRIBE_FLAG]
+        if others:  # it printed every option and exited 0, as if they were read
+            dropped = " ".join(others)
+            _exit_with(f"{DESCRIBE_FLAG} lists every group's options and reads nothing else; drop {dropped}", 2)
         print_out(describe(registry))
         return
     os.environ[USERS_FULL_ERROR_ENV] = "1" if _tracebacks_wanted else "0"  # for the sweep's spawned workers
@@ -287,11 +293,11 @@ def _warn_broken_plugin(error: AxoexpError) -> None:
 
 
 def _exit_with(message: str, status: int) -> NoReturn:
-    """``axoexp: MESSAGE`` on stderr and exit ``status``; after a Ctrl-C outside a run that something
-    caught (:func:`~axoexp.signals.interrupted_outside_a_run`), the interrupt's line instead: the
-    error is the interrupt's doing (an import it broke halfway), not the user's."""
-    if signals.interrupted_outside_a_run() and status != OUTSIDE_A_RUN_EXIT:
-        message, status = OUTSIDE_A_RUN, OUTSIDE_A_RUN_EXIT
+    """``axoexp: MESSAGE`` on stderr and exit ``status``; after a signal outside a run, also one that
+    something caught (:func:`~axoexp.signals.interrupted_outside_a_run`), the signal's line instead:
+    the error is the signal's doing (an import it broke halfway), not the user's."""
+    if signals.interrupted_outside_a_run():
+        message, status = signals.outside_a_run()
     print(f"axoexp: {redacted(message)}", file=sys.stderr)
     sys.exit(status)
 

@@ -29,7 +29,8 @@ from axoexp import names
 HANDLED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 CTRL_C = "interrupted (SIGINT)"
 """How every command's line on Ctrl-C begins."""
-OUTSIDE_A_RUN = f"{CTRL_C} outside a run: no run was left unfinished"
+_OUTSIDE = "interrupted ({}) outside a run: no run was left unfinished"
+OUTSIDE_A_RUN = _OUTSIDE.format("SIGINT")
 """What Ctrl-C before a run's handlers are in place (imports, composition, planning) prints."""
 OUTSIDE_A_RUN_EXIT = 128 + signal.SIGINT
 SHUTDOWN_HTTP_TIMEOUT_S = 3
@@ -71,22 +72,31 @@ def received() -> str | None:
     return _received[0] if _received else None
 
 
-def watch_outside_a_run() -> None:
-    """Make Ctrl-C raise ``KeyboardInterrupt``, as Python's own handler does, and remember it
-    (:func:`interrupted_outside_a_run`): a library that catches it halfway through an import leaves
-    its modules broken, and the error a later import raises (``partially initialized module``, a
-    registration made twice) is then the interrupt's doing, not the user's config's."""
+def watch_outside_a_run(*signums: int) -> None:
+    """Make Ctrl-C (and ``signums``, e.g. a scheduler's SIGTERM, which killed the process without a
+    line) raise ``KeyboardInterrupt``, as Python's own handler does for Ctrl-C, and remember which
+    came (:func:`interrupted_outside_a_run`): a library that catches it halfway through an import
+    leaves its modules broken, and the error a later import raises (``partially initialized
+    module``, a registration made twice) is then the interrupt's doing, not the user's config's."""
 
     def handle(signum: int, frame: FrameType | None) -> None:
         _outside_a_run.append(signal.Signals(signum).name)
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGINT, handle)
+    for signum in (signal.SIGINT, *signums):
+        signal.signal(signum, handle)
 
 
 def interrupted_outside_a_run() -> bool:
-    """Whether Ctrl-C came while :func:`watch_outside_a_run` watched, even where something caught it."""
+    """Whether a signal came while :func:`watch_outside_a_run` watched, even where something caught it."""
     return bool(_outside_a_run)
+
+
+def outside_a_run() -> tuple[str, int]:
+    """The line and exit status of a command stopped outside a run: by the first signal watched, or
+    by Ctrl-C (a ``KeyboardInterrupt`` that came otherwise)."""
+    name = _outside_a_run[0] if _outside_a_run else "SIGINT"
+    return _OUTSIDE.format(name), 128 + int(signal.Signals[name])
 
 
 def _shorten_http_timeouts() -> None:

@@ -5,8 +5,10 @@ The run's context, with its local journal and honest end status, is :mod:`axoexp
 
 from __future__ import annotations
 
+import atexit
 import difflib
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -624,17 +626,26 @@ def answering_client(tracking_uri: str) -> MlflowClient:
     return MlflowClient(tracking_uri=tracking_uri)
 
 
+STORE_CREATION_WAIT_S = 10.0
+"""How long a process that exits waits for a store it is creating (about a second of migrations)."""
+
+
 def create_store(path: Path) -> None:
     """Create and migrate a sqlite MLflow store under a temporary name in its directory, and
     rename it to ``path`` only when complete: a signal, a crash or a full disk during the
-    migrations (about a second) leaves no half-built store. Call it under :func:`store_lock`,
-    which also makes any temporary file left by a killed process safe to remove."""
+    migrations (about a second) leaves no half-built store. A process that exits meanwhile (a
+    signal in its main thread while this runs in another) waits up to :data:`STORE_CREATION_WAIT_S`
+    for it, so no temporary file is left either. Call it under :func:`store_lock`, which also makes
+    any temporary file left by a killed process safe to remove."""
     from mlflow.store.db.utils import _initialize_tables, create_sqlalchemy_engine
 
     for stale in path.parent.iterdir():
         if stale.name.startswith(f"{path.name}{CREATING_SUFFIX}-"):
             stale.unlink(missing_ok=True)
     temporary = path.with_name(f"{path.name}{CREATING_SUFFIX}-{os.getpid()}")
+    created = threading.Event()
+    exiting = functools.partial(created.wait, STORE_CREATION_WAIT_S)  # a Ctrl-C as the run starts: the
+    atexit.register(exiting)  # thread that creates it (StoreOpening's) ends it, and its clean-up runs
     try:
         engine = create_sqlalchemy_engine(f"{SQLITE_PREFIX}{temporary}")
         tables = logging.getLogger(STORE_LOGGER)
@@ -654,6 +665,8 @@ def create_store(path: Path) -> None:
     finally:
         for leftover in (temporary, *(temporary.with_name(temporary.name + end) for end in SQLITE_COMPANIONS)):
             leftover.unlink(missing_ok=True)
+        created.set()
+        atexit.unregister(exiting)
 
 
 def experiment_id(client: MlflowClient, name: str) -> str:

@@ -190,12 +190,12 @@ def start_python(args: Sequence[str], cwd: Path, env: dict[str, str] | None = No
     )
 
 
-def interrupted(process: subprocess.Popen[str], ready: Callable[[], object]) -> str:
-    """Once ``ready()`` returns (the moment the test waits for), SIGINT to ``process``, a terminal's
-    Ctrl-C: its stderr. It is killed if it outlives a minute or ``ready`` fails."""
+def interrupted(process: subprocess.Popen[str], ready: Callable[[], object], signum: int = signal.SIGINT) -> str:
+    """Once ``ready()`` returns (the moment the test waits for), ``signum`` to ``process`` (SIGINT: a
+    terminal's Ctrl-C): its stderr. It is killed if it outlives a minute or ``ready`` fails."""
     try:
         ready()
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signum)
         return process.communicate(timeout=60)[1]
     finally:
         if process.poll() is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -83,6 +84,10 @@ USER_ERRORS = [  # (the overrides, space-separated; the one line printed)
         "--config-path, --describe, --experimental-rerun, --help, --hydra-help, --info, --multirun, --package, "
         "--resolve, --run, --shell-completion, --version (and overrides, key=value: python -m axoexp --help lists "
         "them)",
+    ),
+    (
+        "--describe loss=nonexist",
+        "--describe lists every group's options and reads nothing else; drop loss=nonexist",
     ),
     (
         "-m --cfg job",
@@ -293,18 +298,21 @@ time.sleep(120)
 """
 
 
-def test_ctrl_c_before_a_run_is_one_line_and_exit_130(tmp_path: Path) -> None:
-    """SIGINT while a plugin imports (before any run's signal handlers): one line, exit 130, no
-    store. SIGINT's default is restored in the child, as a terminal's Ctrl-C finds it (a shell's
-    background job would inherit it ignored). The signal waits for the plugin's import to begin:
-    one at a set time could land before any guard exists (the interpreter's start and the
-    package's import, a tenth of a second when idle, far longer on a loaded machine)."""
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_signal_before_a_run_is_one_line(tmp_path: Path, signum: int) -> None:
+    """SIGINT or SIGTERM (a scheduler's, which killed the process without a line) while a plugin
+    imports, before any run's signal handlers: one line, exit 130 or 143, no store. SIGINT's
+    default is restored in the child, as a terminal's Ctrl-C finds it (a shell's background job
+    would inherit it ignored). The signal waits for the plugin's import to begin: one at a set
+    time could land before any guard exists (the interpreter's start and the package's import, a
+    tenth of a second when idle, far longer on a loaded machine)."""
     (tmp_path / "plugins").mkdir()
     (tmp_path / "plugins" / "slow_import.py").write_text(SLOW_IMPORT)
     process = start_python(["-m", "axoexp"], tmp_path)
-    stderr = interrupted(process, lambda: wait_for(tmp_path / "importing"))
-    assert process.returncode == 130, stderr
-    assert stderr.strip().splitlines() == ["axoexp: interrupted (SIGINT) outside a run: no run was left unfinished"]
+    stderr = interrupted(process, lambda: wait_for(tmp_path / "importing"), signum)
+    name = signal.Signals(signum).name
+    assert process.returncode == 128 + signum, stderr
+    assert stderr.strip().splitlines() == [f"axoexp: interrupted ({name}) outside a run: no run was left unfinished"]
     assert not (tmp_path / "mlflow.db").exists()
 
 

@@ -244,6 +244,9 @@ def test_signals_during_store_creation_never_leave_a_half_built_store(tmp_path: 
         )
         for attempt, directory, stderr in zip(pair, directories, stderrs, strict=True):
             assert TRACEBACK not in stderr, stderr
+            assert not [path for path in directory.iterdir() if CREATING_SUFFIX in path.name], (
+                "the signalled process left its temporary store (the next run removed it)"
+            )
             uri = f"sqlite:///{directory / 'mlflow.db'}"
             assert store_problem(uri) is None, "a half-built store was left"
             if attempt < 2:  # a whole later run after either signal; after the others, the store opens and migrates
