@@ -14,6 +14,10 @@ The study lives in an Optuna RDB store, by default ``optuna.db`` beside the MLfl
 store, under a name derived from what the search measures (the fixed overrides, the search
 space, the objectives), so rerunning the same command resumes it: ``n_trials`` is the
 study's total, and a rerun runs only the trials still missing.
+
+Before the sweep's parent run exists, :func:`check_sweeper` refuses a search that cannot work: bad
+settings, a search space it cannot search or that holds configs planning refuses, and an objective
+no run can log.
 """
 
 from __future__ import annotations
@@ -29,17 +33,24 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import torch
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep
 from hydra.core.utils import JobReturn, JobStatus
+from hydra.errors import HydraException
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
 from axoexp import names, signals
-from axoexp.errors import ConfigError, SearchError
+from axoexp.config import did_you_mean, one_line
+from axoexp.errors import ConfigError, SearchError, SweepRefusedError
+from axoexp.plan import plan_experiment
+from axoexp.registry import BUILTIN
 from axoexp.stdout import print_out
 from axoexp.tracking import UNREACHABLE, configure_tracking, flatten, open_client, sqlite_path, store_unreachable
 
@@ -55,6 +66,11 @@ FAIL_KINDS = {"contended": "timing contended", "failed": "failed", "stopped": "s
 """Each FAIL kind and how the search's summary counts it."""
 OBJECTIVES_ATTR = "axoexp_objectives"
 """The study's user attribute: its objective metrics in order, so a rerun under its name cannot mix in others."""
+METRIC_FAMILIES = ("bucket_", "contention_", "verify_", "threads_calibration/", "system/")
+"""Prefixes of the metrics whose names depend on the run (its length buckets, timing windows, thread
+counts, MLflow's system metrics), and of the executor's parity check."""
+PHASE_SUFFIX = "_ms"
+"""What every duration ends in, among them each one-off phase an executor times (``capture_ms``, a plugin's too)."""
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +148,8 @@ def search_space(arguments: Sequence[str], params: dict[str, str]) -> SearchSpac
 def check_settings(objectives: dict[str, str], sampler: str, contended: str, n_trials: int, n_jobs: int) -> None:
     """Every problem of the sweeper's own settings in one error (key, value, valid choices)."""
     problems = [
-        f"hydra.sweeper.objectives.{metric}={direction}: valid directions: {', '.join(DIRECTIONS)}"
+        f"hydra.sweeper.objectives.{metric}={direction}{did_you_mean(direction, DIRECTIONS)}: "
+        f"valid directions: {', '.join(DIRECTIONS)}"
         for metric, direction in objectives.items()
         if direction not in DIRECTIONS
     ]
@@ -149,6 +166,127 @@ def check_settings(objectives: dict[str, str], sampler: str, contended: str, n_t
     ]
     if problems:
         raise ConfigError("; ".join(problems))
+
+
+def axoexp_metrics() -> list[str]:
+    """The metrics axoexp's runs log under names fixed up front (:mod:`axoexp.names`): what an
+    objective may name, besides the families of :data:`METRIC_FAMILIES` and any ``..._ms`` duration."""
+    return [
+        *(names.update_metric(stat) for stat in names.UPDATE_STATS),
+        *(names.device_metric(stat) for stat in ("median", "p10", "p90")),
+        names.HOST_OVERHEAD_MEDIAN,
+        names.FIRST_UPDATE,
+        names.MEASURED_COMPLETED,
+        names.STREAMS_PER_S,
+        names.LOSS_INITIAL,
+        names.LOSS_FINAL,
+        names.EVAL_LOSS_BEFORE,
+        names.EVAL_LOSS_AFTER,
+        names.RECAPTURES,
+        names.GRAPH_POOL_BYTES,
+        names.PADDING_OVERHEAD,
+        names.CAPTURE,
+        *(names.process_metric(phase) for phase in names.PROCESS_PHASES),
+        names.PROCESS_TOTAL,
+        names.UPDATE_SERIES,
+        names.LOSS_SERIES,
+        names.UPDATE_DEVICE_SERIES,
+    ]
+
+
+def is_axoexp_metric(metric: str) -> bool:
+    """Whether an axoexp run may log ``metric`` (:func:`axoexp_metrics`, a family, a duration)."""
+    return metric in axoexp_metrics() or metric.startswith(METRIC_FAMILIES) or metric.endswith(PHASE_SUFFIX)
+
+
+def check_objectives(objectives: Sequence[str], plugin_executors: Sequence[str]) -> None:
+    """Refuse objective metrics no run of the search can log, with a did-you-mean. An executor from a
+    plugin may log metrics of any name (``Executor.prepared_metrics``), so where the search may pick
+    one (``plugin_executors``), a metric axoexp does not know is let through: it is not certainly wrong."""
+    if plugin_executors:
+        return
+    known = axoexp_metrics()
+    problems = [
+        f"hydra.sweeper.objectives.{metric}: no run logs such a metric{did_you_mean(metric, known)}; "
+        f"valid: {', '.join(known)}, and any {', '.join(f'{family}...' for family in METRIC_FAMILIES)} "
+        f"or ...{PHASE_SUFFIX} one a run logs"
+        for metric in objectives
+        if not is_axoexp_metric(metric)
+    ]
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
+def _axis(distribution: BaseDistribution) -> list[Any]:
+    """A searched key's values that planning sees: its choices, or its range's low and high ends."""
+    if isinstance(distribution, CategoricalDistribution):
+        return list(distribution.choices)
+    assert isinstance(distribution, FloatDistribution | IntDistribution)
+    return [distribution.low, distribution.high]
+
+
+def _points(space: SearchSpace) -> list[dict[str, Any]]:
+    """Points of the search space that planning sees: each searched key at its first value (a range's
+    low end, the first choice), then each key in turn at each of its other values (the high end, the
+    other choices), the others at their first."""
+    values = {key: _axis(distribution) for key, distribution in space.distributions.items()}
+    base = {key: choices[0] for key, choices in values.items()}
+    return [base, *({**base, key: value} for key, choices in values.items() for value in choices[1:])]
+
+
+def _point_overrides(space: SearchSpace, point: dict[str, Any]) -> list[str]:
+    """A trial's overrides at ``point``: the fixed ones and the searched keys' values."""
+    return [*space.fixed, *(f"{key}={value}" for key, value in point.items())]
+
+
+def plan_points(config: DictConfig, space: SearchSpace) -> list[str]:
+    """Compose and plan the trial at each of :func:`_points`, as the basic sweeper's jobs are planned
+    (:func:`axoexp.sweep.plan_jobs`), and return the executors from plugins that planning chose;
+    raise :class:`ConfigError` naming each refused point (once per reason): the sampler may draw any
+    of them, and a trial there would fail."""
+    loader = GlobalHydra.instance().config_loader()
+    torch.set_num_threads(1)  # as plan_jobs: this process forks the jobs, which must not inherit torch's pool
+    refused: dict[str, str] = {}
+    plugins: set[str] = set()
+    for point in _points(space):
+        try:
+            plan = plan_experiment(loader.load_sweep_config(config, _point_overrides(space, point)))
+        except (ConfigError, HydraException, OmegaConfBaseException) as error:
+            reason = one_line(error)
+            refused.setdefault(reason, f"{' '.join(f'{key}={value}' for key, value in point.items())}: {reason}")
+            continue
+        executor = plan.components["executor"]
+        if executor.source != BUILTIN:
+            plugins.add(executor.name)
+    if refused:
+        raise ConfigError(
+            "the search space holds configs planning refuses, where its trials would fail: "
+            f"{'; '.join(refused.values())}; narrow the ranges or drop those choices"
+        )
+    return sorted(plugins)
+
+
+def settings_of(settings: DictConfig) -> tuple[dict[str, str], dict[str, str]]:
+    """The sweeper's objectives (metric -> direction) and its params, flattened: ``{optimizer.lr: ...}``
+    also where given nested, ``{optimizer: {lr: ...}}``."""
+    objectives = OmegaConf.to_container(settings.objectives, resolve=True)
+    params = flatten(OmegaConf.to_container(settings.params, resolve=True) or {})  # type: ignore[arg-type]
+    return dict(objectives), params  # type: ignore[arg-type]
+
+
+def check_sweeper(config: DictConfig) -> None:
+    """Refuse, before the sweep's parent run exists, a search that cannot work, as
+    :class:`SweepRefusedError`: its settings (:func:`check_settings`), its search space
+    (:func:`search_space`), configs planning refuses in it (:func:`plan_points`) and objectives no
+    run of it can log (:func:`check_objectives`)."""
+    settings = config.hydra.sweeper
+    objectives, params = settings_of(settings)
+    try:
+        check_settings(objectives, settings.sampler, settings.contended, settings.n_trials, settings.n_jobs)
+        space = search_space(list(config.hydra.overrides.task), params)
+        check_objectives(list(objectives), plan_points(config, space))
+    except ConfigError as error:
+        raise SweepRefusedError(str(error)) from None
 
 
 def study_storage(configured: str | None, tracking_uri: str) -> str:
@@ -213,9 +351,7 @@ class Search:
     """One invocation of the search: load or create the study, run the missing trials, report."""
 
     def __init__(self, settings: DictConfig, config: DictConfig, launch: Callable[..., Sequence[JobReturn]]) -> None:
-        self.objectives: dict[str, str] = dict(OmegaConf.to_container(settings.objectives, resolve=True))  # type: ignore[arg-type]
-        # params: {optimizer.lr: ...} or nested, {optimizer: {lr: ...}}
-        self.params = flatten(OmegaConf.to_container(settings.params, resolve=True) or {})  # type: ignore[arg-type]
+        self.objectives, self.params = settings_of(settings)
         check_settings(self.objectives, settings.sampler, settings.contended, settings.n_trials, settings.n_jobs)
         self.settings = settings
         self.config = config
@@ -263,11 +399,7 @@ class Search:
                 study.ask(space.distributions) for _ in range(min(self.settings.n_jobs, self.settings.n_trials - done))
             ]
             batch = [
-                [
-                    *space.fixed,
-                    *(f"{key}={value}" for key, value in trial.params.items()),
-                    f"{names.SWEEP_TRIAL_PARAM}={trial.number}",
-                ]
+                [*_point_overrides(space, trial.params), f"{names.SWEEP_TRIAL_PARAM}={trial.number}"]
                 for trial in trials
             ]
             try:

@@ -129,6 +129,10 @@ class MlflowSweepCallback(Callback):
         overrides = list(config.hydra.overrides.task)
         try:  # before any run exists: no empty parent. Hydra turns a callback's exception into a warning
             check_launcher(config)
+            if str(config.hydra.sweeper.get("_target_", "")).endswith("OptunaSweeper"):
+                from axoexp.search import check_sweeper  # Optuna is an extra: imported for its sweeper only
+
+                check_sweeper(config)
             self.refused, job_configs = plan_jobs(config)
         except SweepRefusedError as error:
             print(f"axoexp: {redacted(error)}", file=sys.stderr, flush=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-from helpers import run_cli
+from helpers import run_cli, run_clis
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
@@ -25,7 +26,9 @@ from axoexp.report.pareto import pareto_front
 from axoexp.search import (
     Outcome,
     Search,
+    check_objectives,
     check_settings,
+    is_axoexp_metric,
     make_sampler,
     search_space,
     study_name,
@@ -91,6 +94,19 @@ def test_settings_errors_name_key_value_and_choices() -> None:
         "hydra.sweeper.sampler=cmaes: valid samplers: tpe, nsga2, random; "
         "hydra.sweeper.contended=ignore: valid: fail, keep; hydra.sweeper.n_trials=0: must be at least 1"
     )
+
+
+def test_objectives_no_run_can_log_are_refused_with_a_did_you_mean() -> None:
+    check_objectives(["update_ms_p90", "eval_loss_after", "capture_bucket_64_ms", "contention_measured_cpu_other"], [])
+    with pytest.raises(ConfigError) as error:
+        check_objectives(["eval_los_after", "update_ms_p99"], [])
+    first, second = str(error.value).split("; hydra.sweeper.objectives.")
+    assert first.startswith(
+        "hydra.sweeper.objectives.eval_los_after: no run logs such a metric (did you mean eval_loss_after?); "
+        "valid: update_ms_count, "
+    )
+    assert second.startswith("update_ms_p99: no run logs such a metric (did you mean update_ms_p90?)")
+    check_objectives(["eval_los_after"], ["gauged"])  # a plugin's executor may log metrics of any name
 
 
 def test_the_study_lives_beside_the_store_under_a_name_of_what_it_measures(tmp_path: Path) -> None:
@@ -250,6 +266,85 @@ def test_a_multi_objective_study_resumes_and_the_report_names_its_pareto_front(t
     assert f"{len(front)} of 5 complete trials (5 in all)" in report.stdout
     assert (Path(parents[1].data.tags[names.SWEEP_DIR]) / "pareto.png").is_file()
     assert not any(math.isnan(run.data.metrics["loss_final"]) for run in front)
+
+
+GAUGED_EXECUTOR = '''
+from axoexp import component
+from axoexp.executors.eager import EagerExecutor
+
+@component("executor", "gauged")
+class Gauged(EagerExecutor):
+    """Eager, logging a metric of its own: kernel_bytes."""
+
+    def prepare(self, example_inputs, example_targets):
+        self.prepared_metrics["kernel_bytes"] = 1024.0
+        return super().prepare(example_inputs, example_targets)
+'''
+REFUSED_SEARCHES = {
+    "no_trials": (
+        ("hydra.sweeper.n_trials=0", "optimizer.lr=interval(1e-3,1e-1)"),
+        "axoexp: hydra.sweeper.n_trials=0: must be at least 1",
+    ),
+    "misspelt_direction": (
+        ("optimizer.lr=interval(1e-3,1e-1)", "+hydra.sweeper.objectives.eval_loss_after=minimise"),
+        "axoexp: hydra.sweeper.objectives.eval_loss_after=minimise (did you mean minimize?): "
+        "valid directions: minimize, maximize",
+    ),
+    "misspelt_metric": (
+        ("optimizer.lr=interval(1e-3,1e-1)", "+hydra.sweeper.objectives.eval_los_after=minimize"),
+        "axoexp: hydra.sweeper.objectives.eval_los_after: no run logs such a metric (did you mean eval_loss_after?); ",
+    ),
+    "a_bound_planning_refuses": (
+        ("optimizer.lr=interval(-1,1)", "gradient_transform=none,clip_norm"),
+        "axoexp: the search space holds configs planning refuses, where its trials would fail: "
+        "optimizer.lr=-1.0 gradient_transform=none: invalid experiment config: optimizer.lr=-1.0: "
+        "must be greater than 0; narrow the ranges or drop those choices",
+    ),
+}
+
+
+@pytest.mark.slow
+def test_a_search_that_cannot_work_creates_no_run_and_says_why_in_one_line(tmp_path: Path, empty_store: Path) -> None:
+    """Bad settings, an objective no run logs, a range whose end planning refuses: exit 2 before any
+    run exists; and a metric a plugin's executor logs is an objective like any other. Side by side."""
+    calls = []
+    for name, (overrides, _) in [*REFUSED_SEARCHES.items(), ("plugin_metric", ((), ""))]:
+        (tmp_path / name / "plugins").mkdir(parents=True)
+        shutil.copyfile(empty_store, tmp_path / name / "mlflow.db")
+        env = {"AXOEXP_LEASE_DIR": str(tmp_path / name / "leases")}
+        calls.append((("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=1", *overrides), tmp_path / name, env))
+    (tmp_path / "plugin_metric" / "plugins" / "gauged.py").write_text(GAUGED_EXECUTOR)
+    calls[-1] = (
+        (
+            *calls[-1][0],
+            "executor=gauged",
+            "run.measured_updates=2",
+            "run.warmup_updates=1",
+            "optimizer.lr=interval(1e-3,1e-1)",
+            "+hydra.sweeper.objectives.kernel_bytes=minimize",
+            "hydra.sweeper.contended=keep",
+        ),
+        *calls[-1][1:],
+    )
+    *refused, plugin_metric = run_clis(calls)
+    for (name, (_, message)), result in zip(REFUSED_SEARCHES.items(), refused, strict=True):
+        client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / name / 'mlflow.db'}")
+        runs = client.search_runs([experiment.experiment_id for experiment in client.search_experiments()])
+        assert (result.returncode, result.stdout, len(runs)) == (2, "", 0), (name, result.stderr)
+        assert result.stderr.startswith(message) and result.stderr.count("\n") == 1, (name, result.stderr)
+        assert not (tmp_path / name / "outputs").exists(), name
+
+    assert plugin_metric.returncode == 0, plugin_metric.stderr[-3000:]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'plugin_metric' / 'mlflow.db'}")
+    (trial,) = (
+        run
+        for run in client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
+        if names.TRIAL in run.data.tags
+    )
+    assert trial.data.tags[names.TRIAL_STATE] == "COMPLETE"
+    assert trial.data.metrics["kernel_bytes"] == 1024.0
+    unknown = [metric for metric in trial.data.metrics if not is_axoexp_metric(metric)]
+    assert unknown == ["kernel_bytes"], "every metric of axoexp's own is one an objective may name"
 
 
 FLAKY_EXECUTOR = '''
