@@ -327,3 +327,43 @@ def contention_metric(window: str, figure: str) -> str:
 def system_metric(figure: str) -> str:
     """A system figure under MLflow's own prefix, so the UI's system-metrics tab shows it."""
     return f"system/{figure}"
+
+
+# --- every metric a run may log (what a search's objective may name)
+METRIC_FAMILIES = ("bucket_", "contention_", "verify_", "threads_calibration/", "system/")
+"""Prefixes of the metrics whose names depend on the run (its length buckets, timing windows, thread
+counts, MLflow's system metrics), and of the executor's parity check."""
+DURATION_SUFFIX = "_ms"
+"""What every duration ends in, among them each one-off phase an executor times (``capture_ms``, a plugin's too)."""
+
+
+def fixed_metrics() -> list[str]:
+    """The metrics axoexp's runs log under names fixed up front: besides them, a run logs only
+    metrics of :data:`METRIC_FAMILIES` and durations (:data:`DURATION_SUFFIX`)."""
+    return [
+        *(update_metric(stat) for stat in UPDATE_STATS),
+        *(device_metric(stat) for stat in ("median", "p10", "p90")),
+        HOST_OVERHEAD_MEDIAN,
+        FIRST_UPDATE,
+        MEASURED_COMPLETED,
+        STREAMS_PER_S,
+        LOSS_INITIAL,
+        LOSS_FINAL,
+        EVAL_LOSS_BEFORE,
+        EVAL_LOSS_AFTER,
+        RECAPTURES,
+        GRAPH_POOL_BYTES,
+        PADDING_OVERHEAD,
+        CAPTURE,
+        *(process_metric(phase) for phase in PROCESS_PHASES),
+        PROCESS_TOTAL,
+        UPDATE_SERIES,
+        LOSS_SERIES,
+        UPDATE_DEVICE_SERIES,
+    ]
+
+
+def may_be_logged(metric: str) -> bool:
+    """Whether an axoexp run may log ``metric`` (:func:`fixed_metrics`, a family, a duration); a
+    plugin's executor may log others (``Executor.prepared_metrics``)."""
+    return metric in fixed_metrics() or metric.startswith(METRIC_FAMILIES) or metric.endswith(DURATION_SUFFIX)

@@ -51,7 +51,7 @@ from axoexp.config import did_you_mean, one_line
 from axoexp.errors import ConfigError, SearchError, SweepRefusedError
 from axoexp.plan import plan_experiment
 from axoexp.registry import BUILTIN
-from axoexp.stdout import print_out
+from axoexp.stdout import plural, print_out
 from axoexp.tracking import UNREACHABLE, configure_tracking, flatten, open_client, sqlite_path, store_unreachable
 
 SAMPLERS = ("tpe", "nsga2", "random")
@@ -66,12 +66,6 @@ FAIL_KINDS = {"contended": "timing contended", "failed": "failed", "stopped": "s
 """Each FAIL kind and how the search's summary counts it."""
 OBJECTIVES_ATTR = "axoexp_objectives"
 """The study's user attribute: its objective metrics in order, so a rerun under its name cannot mix in others."""
-METRIC_FAMILIES = ("bucket_", "contention_", "verify_", "threads_calibration/", "system/")
-"""Prefixes of the metrics whose names depend on the run (its length buckets, timing windows, thread
-counts, MLflow's system metrics), and of the executor's parity check."""
-PHASE_SUFFIX = "_ms"
-"""What every duration ends in, among them each one-off phase an executor times (``capture_ms``, a plugin's too)."""
-
 log = logging.getLogger(__name__)
 
 
@@ -168,50 +162,19 @@ def check_settings(objectives: dict[str, str], sampler: str, contended: str, n_t
         raise ConfigError("; ".join(problems))
 
 
-def axoexp_metrics() -> list[str]:
-    """The metrics axoexp's runs log under names fixed up front (:mod:`axoexp.names`): what an
-    objective may name, besides the families of :data:`METRIC_FAMILIES` and any ``..._ms`` duration."""
-    return [
-        *(names.update_metric(stat) for stat in names.UPDATE_STATS),
-        *(names.device_metric(stat) for stat in ("median", "p10", "p90")),
-        names.HOST_OVERHEAD_MEDIAN,
-        names.FIRST_UPDATE,
-        names.MEASURED_COMPLETED,
-        names.STREAMS_PER_S,
-        names.LOSS_INITIAL,
-        names.LOSS_FINAL,
-        names.EVAL_LOSS_BEFORE,
-        names.EVAL_LOSS_AFTER,
-        names.RECAPTURES,
-        names.GRAPH_POOL_BYTES,
-        names.PADDING_OVERHEAD,
-        names.CAPTURE,
-        *(names.process_metric(phase) for phase in names.PROCESS_PHASES),
-        names.PROCESS_TOTAL,
-        names.UPDATE_SERIES,
-        names.LOSS_SERIES,
-        names.UPDATE_DEVICE_SERIES,
-    ]
-
-
-def is_axoexp_metric(metric: str) -> bool:
-    """Whether an axoexp run may log ``metric`` (:func:`axoexp_metrics`, a family, a duration)."""
-    return metric in axoexp_metrics() or metric.startswith(METRIC_FAMILIES) or metric.endswith(PHASE_SUFFIX)
-
-
 def check_objectives(objectives: Sequence[str], plugin_executors: Sequence[str]) -> None:
     """Refuse objective metrics no run of the search can log, with a did-you-mean. An executor from a
     plugin may log metrics of any name (``Executor.prepared_metrics``), so where the search may pick
     one (``plugin_executors``), a metric axoexp does not know is let through: it is not certainly wrong."""
     if plugin_executors:
         return
-    known = axoexp_metrics()
+    known = names.fixed_metrics()
     problems = [
         f"hydra.sweeper.objectives.{metric}: no run logs such a metric{did_you_mean(metric, known)}; "
-        f"valid: {', '.join(known)}, and any {', '.join(f'{family}...' for family in METRIC_FAMILIES)} "
-        f"or ...{PHASE_SUFFIX} one a run logs"
+        f"valid: {', '.join(known)}, and any {', '.join(f'{family}...' for family in names.METRIC_FAMILIES)} "
+        f"or ...{names.DURATION_SUFFIX} one a run logs"
         for metric in objectives
-        if not is_axoexp_metric(metric)
+        if not names.may_be_logged(metric)
     ]
     if problems:
         raise ConfigError("; ".join(problems))
@@ -430,8 +393,8 @@ class Search:
         self._summary(study)
         if failed:
             raise SearchError(
-                f"{len(failed)} trials failed (trials {', '.join(map(str, failed))}), told to Optuna as FAIL; "
-                f"the study {name} counts them among its hydra.sweeper.n_trials"
+                f"{plural(len(failed), 'trial')} failed (trials {', '.join(map(str, failed))}), told to Optuna as "
+                f"FAIL; the study {name} counts them among its hydra.sweeper.n_trials"
             )
         return results
 
