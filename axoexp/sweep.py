@@ -26,6 +26,7 @@ import math
 import os
 import shutil
 import signal
+import socket
 import sys
 import time
 from collections import Counter
@@ -393,6 +394,32 @@ def check_launcher(config: DictConfig) -> None:
     if target.startswith(POOL_LAUNCHER) and config.hydra.launcher.n_jobs < 1:
         jobs = config.hydra.launcher.n_jobs
         raise SweepRefusedError(f"hydra.launcher.n_jobs={jobs}: must be at least 1 (the worker processes of the sweep)")
+    address = OmegaConf.select(config, RAY_ADDRESS_KEY) if target.endswith("RayLauncher") else None
+    if address is not None:
+        unreachable = _ray_unreachable(str(address))
+        if unreachable:
+            raise SweepRefusedError(
+                f"{RAY_ADDRESS_KEY}={address}: no Ray instance answers there ({unreachable}); start one there "
+                f"(ray start --head --port=PORT) or drop {RAY_ADDRESS_KEY} to start a local one"
+            )
+
+
+RAY_CONNECT_TIMEOUT_S = 5.0
+"""How long the sweep waits for a Ray head's port to accept, before any run exists."""
+
+
+def _ray_unreachable(address: str) -> str | None:
+    """Why nothing answers at a Ray head's ``HOST:PORT`` (also ``ray://HOST:PORT``), in the operating
+    system's words; None where it accepts a connection, or where the address names no port
+    (``auto``: Ray finds its instance itself). Ray's own connection retries for minutes in silence."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    try:
+        socket.create_connection((host, int(port)), timeout=RAY_CONNECT_TIMEOUT_S).close()
+    except OSError as error:
+        return error.strerror or str(error) or type(error).__name__
+    return None
 
 
 def failed(error: BaseException) -> str | None:
