@@ -40,9 +40,9 @@ from axoexp.errors import (
 )
 from axoexp.outputs import remove_unused_run_dir, run_dir_given
 from axoexp.plugins import load_plugins
-from axoexp.redact import redacted
+from axoexp.redact import hide_passwords_in_logs
 from axoexp.signals import Interrupted
-from axoexp.stdout import SweepStderr, flush_out, print_out, reader_gone
+from axoexp.stdout import SweepStderr, flush_out, print_out, reader_gone, say
 
 if TYPE_CHECKING:
     from axoexp.plan import Plan
@@ -64,7 +64,8 @@ _tracebacks_wanted = os.environ.get(USERS_FULL_ERROR_ENV, os.environ.get(FULL_ER
 def hydra_app(config: DictConfig) -> float | None:
     """Run one experiment; Hydra's multirun calls this once per job, each in a process of its own."""
     wallclock.mark("config")
-    load_plugins()  # a no-op here; in a launcher's worker process the registry starts empty
+    hide_passwords_in_logs()  # a no-op here; a launcher's worker process starts without it
+    load_plugins()  # likewise: in a launcher's worker process the registry starts empty
     if not _tracebacks_wanted:
         quiet_store_errors()  # likewise: a spawned worker (Hydra's joblib, submitit, ray) has no filters yet
     hydra_config = HydraConfig.get()
@@ -73,7 +74,7 @@ def hydra_app(config: DictConfig) -> float | None:
     from axoexp import sweep
     from axoexp.job_process import run_isolated
 
-    job_number, job_name = hydra_config.job.num, redacted(hydra_config.job.override_dirname or "defaults")
+    job_number, job_name = hydra_config.job.num, hydra_config.job.override_dirname or "defaults"
     output_dir = Path(hydra_config.runtime.output_dir)
     try:
         return run_isolated(
@@ -98,7 +99,7 @@ def _experiment(config: DictConfig, hydra_config: HydraConf) -> float | None:
         raise KeyboardInterrupt  # caught by a library as modules imported: no run starts after it
     job_name = run_name = on_planned = None
     if hydra_config.mode == RunMode.MULTIRUN:
-        job_name = redacted(describe_run.unescaped(hydra_config.job.override_dirname) or "defaults")
+        job_name = describe_run.unescaped(hydra_config.job.override_dirname) or "defaults"
         job_number, overrides = hydra_config.job.num, list(hydra_config.overrides.task)
         run_name = lambda plan: describe_run.job_run_name(plan, job_number, overrides)  # noqa: E731
         resume = sweep.resume_job(config, hydra_config.job.num)
@@ -289,7 +290,7 @@ def _sweep_failed(error: BaseException) -> str | None:
 
 
 def _warn_broken_plugin(error: AxoexpError) -> None:
-    print(f"axoexp: {error} (its options are missing below)", file=sys.stderr)
+    say("axoexp", f"{error} (its options are missing below)")
 
 
 def _exit_with(message: str, status: int) -> NoReturn:
@@ -298,7 +299,7 @@ def _exit_with(message: str, status: int) -> NoReturn:
     the error is the signal's doing (an import it broke halfway), not the user's."""
     if signals.interrupted_outside_a_run():
         message, status = signals.outside_a_run()
-    print(f"axoexp: {redacted(message)}", file=sys.stderr)
+    say("axoexp", message)
     sys.exit(status)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from axoexp import names
-from axoexp.redact import redacted
 from axoexp.statistics import HIGH, NOISE_THRESHOLD, noise_verdict
 from axoexp.stdout import plural
 
@@ -64,7 +63,7 @@ def format_result(result: ExperimentResult) -> str:
         lines.append(
             f"{'outputs':<14}not all kept ({result.output_loss}); MLflow has the run (tag {names.JOURNAL_LOST})"
         )
-    store = redacted(result.tracking_uri)
+    store = result.tracking_uri  # printed by print_out, which hides a password
     lost = f"{store} could not be written ({result.tracking_lost})"
     kept = (
         f"and {result.output_loss}: this summary alone has it all" if result.output_loss else "its journal has it all"

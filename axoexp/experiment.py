@@ -26,7 +26,7 @@ from axoexp.measure import length_metrics, length_tags, measure_updates
 from axoexp.outputs import HYDRA_DIR, write_atomically
 from axoexp.plan import Plan, plan_experiment
 from axoexp.progress import noted_if_slow
-from axoexp.redact import redacted
+from axoexp.redact import hide_passwords_in_logs, redacted
 from axoexp.registry import REGISTRY, Registry
 from axoexp.runtime import configure_determinism, configure_threads
 from axoexp.statistics import LatencySummary
@@ -107,6 +107,7 @@ def run_experiment(
     unreachable the experiment still runs, logs to ``output_dir`` and then raises
     :class:`~axoexp.errors.TrackingUnavailableError`.
     """
+    hide_passwords_in_logs()  # its lines name the store
     plan = plan_experiment(config, registry)
     if on_planned is not None:
         on_planned(plan)
@@ -140,7 +141,7 @@ def run_experiment(
             params = flatten(container)
             del params[names.RUN_THREADS_PARAM]  # logged once resolved, inside the lease
             tracker.log_params(params)
-            tracker.log_text(redacted(OmegaConf.to_yaml(config, resolve=True)), "config.yaml")
+            tracker.log_text(OmegaConf.to_yaml(config, resolve=True), "config.yaml")  # MLflow's client hides a password
             tracker.set_tags(machine_tags)
             if output_dir is not None:
                 tracker.set_tags({names.OUTPUT_DIR: str(output_dir)})
@@ -181,10 +182,9 @@ def run_experiment(
 
 def _where_logged(tracker: JournaledLog, run_name: str, experiment: str, tracking_uri: str) -> str:
     """Where the run is logged: its MLflow run, or, where the store could not be reached, its journal only."""
-    uri = redacted(tracking_uri)
     if tracker.remote_lost is None:
-        return f"MLflow run {tracker.run_id} ({run_name}) in experiment {experiment!r} at {uri}"
-    unreachable = f"MLflow tracking at {uri} {store_failure(tracker.remote_lost)} ({tracker.remote_lost})"
+        return f"MLflow run {tracker.run_id} ({run_name}) in experiment {experiment!r} at {tracking_uri}"
+    unreachable = f"MLflow tracking at {tracking_uri} {store_failure(tracker.remote_lost)} ({tracker.remote_lost})"
     journal = tracker.journal
     if journal is None or journal.lost is not None:
         return f"run {run_name} is kept in no store, only in what it returns: {unreachable}, and it has no journal"

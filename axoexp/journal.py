@@ -432,7 +432,7 @@ def _end(
     the run), then says what became of the run in MLflow."""
     try:
         with signals.deferred():
-            log.end(status, None if reason is None else redacted(reason))  # the FAILURE tag
+            log.end(status, reason)  # the FAILURE tag
     except Interrupted as interrupted:  # it came during the last upload
         interrupted.run_outcome = _run_outcome(log, status, tracking_uri)
         raise

@@ -17,7 +17,6 @@ from typing import Any
 import torch
 
 from axoexp import names
-from axoexp.redact import redacted
 from axoexp.registry import BUILTIN, Component
 from axoexp.versions import version_tags
 
@@ -246,8 +245,8 @@ HYDRA_APP_SOURCE = "python -m axoexp"
 
 
 def command_line() -> str:
-    """This process's arguments as the ``command`` tag keeps them, any URI's password hidden."""
-    return redacted(" ".join(sys.argv))
+    """This process's arguments, as the ``command`` tag keeps them (MLflow's client hides a password)."""
+    return " ".join(sys.argv)
 
 
 def _program(argv0: str) -> str:

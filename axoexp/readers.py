@@ -24,6 +24,7 @@ from mlflow.tracking import MlflowClient
 from axoexp.errors import AxoexpError, NoSweepError, UnusableStoreError, quiet_store_errors
 from axoexp.redact import redacted
 from axoexp.signals import CTRL_C, OUTSIDE_A_RUN_EXIT
+from axoexp.stdout import say
 from axoexp.tracking import (
     DEFAULT_TRACKING_URI,
     TRACKING_URI_OPTION,
@@ -94,16 +95,16 @@ def reading(command: str, fault_status: int | None = None) -> Iterator[StoreRead
     try:
         yield reader
     except AxoexpError as error:
-        print(f"{command}: {redacted(error)}", file=sys.stderr)
+        say(command, error)
         sys.exit(fault_status or error.exit_code)
     except UNREACHABLE as error:
         damaged = sqlite_damaged(reader.uri, error) if reader.uri is not None else None
         if damaged is not None:
-            print(f"{command}: {damaged_store(damaged, store_reason(error))}", file=sys.stderr)
+            say(command, damaged_store(damaged, store_reason(error)))
             sys.exit(fault_status or UnusableStoreError.exit_code)
-        where = f" at {redacted(reader.uri)}" if reader.uri is not None else ""
-        print(f"{command}: the MLflow store{where} could not be read: {store_reason(error)}", file=sys.stderr)
+        where = f" at {reader.uri}" if reader.uri is not None else ""
+        say(command, f"the MLflow store{where} could not be read: {store_reason(error)}")
         sys.exit(fault_status or STORE_FAILED)
     except KeyboardInterrupt:
-        print(f"{command}: {CTRL_C}", file=sys.stderr)
+        say(command, CTRL_C)
         sys.exit(OUTSIDE_A_RUN_EXIT)

@@ -25,6 +25,7 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from axoexp import names
+from axoexp.redact import hide_passwords_in_logs
 
 HANDLED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 CTRL_C = "interrupted (SIGINT)"
@@ -181,8 +182,10 @@ def run_command(command: str, module: str | None = None, interrupted: str = CTRL
     import ``module`` (``command`` itself unless named) and exit with what its ``main()`` returns.
     Ctrl-C while it imports (MLflow alone takes seconds) is one line, ``COMMAND: INTERRUPTED``, and
     exit 130, as ``main()`` says Ctrl-C once it runs; it is watched for (:func:`watch_outside_a_run`)
-    from here on. A command's module imported as a library (by the tests) has no handler."""
+    from here on, and every log line hides passwords (:func:`~axoexp.redact.hide_passwords_in_logs`).
+    A command's module imported as a library (by the tests) has no handler."""
     watch_outside_a_run()
+    hide_passwords_in_logs()
     try:
         main = importlib.import_module(module or command).main
     except KeyboardInterrupt:

@@ -10,16 +10,25 @@ import os
 import sys
 from typing import Any, TextIO
 
+from axoexp.redact import redacted
+
 HYDRA_JOB_ERROR = "Error executing job with overrides: "
 """How Hydra starts the line it writes to stderr for a sweep's first failed job (``JobReturn.return_value``)."""
 
 
 def print_out(text: str) -> None:
-    """Print ``text`` to stdout, where its reader may have gone (``| head -1``)."""
+    """Print ``text`` to stdout, any URI's password hidden, where its reader may have gone (``| head -1``)."""
     try:
-        print(text, flush=True)
+        print(redacted(text), flush=True)
     except BrokenPipeError:
         reader_gone(sys.stdout)
+
+
+def say(command: str, message: object) -> None:
+    """``COMMAND: MESSAGE`` on stderr, any URI's password hidden: every command's own line (an error,
+    an interruption, what it did); with :func:`print_out` and the redacting MLflow client
+    (:class:`~axoexp.tracking.RedactingClient`), where a value is made safe on its way out."""
+    print(f"{command}: {redacted(message)}", file=sys.stderr, flush=True)
 
 
 def flush_out() -> None:

@@ -27,7 +27,6 @@ import os
 import shutil
 import signal
 import socket
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -56,7 +55,7 @@ from axoexp.plan import plan_experiment, resume_mode
 from axoexp.redact import redacted
 from axoexp.registry import GROUPS, REGISTRY, Component
 from axoexp.statistics import doubts
-from axoexp.stdout import plural, print_out
+from axoexp.stdout import plural, print_out, say
 from axoexp.sync import end_dead_run, find_journals, process_gone, sync_journal
 from axoexp.tracking import (
     UNREACHABLE,
@@ -121,7 +120,7 @@ class MlflowSweepCallback(Callback):
     def _say_refused(self) -> None:
         """Each job planning refused, a line each: said as the sweep starts and again at its end."""
         for line in self.refused:
-            print(f"refused {line}", file=sys.stderr, flush=True)
+            say("axoexp", f"refused {line}")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         collector.release()  # the command line's start-up done: the sweep's process may live for hours
@@ -136,14 +135,13 @@ class MlflowSweepCallback(Callback):
                 check_sweeper(config)
             self.refused, job_configs = plan_jobs(config)
         except SweepRefusedError as error:
-            print(f"axoexp: {redacted(error)}", file=sys.stderr, flush=True)
+            say("axoexp", error)
             raise SystemExit(error.exit_code) from None
         if self.refused:  # said now, while the user can still stop the sweep, and again at its end
-            print(
-                f"axoexp: {len(self.refused)} of {len(job_configs)} jobs cannot run and will create no run; "
+            say(
+                "axoexp",
+                f"{len(self.refused)} of {len(job_configs)} jobs cannot run and will create no run; "
                 "the others run, and the sweep will end FAILED:",
-                file=sys.stderr,
-                flush=True,
             )
             self._say_refused()
         sweep_dir = claim_sweep_dir(config)
@@ -169,7 +167,7 @@ class MlflowSweepCallback(Callback):
                         {
                             names.SWEEP_ROLE: "parent",
                             names.SWEEP_DIR: str(sweep_dir.resolve()),
-                            names.SWEEP_OVERRIDES: redacted(" ".join(overrides)),
+                            names.SWEEP_OVERRIDES: " ".join(overrides),
                             names.SWEEP_DEFINITION: sweep_definition(overrides, job_configs),
                             names.COMMAND: metadata.command_line(),
                             **process_tags(),
@@ -197,11 +195,10 @@ class MlflowSweepCallback(Callback):
         if not workers or self.client is None or self.parent_run_id is None:
             return
         own = [pid for pid in processes.descendants(recursive=False) if pid in workers]  # theirs are not workers
-        print(
-            f"axoexp: {signal_name}: stopping {plural(len(own), 'worker')}, "
+        say(
+            "axoexp",
+            f"{signal_name}: stopping {plural(len(own), 'worker')}, "
             f"waiting up to {WORKER_GRACE_S:.0f} s for their runs to end",
-            file=sys.stderr,
-            flush=True,
         )
         _signal_all(workers, signal.SIGTERM)
         deadline = time.monotonic() + WORKER_GRACE_S
@@ -253,12 +250,11 @@ class MlflowSweepCallback(Callback):
                     f"{signals.interrupted_by(stopped_by)}; {reason}" if stopped_by else reason,
                     error,
                 )
-            print(
-                f"axoexp: the sweep could not end its MLflow runs: {store_unreachable(self.uri, error)}; "
+            say(
+                "axoexp",
+                f"the sweep could not end its MLflow runs: {store_unreachable(self.uri, error)}; "
                 f"{self.kept_end}once the store is back, end them with: python -m axoexp.sync {self.sweep_dir} "
-                f"--tracking-uri {redacted(self.uri)}",
-                file=sys.stderr,
-                flush=True,
+                f"--tracking-uri {self.uri}",
             )
 
     def _end_parent(self, client: MlflowClient, parent: str, all_jobs_returned: bool) -> None:
@@ -303,8 +299,8 @@ class MlflowSweepCallback(Callback):
             unfinished, key=lambda run: str(run.info.run_name)
         ):  # not only the first error Hydra raised
             why = child.data.tags.get(names.FAILURE, "no reason recorded")
-            print(f"axoexp: {child.info.run_name}: {child.info.status}: {why}", file=sys.stderr, flush=True)
-        print(f"axoexp: the sweep ended {status}: {reason}", file=sys.stderr, flush=True)
+            say("axoexp", f"{child.info.run_name}: {child.info.status}: {why}")
+        say("axoexp", f"the sweep ended {status}: {reason}")
         if lost is not None:
             raise lost
 
@@ -321,7 +317,7 @@ class MlflowSweepCallback(Callback):
     def launcher_failure(self, error: BaseException) -> str | None:
         """Why the launcher failed, where the error says it and no run could: a Ray launcher with no
         instance at its set address."""
-        ray_said = (redacted(error).strip().splitlines() or [""])[0].partition(". ")[0]
+        ray_said = (str(error).strip().splitlines() or [""])[0].partition(". ")[0]
         if isinstance(error, ConnectionError) and self.ray_address is not None and ray_said.startswith(RAY_NOT_FOUND):
             return (
                 f"no Ray instance at {RAY_ADDRESS_KEY}={self.ray_address}: {ray_said}; start one there "
@@ -337,7 +333,7 @@ class MlflowSweepCallback(Callback):
             return None
         reason = next(iter(lost.values())).splitlines()[0]  # a journal of an older axoexp kept the whole error
         jobs = f"{len(lost)} of {plural(self.jobs, 'job')}" if self.jobs else plural(len(lost), "job")
-        return redacted(
+        return (
             f"MLflow tracking at {self.uri} {store_failure(reason)} ({reason}); the results of {jobs} are only "
             f"in their journals under {self.sweep_dir}; upload them all with: "
             f"python -m axoexp.sync {self.sweep_dir} --tracking-uri {self.uri}"
@@ -568,7 +564,7 @@ def end_killed_job(config: DictConfig, job_number: int, job_name: str, output_di
                 config.sweep.parent_run_id, f"{names.DIED_PREFIX}job{job_number}", f"{job_name} {how}; {done}"[:5000]
             )
     except UNREACHABLE as error:
-        done = redacted(
+        done = redacted(  # it becomes the job's error, which a traceback shows
             f"{store_unreachable(uri, error)}; complete its run with: python -m axoexp.sync {output_dir} "
             f"--tracking-uri {uri}"
         )

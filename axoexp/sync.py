@@ -35,7 +35,6 @@ if __name__ == "__main__":  # python -m: run_command imports this module anew, C
 
 import argparse
 import socket
-import sys
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,9 +62,8 @@ from axoexp.journal import (
     JournalLines,
     read_journal_lines,
 )
-from axoexp.redact import redacted
 from axoexp.signals import CTRL_C, OUTSIDE_A_RUN_EXIT
-from axoexp.stdout import print_out
+from axoexp.stdout import print_out, say
 from axoexp.tracking import (
     SQLITE_PREFIX,
     TRACKING_URI_KEY,
@@ -88,6 +86,8 @@ from axoexp.tracking import (
 from axoexp.versions import VersionAction
 from axoexp.windows import MEASURED, WARMUP, UpdateTrace, log_traces
 
+COMMAND = "axoexp.sync"
+"""How the command names itself in its lines."""
 RUNNING = "RUNNING"
 INTERRUPTED = (
     f"{CTRL_C}; what was uploaded stays, and running the same command again completes the rest "
@@ -474,10 +474,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
     except StoreLockedError as error:
-        print(f"axoexp.sync: {redacted(error)}", file=sys.stderr)
+        say(COMMAND, error)
         return 1
     except KeyboardInterrupt:
-        print(f"axoexp.sync: {INTERRUPTED}", file=sys.stderr)
+        say(COMMAND, INTERRUPTED)
         return OUTSIDE_A_RUN_EXIT
 
 
@@ -499,7 +499,7 @@ def _main(argv: list[str] | None) -> int:
     quiet_store_errors()
     missing = [str(path) for path in args.paths if not path.exists()]
     if missing:
-        print(f"axoexp.sync: no such journal or directory: {', '.join(missing)}", file=sys.stderr)
+        say(COMMAND, f"no such journal or directory: {', '.join(missing)}")
         return 2
     default = resolve_tracking_uri(args.tracking_uri)
     journals = list(find_journals(args.paths))
@@ -509,7 +509,7 @@ def _main(argv: list[str] | None) -> int:
     if absent:  # no RUNNING run to end either: the store is not created for nothing
         if not args.paths:
             print_out(
-                f"no journal given, and the MLflow store {redacted(default)} {absent}: nothing to sync; "
+                f"no journal given, and the MLflow store {default} {absent}: nothing to sync; "
                 f"name journals or the folders that hold them (python -m axoexp.sync outputs/)"
             )
         return 0
@@ -531,7 +531,7 @@ def _main(argv: list[str] | None) -> int:
         uri: problem for uri in stores if (problem := store_problem(uri, _store_key(uri, args.tracking_uri, default)))
     }
     if problems and len(problems) == len(stores):
-        print(f"axoexp.sync: {'; '.join(problems.values())}", file=sys.stderr)
+        say(COMMAND, "; ".join(problems.values()))
         return 2
     clients: dict[str, MlflowClient] = {}
 
@@ -542,7 +542,7 @@ def _main(argv: list[str] | None) -> int:
 
     for path, uri, said in targets:
         if not uri:  # its run is in its own store
-            print_out(redacted(f"{path}: {said}"))
+            print_out(f"{path}: {said}")
         elif uri in problems:
             print_out(f"{path}: skipped: {problems[uri]}")
             status = 2
@@ -550,16 +550,16 @@ def _main(argv: list[str] | None) -> int:
             try:
                 synced = sync_journal(client(uri), path)
             except UNREACHABLE as error:
-                print(f"axoexp.sync: {path}: {store_unreachable(uri, error)}", file=sys.stderr, flush=True)
+                say(COMMAND, f"{path}: {store_unreachable(uri, error)}")
                 status = max(status, _failed_status(uri, error))
             else:
                 where = "" if uri == absolute_store(default, Path.cwd()) and not said else f" in {uri}"
-                print_out(redacted(f"{path}: {synced}{where}{said}"))
+                print_out(f"{path}: {synced}{where}{said}")
     for uri in (uri for uri in stores if uri not in problems):
         try:
             ended = end_dead_runs(client(uri))
         except UNREACHABLE as error:
-            print(f"axoexp.sync: {store_unreachable(uri, error)}", file=sys.stderr, flush=True)
+            say(COMMAND, store_unreachable(uri, error))
             status = max(status, _failed_status(uri, error))
         else:
             for line in ended:

@@ -17,7 +17,7 @@ import re
 import sqlite3
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from functools import cache
@@ -137,15 +137,52 @@ def tracking_uri_key(uri: str | None, setting: str = TRACKING_URI_KEY) -> str:
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    """Scalar leaves of a nested mapping as dotted keys (for MLflow params), any password hidden."""
+    """Scalar leaves of a nested mapping as dotted keys (for MLflow params)."""
     flat: dict[str, str] = {}
     for key, value in config.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping):
             flat.update(flatten(value, f"{name}."))
         else:
-            flat[name] = redacted(value)[:MAX_PARAM_LENGTH]
+            flat[name] = str(value)
     return flat
+
+
+class RedactingClient(MlflowClient):
+    """MLflow's client, every param, tag, run name and text it writes with any URI's password hidden
+    (:func:`~axoexp.redact.redacted`): the one place a value is made safe on its way to MLflow,
+    whether a run, a sweep, a search or the sync writes it. A param is cut to MLflow's limit after."""
+
+    def create_run(
+        self,
+        experiment_id: str,
+        start_time: int | None = None,
+        tags: dict[str, Any] | None = None,
+        run_name: str | None = None,
+    ) -> Run:
+        hidden = None if tags is None else {key: redacted(value) for key, value in tags.items()}
+        return super().create_run(experiment_id, start_time, hidden, None if run_name is None else redacted(run_name))
+
+    def set_tag(self, run_id: str, key: str, value: Any, synchronous: bool | None = None) -> Any:
+        return super().set_tag(run_id, key, redacted(value), synchronous)
+
+    def log_param(self, run_id: str, key: str, value: Any, synchronous: bool | None = None) -> Any:
+        return super().log_param(run_id, key, redacted(value)[:MAX_PARAM_LENGTH], synchronous)
+
+    def log_batch(
+        self,
+        run_id: str,
+        metrics: Sequence[Metric] = (),
+        params: Sequence[Param] = (),
+        tags: Sequence[RunTag] = (),
+        synchronous: bool | None = None,
+    ) -> Any:
+        params = [Param(param.key, redacted(param.value)[:MAX_PARAM_LENGTH]) for param in params]
+        tags = [RunTag(tag.key, redacted(tag.value)) for tag in tags]
+        return super().log_batch(run_id, metrics, params, tags, synchronous)
+
+    def log_text(self, run_id: str, text: str, artifact_file: str) -> None:
+        super().log_text(run_id, redacted(text), artifact_file)
 
 
 @dataclass
@@ -156,7 +193,7 @@ class Tracker:
     run_id: str
 
     def log_params(self, params: Mapping[str, Any]) -> None:
-        items = [Param(key, str(value)[:MAX_PARAM_LENGTH]) for key, value in params.items()]
+        items = [Param(key, str(value)) for key, value in params.items()]  # cut to MLflow's limit by the client
         for start in range(0, len(items), 100):
             self.client.log_batch(self.run_id, params=items[start : start + 100])
 
@@ -608,7 +645,7 @@ def open_client(tracking_uri: str) -> MlflowClient:
     with store_lock(tracking_uri):
         if not holds_data(path):
             create_store(path)
-        client = MlflowClient(tracking_uri=tracking_uri)
+        client = RedactingClient(tracking_uri=tracking_uri)
         client.search_experiments(max_results=1)
     return client
 
@@ -623,7 +660,7 @@ def answering_client(tracking_uri: str) -> MlflowClient:
         raise MlflowException(silent)
     if redacted(tracking_uri) != tracking_uri:
         os.environ[MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT.name] = "true"
-    return MlflowClient(tracking_uri=tracking_uri)
+    return RedactingClient(tracking_uri=tracking_uri)
 
 
 STORE_CREATION_WAIT_S = 10.0

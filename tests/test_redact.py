@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 from helpers import free_port, start_mlflow
+from mlflow.entities import Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from axoexp import names
-from axoexp.redact import RedactingFilter, redacted
+from axoexp.redact import hide_passwords_in_logs, redacted
+from axoexp.tracking import open_client
 
 
 @pytest.mark.parametrize(
@@ -40,11 +42,41 @@ def test_text_without_a_password_is_left_as_it_is(text: str) -> None:
     assert redacted(text) == text
 
 
-def test_the_logging_filter_redacts_a_records_arguments_and_leaves_a_malformed_one_to_its_handler() -> None:
-    record = logging.LogRecord("hydra", logging.INFO, __file__, 1, "#%d : %s", (0, "uri=http://u:s3cret@h"), None)
-    assert RedactingFilter().filter(record) and record.getMessage() == "#0 : uri=http://u:***@h"
-    malformed = logging.LogRecord("x", logging.INFO, __file__, 1, "bad %d", ("str",), None)
-    assert RedactingFilter().filter(malformed), "the handler reports it, as without the filter"
+def test_log_records_hide_a_password_whatever_handles_them_and_leave_a_malformed_one_to_its_handler() -> None:
+    """The record factory, not a handler's filter: a user's own logging config (or Hydra's
+    ``hydra/job_logging=disabled`` and a handler of one's own) gets the hidden text too."""
+    before = logging.getLogRecordFactory()
+    try:
+        hide_passwords_in_logs()
+        hide_passwords_in_logs()  # once only: not wrapped twice
+        made = logging.getLogRecordFactory()
+        assert getattr(made, "hides_passwords", False) and made is not before
+        record = made("hydra", logging.INFO, __file__, 1, "#%d : %s", (0, "uri=http://u:s3cret@h"), None)
+        assert record.getMessage() == "#0 : uri=http://u:***@h"
+        malformed = made("x", logging.INFO, __file__, 1, "bad %d", ("str",), None)
+        with pytest.raises(TypeError):  # the handler reports it, as it would
+            malformed.getMessage()
+    finally:
+        logging.setLogRecordFactory(before)
+
+
+def test_every_value_axoexps_mlflow_client_writes_hides_a_password(tracking_uri: str) -> None:
+    """One place on the way to MLflow (RedactingClient): a run's name and tags as created, a tag, a
+    param, a batch and a text, whoever writes them (a run, a sweep, a search, the sync)."""
+    secret = "postgresql://u:s3cret@h/db"
+    client = open_client(tracking_uri)
+    experiment = client.create_experiment("redacted")
+    run = client.create_run(experiment, tags={"made": secret}, run_name=f"run on {secret}")
+    run_id = run.info.run_id
+    client.set_tag(run_id, "tag", secret)
+    client.log_param(run_id, "param", secret)
+    client.log_batch(run_id, params=[Param("batched", secret)], tags=[RunTag("batched_tag", secret)])
+    client.log_text(run_id, f"uri: {secret}\n", "config.yaml")
+    stored = MlflowClient(tracking_uri).get_run(run_id)
+    values = [stored.info.run_name, *stored.data.tags.values(), *stored.data.params.values()]
+    text = Path(client.download_artifacts(run_id, "config.yaml")).read_text()
+    assert not [value for value in [*values, text] if "s3cret" in value], values
+    assert stored.data.params["param"] == stored.data.tags["tag"] == "postgresql://u:***@h/db"
 
 
 @pytest.mark.slow

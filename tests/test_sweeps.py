@@ -94,7 +94,7 @@ def test_failing_job_fails_the_parent_but_keeps_the_others(sweeps) -> None:
     assert notice in lines, "said before the jobs run"
     for job, executor in ((0, "eager"), (2, "flaky")):  # every refused job is listed, not only the first
         line = (
-            f"refused job {job} (executor={executor} population.neurons=0 run.measured_updates=3): "
+            f"axoexp: refused job {job} (executor={executor} population.neurons=0 run.measured_updates=3): "
             "invalid experiment config: population.neurons=0: must be at least 1"
         )
         assert lines.count(line) == 2 and lines.index(line) > lines.index(notice), "listed up front and at the end"
