@@ -45,12 +45,13 @@ def test_text_without_a_password_is_left_as_it_is(text: str) -> None:
 def test_log_records_hide_a_password_whatever_handles_them_and_leave_a_malformed_one_to_its_handler() -> None:
     """The record factory, not a handler's filter: a user's own logging config (or Hydra's
     ``hydra/job_logging=disabled`` and a handler of one's own) gets the hidden text too."""
-    before = logging.getLogRecordFactory()
+    before = logging.getLogRecordFactory()  # a run in this process may have installed it already
+    logging.setLogRecordFactory(logging.LogRecord)
     try:
         hide_passwords_in_logs()
         hide_passwords_in_logs()  # once only: not wrapped twice
         made = logging.getLogRecordFactory()
-        assert getattr(made, "hides_passwords", False) and made is not before
+        assert getattr(made, "hides_passwords", False) and made is not logging.LogRecord
         record = made("hydra", logging.INFO, __file__, 1, "#%d : %s", (0, "uri=http://u:s3cret@h"), None)
         assert record.getMessage() == "#0 : uri=http://u:***@h"
         malformed = made("x", logging.INFO, __file__, 1, "bad %d", ("str",), None)
