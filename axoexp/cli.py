@@ -169,7 +169,7 @@ def _main() -> None:
     collector.hold()  # until the run's work begins, or the sweep's (collector.release)
     multirun = any(argument in MULTIRUN_FLAGS for argument in sys.argv[1:])
     help_wanted = any(argument in ("--help", "-h", DESCRIBE_FLAG) for argument in sys.argv[1:])
-    unknown = _unknown_option(sys.argv[1:])
+    unknown = _unknown_option([argument for argument in sys.argv[1:] if argument != VERSION_FLAG])  # Hydra's prints
     if unknown:
         _exit_with(unknown, 2)
     if VERSION_FLAG in sys.argv[1:]:  # Hydra's own would print only "Hydra 1.3.x"

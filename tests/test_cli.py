@@ -342,7 +342,8 @@ def test_ctrl_c_that_a_plugin_catches_as_it_imports_still_stops_the_command(tmp_
 
 def test_the_ctrl_c_handler_is_reached_before_any_other_module_of_axoexp_imports() -> None:
     """What ``python -m axoexp`` imports before :func:`~axoexp.signals.run_command` catches Ctrl-C:
-    the package, and the signals module with its names; a SIGINT there is a traceback. The
+    the package, and the signals module with its names and the log lines' redaction (re and logging
+    only); a SIGINT there is a traceback. The
     registry and the plugin loader (entry points) once took it to 60 ms."""
     listed = "import sys, axoexp.signals; print(*sorted(m for m in sys.modules if m.split('.')[0] == 'axoexp'))"
     imported = subprocess.run(
@@ -351,4 +352,4 @@ def test_the_ctrl_c_handler_is_reached_before_any_other_module_of_axoexp_imports
         text=True,
         check=True,
     ).stdout.split()
-    assert imported == ["axoexp", "axoexp.names", "axoexp.signals"]
+    assert imported == ["axoexp", "axoexp.names", "axoexp.redact", "axoexp.signals"]  # redact: the log lines
