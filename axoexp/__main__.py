@@ -1,5 +1,5 @@
 """``python -m axoexp``: :func:`axoexp.cli.main`; Ctrl-C while its modules import is one line too."""
 
-from axoexp.signals import OUTSIDE_A_RUN, run_command
+from axoexp.signals import run_command
 
-run_command("axoexp", "axoexp.cli", OUTSIDE_A_RUN)
+run_command("axoexp", "axoexp.cli", runs=True)

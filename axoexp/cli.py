@@ -151,6 +151,7 @@ def main() -> None:
     """Load plugins first, so their components are config options, then run Hydra. Ctrl-C or SIGTERM
     before a run's signal handlers are in place (imports, composition, planning) is one line, exit
     130 or 143."""
+    hide_passwords_in_logs()  # also as the console script `axoexp`, which python -m's run_command does not start
     try:
         _main()
     except KeyboardInterrupt:
@@ -254,6 +255,7 @@ def _exit_without_teardown() -> NoReturn:
     Ctrl-C is ignored from here on: the work is done and logged, and a KeyboardInterrupt would only
     break one exit handler off halfway, with a traceback (SIGTERM still ends the process at once)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the watcher's KeyboardInterrupt inside an exit handler
     threading._shutdown()  # type: ignore[attr-defined]  # as the interpreter does before the handlers
     atexit._run_exitfuncs()
     flush_out()
@@ -268,7 +270,7 @@ def _unknown_option(arguments: list[str]) -> str | None:
     from hydra._internal.utils import get_args_parser
 
     parser = get_args_parser()
-    parser.prog = "python -m axoexp"
+    parser.prog, parser.allow_abbrev = "python -m axoexp", False  # --vers would be Hydra's --version
     parser.add_argument(DESCRIBE_FLAG, action="store_true")
     _, unknown = parser.parse_known_args(arguments)
     options = sorted(option for option in parser._option_string_actions if option.startswith("--"))
@@ -296,8 +298,10 @@ def _warn_broken_plugin(error: AxoexpError) -> None:
 def _exit_with(message: str, status: int) -> NoReturn:
     """``axoexp: MESSAGE`` on stderr and exit ``status``; after a signal outside a run, also one that
     something caught (:func:`~axoexp.signals.interrupted_outside_a_run`), the signal's line instead:
-    the error is the signal's doing (an import it broke halfway), not the user's."""
-    if signals.interrupted_outside_a_run():
+    the error is the signal's doing (an import it broke halfway), not the user's; not once a sweep
+    began, whose runs exist and whose own line says how it ended."""
+    sweep = sys.modules.get("axoexp.sweep")  # imported only by a sweep
+    if signals.interrupted_outside_a_run() and not (sweep is not None and sweep.began()):  # a sweep's runs exist
         message, status = signals.outside_a_run()
     say("axoexp", message)
     sys.exit(status)

@@ -26,7 +26,7 @@ from axoexp.measure import length_metrics, length_tags, measure_updates
 from axoexp.outputs import HYDRA_DIR, write_atomically
 from axoexp.plan import Plan, plan_experiment
 from axoexp.progress import noted_if_slow
-from axoexp.redact import hide_passwords_in_logs, redacted
+from axoexp.redact import hide_passwords_in_logs
 from axoexp.registry import REGISTRY, Registry
 from axoexp.runtime import configure_determinism, configure_threads
 from axoexp.statistics import LatencySummary
@@ -81,13 +81,6 @@ class ExperimentResult:
 def streams_per_s(streams: int, update_ms_median: float) -> float:
     """Streams x updates per second: B streams adapted per update, at the median update latency."""
     return streams * 1000.0 / update_ms_median
-
-
-def _holds_no_password(folder: Path) -> bool:
-    """Whether Hydra's record of the job (``.hydra/``, the overrides as typed) exists and shows no
-    URI's password, so it may be uploaded as it is."""
-    files = sorted(folder.glob("*.yaml")) if folder.is_dir() else []
-    return bool(files) and all(redacted(text) == text for text in (file.read_text() for file in files))
 
 
 def run_experiment(
@@ -145,7 +138,7 @@ def run_experiment(
             tracker.set_tags(machine_tags)
             if output_dir is not None:
                 tracker.set_tags({names.OUTPUT_DIR: str(output_dir)})
-                if _holds_no_password(output_dir / HYDRA_DIR):  # else MLflow has it redacted in config.yaml
+                if (output_dir / HYDRA_DIR).is_dir():
                     tracker.log_artifact(str(output_dir / HYDRA_DIR))
             collector.release()  # the command line's start-up done: the run's work runs with the collector on
             wallclock.mark("store")

@@ -280,7 +280,7 @@ class JournaledLog(Observer):
 
         def terminate(remote: Tracker) -> None:
             if reason:
-                remote.client.set_tag(remote.run_id, names.FAILURE, reason[:5000])
+                remote.client.set_tag(remote.run_id, names.FAILURE, reason)
             remote.client.set_terminated(remote.run_id, status=status, end_time=now)
 
         self._deliver(terminate)
@@ -305,7 +305,7 @@ class JournaledLog(Observer):
         if self.journal is None or self.journal.lost is None or self._journal_loss_reported:
             return
         self._journal_loss_reported = True
-        self._tags[names.JOURNAL_LOST] = self.journal.lost[:5000]
+        self._tags[names.JOURNAL_LOST] = self.journal.lost
 
     def _deliver(self, call: Callable[[Tracker], None]) -> None:
         if self.remote is None:

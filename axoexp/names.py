@@ -288,7 +288,7 @@ def shape_label(*dims: object) -> str:
 def shape_size(label: str) -> int:
     """The product of a :func:`shape_label`'s dimensions, a range by its upper end (``3x17..39x4``), for
     ordering (0 if unreadable)."""
-    parts = [part.rpartition(".")[2] for part in label.split("x")]
+    parts = [part.split("..")[-1] for part in label.split("x")]
     return math.prod(int(part) for part in parts) if all(part.isdigit() for part in parts) else 0
 
 
@@ -312,6 +312,10 @@ SWEEP_REPEAT_PARAM = "sweep.repeat"
 UPDATE_DEVICE_SERIES = "update_device_ms"  # CUDA-event time of every update (step = update index)
 UPDATE_REL_IQR = update_metric("rel_iqr")  # IQR / median of the measured updates
 HOST_OVERHEAD_MEDIAN = "host_overhead_ms_median"  # median over measured updates of host - device time
+
+
+DEVICE_STATS = ("median", "p10", "p90")
+"""The statistics of the device clock a run logs (:func:`device_metric`)."""
 
 
 def device_metric(stat: str) -> str:
@@ -342,7 +346,7 @@ def fixed_metrics() -> list[str]:
     metrics of :data:`METRIC_FAMILIES` and durations (:data:`DURATION_SUFFIX`)."""
     return [
         *(update_metric(stat) for stat in UPDATE_STATS),
-        *(device_metric(stat) for stat in ("median", "p10", "p90")),
+        *(device_metric(stat) for stat in DEVICE_STATS),
         HOST_OVERHEAD_MEDIAN,
         FIRST_UPDATE,
         MEASURED_COMPLETED,

@@ -446,7 +446,7 @@ class Search:
             **{names.trial_param_tag(key): str(value) for key, value in trial.params.items()},
         }
         if outcome.reason:
-            tags[names.TRIAL_FAILURE] = outcome.reason[:5000]
+            tags[names.TRIAL_FAILURE] = outcome.reason
         try:
             for key, value in tags.items():
                 client.set_tag(run.info.run_id, key, value)

@@ -31,8 +31,7 @@ HANDLED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 CTRL_C = "interrupted (SIGINT)"
 """How every command's line on Ctrl-C begins."""
 _OUTSIDE = "interrupted ({}) outside a run: no run was left unfinished"
-OUTSIDE_A_RUN = _OUTSIDE.format("SIGINT")
-"""What Ctrl-C before a run's handlers are in place (imports, composition, planning) prints."""
+"""What a stop signal before a run's handlers are in place (imports, composition, planning) prints."""
 OUTSIDE_A_RUN_EXIT = 128 + signal.SIGINT
 SHUTDOWN_HTTP_TIMEOUT_S = 3
 """Seconds per request to the tracking store once a signal came, with no retries."""
@@ -177,18 +176,21 @@ def deferred() -> Iterator[None]:
             _deferred.pop()()
 
 
-def run_command(command: str, module: str | None = None, interrupted: str = CTRL_C) -> NoReturn:
+def run_command(command: str, module: str | None = None, runs: bool = False) -> NoReturn:
     """``python -m COMMAND``, called atop the module ``-m`` runs, before it imports anything heavy:
     import ``module`` (``command`` itself unless named) and exit with what its ``main()`` returns.
-    Ctrl-C while it imports (MLflow alone takes seconds) is one line, ``COMMAND: INTERRUPTED``, and
-    exit 130, as ``main()`` says Ctrl-C once it runs; it is watched for (:func:`watch_outside_a_run`)
-    from here on, and every log line hides passwords (:func:`~axoexp.redact.hide_passwords_in_logs`).
-    A command's module imported as a library (by the tests) has no handler."""
-    watch_outside_a_run()
+    Ctrl-C while it imports (MLflow alone takes seconds) is one line, ``COMMAND: interrupted (SIGINT)``,
+    and exit 130, as ``main()`` says Ctrl-C once it runs; a command that ``runs`` experiments says
+    :func:`outside_a_run`, and SIGTERM (a scheduler's) is one line too. Those signals are watched for
+    (:func:`watch_outside_a_run`) from here on, and every log line hides passwords
+    (:func:`~axoexp.redact.hide_passwords_in_logs`). A command's module imported as a library (by the
+    tests) has no handler."""
+    watch_outside_a_run(*((signal.SIGTERM,) if runs else ()))
     hide_passwords_in_logs()
     try:
         main = importlib.import_module(module or command).main
     except KeyboardInterrupt:
-        print(f"{command}: {interrupted}", file=sys.stderr)
-        sys.exit(OUTSIDE_A_RUN_EXIT)
+        line, status = outside_a_run() if runs else (CTRL_C, OUTSIDE_A_RUN_EXIT)
+        print(f"{command}: {line}", file=sys.stderr)
+        sys.exit(status)
     sys.exit(main())

@@ -409,6 +409,7 @@ def _ray_unreachable(address: str) -> str | None:
     system's words; None where it accepts a connection, or where the address names no port
     (``auto``: Ray finds its instance itself). Ray's own connection retries for minutes in silence."""
     host, _, port = address.removeprefix("ray://").rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")  # an IPv6 address: [::1]:6379
     if not host or not port.isdigit():
         return None
     try:
@@ -416,6 +417,11 @@ def _ray_unreachable(address: str) -> str | None:
     except OSError as error:
         return error.strerror or str(error) or type(error).__name__
     return None
+
+
+def began() -> bool:
+    """Whether this process began a sweep (its runs may exist, whatever ends it)."""
+    return bool(_running)
 
 
 def failed(error: BaseException) -> str | None:
@@ -561,7 +567,7 @@ def end_killed_job(config: DictConfig, job_number: int, job_name: str, output_di
             done = "it had not started a run"
         if config.sweep.parent_run_id:
             client.set_tag(
-                config.sweep.parent_run_id, f"{names.DIED_PREFIX}job{job_number}", f"{job_name} {how}; {done}"[:5000]
+                config.sweep.parent_run_id, f"{names.DIED_PREFIX}job{job_number}", f"{job_name} {how}; {done}"
             )
     except UNREACHABLE as error:
         done = redacted(  # it becomes the job's error, which a traceback shows
@@ -615,7 +621,7 @@ def _tag_parent(config: DictConfig, key: str, value: str, what: str) -> None:
     if not config.sweep.parent_run_id:
         return
     try:
-        open_client(configure_tracking(config.tracking)).set_tag(config.sweep.parent_run_id, key, value[:5000])
+        open_client(configure_tracking(config.tracking)).set_tag(config.sweep.parent_run_id, key, value)
     except UNREACHABLE as unreachable:
         log.error("could not record %s on the parent run: %s", what, unreachable)
 

@@ -106,7 +106,7 @@ def find_journals(paths: Iterable[Path]) -> Iterator[Path]:
 
 def end_dead_run(client: MlflowClient, run_id: str, reason: str, end_time: int | None = None) -> None:
     """End a run whose process will never end it: KILLED, with the reason in ``axoexp.failure``."""
-    client.set_tag(run_id, names.FAILURE, reason[:5000])
+    client.set_tag(run_id, names.FAILURE, reason)
     client.set_terminated(run_id, status="KILLED", end_time=end_time)
 
 
@@ -240,7 +240,7 @@ def _sync_run(client: MlflowClient, path: Path, records: list[dict[str, Any]], c
         synced[names.SYNCED] += f"; missing artifact files: {', '.join(missing)}"
     stored = run.data.tags.get(names.FAILURE)
     if reason and (stored is None or reason.startswith(stored)):  # the first failure's reason is kept, or
-        synced[names.FAILURE] = reason[:5000]  # completed: a sweep wrote it, then failed to end the parent
+        synced[names.FAILURE] = reason  # completed: a sweep wrote it, then failed to end the parent
     Tracker(client, run.info.run_id).set_tags(synced)
     client.set_terminated(run.info.run_id, status=status, end_time=end_time)
     return f"synced to run {run.info.run_id} ({status}, {_counted(updates, tags)}){said}"

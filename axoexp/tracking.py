@@ -8,7 +8,6 @@ from __future__ import annotations
 import atexit
 import difflib
 import fcntl
-import functools
 import hashlib
 import json
 import logging
@@ -63,6 +62,8 @@ SQLITE_PREFIX = "sqlite:///"
 SQLITE_IN_MEMORY = ("sqlite://", SQLITE_PREFIX, f"{SQLITE_PREFIX}:memory:")
 """The sqlite URIs of an in-memory database (SQLAlchemy's forms), which keeps nothing once the process ends."""
 MAX_BATCH = 1000  # MLflow's limit on metrics per log_batch call
+MAX_TAG_LENGTH = 8000
+"""MLflow's limit on a tag's value: a longer one (a failure's reason quoting a long error) is cut to it."""
 MAX_PARAM_LENGTH = 500
 SQLITE_LOCKED = ("database is locked", "database table is locked")  # how sqlite says SQLITE_BUSY, SQLITE_LOCKED
 SQLITE_DAMAGED = ("database disk image is malformed", "file is not a database")  # SQLITE_CORRUPT, SQLITE_NOTADB
@@ -151,7 +152,8 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
 class RedactingClient(MlflowClient):
     """MLflow's client, every param, tag, run name and text it writes with any URI's password hidden
     (:func:`~axoexp.redact.redacted`): the one place a value is made safe on its way to MLflow,
-    whether a run, a sweep, a search or the sync writes it. A param is cut to MLflow's limit after."""
+    whether a run, a sweep, a search or the sync writes it; then cut to :data:`MAX_PARAM_LENGTH`
+    or :data:`MAX_TAG_LENGTH` (a cut before would leave a password without its ``@``)."""
 
     def create_run(
         self,
@@ -160,11 +162,11 @@ class RedactingClient(MlflowClient):
         tags: dict[str, Any] | None = None,
         run_name: str | None = None,
     ) -> Run:
-        hidden = None if tags is None else {key: redacted(value) for key, value in tags.items()}
+        hidden = None if tags is None else {key: _tag_value(value) for key, value in tags.items()}
         return super().create_run(experiment_id, start_time, hidden, None if run_name is None else redacted(run_name))
 
     def set_tag(self, run_id: str, key: str, value: Any, synchronous: bool | None = None) -> Any:
-        return super().set_tag(run_id, key, redacted(value), synchronous)
+        return super().set_tag(run_id, key, _tag_value(value), synchronous)
 
     def log_param(self, run_id: str, key: str, value: Any, synchronous: bool | None = None) -> Any:
         return super().log_param(run_id, key, redacted(value)[:MAX_PARAM_LENGTH], synchronous)
@@ -178,11 +180,47 @@ class RedactingClient(MlflowClient):
         synchronous: bool | None = None,
     ) -> Any:
         params = [Param(param.key, redacted(param.value)[:MAX_PARAM_LENGTH]) for param in params]
-        tags = [RunTag(tag.key, redacted(tag.value)) for tag in tags]
+        tags = [RunTag(tag.key, _tag_value(tag.value)) for tag in tags]
         return super().log_batch(run_id, metrics, params, tags, synchronous)
 
     def log_text(self, run_id: str, text: str, artifact_file: str) -> None:
         super().log_text(run_id, redacted(text), artifact_file)
+
+    def log_artifact(self, run_id: str, local_path: str, artifact_path: str | None = None) -> None:
+        """A file or folder as it is, or, where a text file in it holds a password (``result.json``,
+        Hydra's ``.hydra/`` record of the overrides), a copy with it hidden."""
+        source = Path(local_path)
+        if not any(_holds_password(path) for path in _files(source)):
+            return super().log_artifact(run_id, local_path, artifact_path)
+        with tempfile.TemporaryDirectory() as folder:
+            copy = Path(folder) / source.name
+            for path in _files(source):
+                target = copy / path.relative_to(source) if source.is_dir() else copy
+                target.parent.mkdir(parents=True, exist_ok=True)
+                text = _text(path)
+                target.write_bytes(path.read_bytes() if text is None else redacted(text).encode())
+            super().log_artifact(run_id, str(copy), artifact_path)
+
+
+def _files(path: Path) -> list[Path]:
+    return sorted(found for found in path.rglob("*") if found.is_file()) if path.is_dir() else [path]
+
+
+def _text(path: Path) -> str | None:
+    """A file's text, or None where it is no UTF-8 text (the banks' tensors)."""
+    try:
+        return path.read_bytes().decode()
+    except UnicodeDecodeError:
+        return None
+
+
+def _holds_password(path: Path) -> bool:
+    text = _text(path)
+    return text is not None and redacted(text) != text
+
+
+def _tag_value(value: Any) -> str:
+    return redacted(value)[:MAX_TAG_LENGTH]
 
 
 @dataclass
@@ -681,12 +719,19 @@ def create_store(path: Path) -> None:
             stale.unlink(missing_ok=True)
     temporary = path.with_name(f"{path.name}{CREATING_SUFFIX}-{os.getpid()}")
     created = threading.Event()
-    exiting = functools.partial(created.wait, STORE_CREATION_WAIT_S)  # a Ctrl-C as the run starts: the
-    atexit.register(exiting)  # thread that creates it (StoreOpening's) ends it, and its clean-up runs
+
+    def exiting() -> None:  # a Ctrl-C as the run starts: the thread that creates it (StoreOpening's)
+        try:  # ends it, and its clean-up runs
+            created.wait(STORE_CREATION_WAIT_S)
+        except KeyboardInterrupt:  # a second one: exit now (the next run removes the temporary file)
+            pass
+
+    atexit.register(exiting)
     try:
         engine = create_sqlalchemy_engine(f"{SQLITE_PREFIX}{temporary}")
         tables = logging.getLogger(STORE_LOGGER)
-        level, tables.level = tables.level, max(tables.level, logging.WARNING)  # its two lines per migration
+        level = tables.level
+        tables.setLevel(max(level, logging.WARNING))  # its two lines per migration
         try:
             _initialize_tables(engine)
         finally:

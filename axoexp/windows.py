@@ -74,7 +74,7 @@ def log_traces(tracker: MetricsLog, warmup: UpdateTrace, measured: UpdateTrace, 
         tracker.set_tags({names.TIMING_NOISE: noise_verdict(metrics[names.UPDATE_REL_IQR])})
     if measured.device_ms:
         device = LatencySummary.of(measured.device_ms)
-        metrics.update({names.device_metric(stat): getattr(device, stat) for stat in ("median", "p10", "p90")})
+        metrics.update({names.device_metric(stat): getattr(device, stat) for stat in names.DEVICE_STATS})
         overhead = np.subtract(measured.latencies_ms[: len(measured.device_ms)], measured.device_ms)
         metrics[names.HOST_OVERHEAD_MEDIAN] = float(np.median(overhead))
     losses = warmup.losses + measured.losses

@@ -86,6 +86,20 @@ USER_ERRORS = [  # (the overrides, space-separated; the one line printed)
         "them)",
     ),
     (
+        "--version --multi-run",  # refused, not the version printed and the rest ignored
+        "--multi-run: no such option (did you mean --multirun?); options: --cfg, --config-dir, --config-name, "
+        "--config-path, --describe, --experimental-rerun, --help, --hydra-help, --info, --multirun, --package, "
+        "--resolve, --run, --shell-completion, --version (and overrides, key=value: python -m axoexp --help lists "
+        "them)",
+    ),
+    (
+        "--vers",  # argparse's abbreviation of Hydra's --version printed "Hydra 1.3.8"
+        "--vers: no such option (did you mean --version?); options: --cfg, --config-dir, --config-name, "
+        "--config-path, --describe, --experimental-rerun, --help, --hydra-help, --info, --multirun, --package, "
+        "--resolve, --run, --shell-completion, --version (and overrides, key=value: python -m axoexp --help lists "
+        "them)",
+    ),
+    (
         "--describe loss=nonexist",
         "--describe lists every group's options and reads nothing else; drop loss=nonexist",
     ),

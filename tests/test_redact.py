@@ -61,34 +61,48 @@ def test_log_records_hide_a_password_whatever_handles_them_and_leave_a_malformed
         logging.setLogRecordFactory(before)
 
 
-def test_every_value_axoexps_mlflow_client_writes_hides_a_password(tracking_uri: str) -> None:
+def test_every_value_axoexps_mlflow_client_writes_hides_a_password(tracking_uri: str, tmp_path: Path) -> None:
     """One place on the way to MLflow (RedactingClient): a run's name and tags as created, a tag, a
-    param, a batch and a text, whoever writes them (a run, a sweep, a search, the sync)."""
+    param, a batch, a text and files, whoever writes them (a run, a sweep, a search, the sync); a
+    value is cut to MLflow's limit only once hidden (a cut first left a password without its ``@``)."""
     secret = "postgresql://u:s3cret@h/db"
     client = open_client(tracking_uri)
     experiment = client.create_experiment("redacted")
     run = client.create_run(experiment, tags={"made": secret}, run_name=f"run on {secret}")
     run_id = run.info.run_id
     client.set_tag(run_id, "tag", secret)
+    client.set_tag(run_id, "long", "x" * 7980 + secret)
     client.log_param(run_id, "param", secret)
     client.log_batch(run_id, params=[Param("batched", secret)], tags=[RunTag("batched_tag", secret)])
     client.log_text(run_id, f"uri: {secret}\n", "config.yaml")
+    record = tmp_path / ".hydra"
+    record.mkdir()
+    (record / "overrides.yaml").write_text(f"- tracking.uri={secret}\n")
+    (record / "tensor.bin").write_bytes(bytes(range(256)))  # no text: uploaded as it is
+    client.log_artifact(run_id, str(record))
     stored = MlflowClient(tracking_uri).get_run(run_id)
     values = [stored.info.run_name, *stored.data.tags.values(), *stored.data.params.values()]
-    text = Path(client.download_artifacts(run_id, "config.yaml")).read_text()
-    assert not [value for value in [*values, text] if "s3cret" in value], values
+    downloaded = Path(client.download_artifacts(run_id, "", str(tmp_path / "down")))
+    texts = [(downloaded / "config.yaml").read_text(), (downloaded / ".hydra" / "overrides.yaml").read_text()]
+    assert not [value for value in [*values, *texts] if "s3cr" in value], values
     assert stored.data.params["param"] == stored.data.tags["tag"] == "postgresql://u:***@h/db"
+    assert texts[1] == "- tracking.uri=postgresql://u:***@h/db\n"
+    assert (downloaded / ".hydra" / "tensor.bin").read_bytes() == bytes(range(256))
+    assert (record / "overrides.yaml").read_text() == f"- tracking.uri={secret}\n", "the local file kept as typed"
 
 
 @pytest.mark.slow
 def test_a_run_and_a_sweep_on_a_database_that_does_not_answer_never_show_its_password(tmp_path: Path) -> None:
     """The run's log line, its line saying where the journal is and the sync command to upload it,
-    Hydra's job line and the run's log file: all with ``***`` for the password."""
+    Hydra's job line and the run's log file: all with ``***`` for the password; also through the
+    console script ``axoexp``, which does not start as ``python -m axoexp`` does."""
     pytest.importorskip("psycopg2")
     uri = f"tracking.uri=postgresql+psycopg2://axo:s3cret@127.0.0.1:{free_port()}/db"
-    for mode in ([], ["-m"]):
+    script = Path(sys.executable).with_name("axoexp")
+    commands = [[sys.executable, "-m", "axoexp"], [sys.executable, "-m", "axoexp", "-m"], [str(script), "-m"]]
+    for command in commands if script.is_file() else commands[:2]:
         ended = subprocess.run(
-            [sys.executable, "-m", "axoexp", *mode, uri, "run.measured_updates=3"],
+            [*command, uri, "run.measured_updates=3"],
             cwd=tmp_path,
             capture_output=True,
             text=True,
@@ -105,8 +119,9 @@ def test_a_run_and_a_sweep_on_a_database_that_does_not_answer_never_show_its_pas
 @pytest.mark.slow
 def test_a_sweep_on_a_server_whose_uri_holds_a_password_stores_it_nowhere(tmp_path: Path) -> None:
     """``tracking.uri=http://u:s3cret@HOST:PORT`` (requests sends it as basic auth): the run's params,
-    its tags (the command), its config.yaml and the sweep parent's tags held the password; Hydra's
-    record (.hydra/, the overrides as typed) is not uploaded then."""
+    its tags (the command), its config.yaml and the sweep parent's tags held the password, and so did
+    result.json; Hydra's record (.hydra/, the overrides as typed) was not uploaded then. Every file
+    is uploaded with it hidden."""
     port = free_port()
     (tmp_path / "server").mkdir()
     server = start_mlflow("server", tmp_path / "server", port)
@@ -130,9 +145,16 @@ def test_a_sweep_on_a_server_whose_uri_holds_a_password_stores_it_nowhere(tmp_pa
         child = next(run for run in runs if run.data.tags.get(names.SWEEP_ROLE) != "parent")
         assert child.data.params["tracking.uri"] == f"http://u:***@127.0.0.1:{port}"
         artifacts = {artifact.path for artifact in client.list_artifacts(child.info.run_id)}
-        assert "config.yaml" in artifacts and ".hydra" not in artifacts
-        config = client.download_artifacts(child.info.run_id, "config.yaml", str(tmp_path))
-        assert "u:***@127.0.0.1" in Path(config).read_text() and "s3cret" not in Path(config).read_text()
+        assert {"config.yaml", "result.json", ".hydra"} <= artifacts, artifacts
+        downloaded = Path(client.download_artifacts(child.info.run_id, "", str(tmp_path / "artifacts")))
+        texts = {
+            str(path.relative_to(downloaded)): path.read_text()
+            for path in downloaded.rglob("*")
+            if path.suffix in (".yaml", ".json")
+        }
+        assert {"config.yaml", "result.json", ".hydra/overrides.yaml"} <= set(texts), sorted(texts)
+        assert not [name for name, text in texts.items() if "s3cret" in text], sorted(texts)
+        assert "u:***@127.0.0.1" in texts["config.yaml"] and "***@127.0.0.1" in texts[".hydra/overrides.yaml"]
     finally:
         server.terminate()
         server.wait(timeout=60)
