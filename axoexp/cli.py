@@ -8,6 +8,7 @@ the full traceback instead.
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import logging
 import os
@@ -42,7 +43,7 @@ from axoexp.outputs import remove_unused_run_dir, run_dir_given
 from axoexp.plugins import load_plugins
 from axoexp.redact import hide_passwords_in_logs
 from axoexp.signals import Interrupted
-from axoexp.stdout import SweepStderr, flush_out, print_out, reader_gone, say
+from axoexp.stdout import WithoutHydrasJobLine, flush_out, print_out, reader_gone, say
 
 if TYPE_CHECKING:
     from axoexp.plan import Plan
@@ -203,8 +204,7 @@ def _main() -> None:
         quiet_store_errors()
     if any(argument.partition("=")[0] in INFO_FLAGS for argument in sys.argv[1:]):  # --info, --info=config
         logging.raiseExceptions = False  # Hydra's plain handler: no "Logging error" per line once | head has gone
-    if multirun:
-        sys.stderr = SweepStderr(sys.stderr)  # Hydra writes its failed-job line there
+    sys.stderr = WithoutHydrasJobLine(sys.stderr)  # Hydra writes its failed-job line there
     try:
         with nullcontext() if multirun else composed_once():
             hydra_app()
@@ -272,7 +272,11 @@ def _unknown_option(arguments: list[str]) -> str | None:
     parser = get_args_parser()
     parser.prog, parser.allow_abbrev = "python -m axoexp", False  # --vers would be Hydra's --version
     parser.add_argument(DESCRIBE_FLAG, action="store_true")
-    _, unknown = parser.parse_known_args(arguments)
+    parser.exit_on_error = False  # its one line, not a dozen of usage
+    try:
+        _, unknown = parser.parse_known_args(arguments)
+    except argparse.ArgumentError as error:  # --cfg=bogus, --cfg without a value
+        return f"{error.argument_name}: {error.message}"
     options = sorted(option for option in parser._option_string_actions if option.startswith("--"))
     for argument in unknown:
         if argument.startswith("-"):

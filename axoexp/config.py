@@ -163,6 +163,8 @@ class ExperimentConfig:
 
 
 CONFIG_SCALARS = (int, float, bool, str)
+OBJECTIVES = "hydra.sweeper.objectives"
+"""The Optuna sweeper's objectives: metric names, each with its direction (axoexp.search)."""
 HIDDEN_KEYS = ("hydra", "name")  # Hydra's own node; a component's name is chosen as group=name
 
 
@@ -262,6 +264,11 @@ def _unknown_key(error: OmegaConfBaseException) -> str | None:
         return None
     keys = [str(name) for name in parent if name not in HIDDEN_KEYS]
     section = str(getattr(error, "full_key", None) or key).rpartition(".")[0]
+    if section == OBJECTIVES:  # a map the user fills: its keys are not the only ones allowed
+        return (
+            f"{section}.{key}: not an objective of this search yet (it has {', '.join(keys)}); add one with "
+            f"+{section}.{key}=minimize (or maximize), and drop one with ~{section}.NAME"
+        )
     return no_such_key(key, section, keys, f"{section}={parent['name']}" if "name" in parent else "")
 
 

@@ -47,7 +47,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from optuna.trial import TrialState
 
 from axoexp import names, signals
-from axoexp.config import did_you_mean, one_line
+from axoexp.config import OBJECTIVES, did_you_mean, one_line
 from axoexp.errors import ConfigError, SearchError, SweepRefusedError
 from axoexp.plan import plan_experiment
 from axoexp.registry import BUILTIN
@@ -142,13 +142,13 @@ def search_space(arguments: Sequence[str], params: dict[str, str]) -> SearchSpac
 def check_settings(objectives: dict[str, str], sampler: str, contended: str, n_trials: int, n_jobs: int) -> None:
     """Every problem of the sweeper's own settings in one error (key, value, valid choices)."""
     problems = [
-        f"hydra.sweeper.objectives.{metric}={direction}{did_you_mean(direction, DIRECTIONS)}: "
+        f"{OBJECTIVES}.{metric}={direction}{did_you_mean(direction, DIRECTIONS)}: "
         f"valid directions: {', '.join(DIRECTIONS)}"
         for metric, direction in objectives.items()
         if direction not in DIRECTIONS
     ]
     if not objectives:
-        problems.append("hydra.sweeper.objectives: empty; give e.g. {loss_final: minimize, update_ms_median: minimize}")
+        problems.append(f"{OBJECTIVES}: empty; give e.g. {{loss_final: minimize, update_ms_median: minimize}}")
     if sampler not in SAMPLERS:
         problems.append(f"hydra.sweeper.sampler={sampler}: valid samplers: {', '.join(SAMPLERS)}")
     if contended not in CONTENDED:
@@ -170,7 +170,7 @@ def check_objectives(objectives: Sequence[str], plugin_executors: Sequence[str])
         return
     known = names.fixed_metrics()
     problems = [
-        f"hydra.sweeper.objectives.{metric}: no run logs such a metric{did_you_mean(metric, known)}; "
+        f"{OBJECTIVES}.{metric}: no run logs such a metric{did_you_mean(metric, known)}; "
         f"valid: {', '.join(known)}, and any {', '.join(f'{family}...' for family in names.METRIC_FAMILIES)} "
         f"or ...{names.DURATION_SUFFIX} one a run logs"
         for metric in objectives

@@ -1,6 +1,6 @@
 """What a command prints: standard output whose reader may go away (``python -m axoexp | head -1``),
 no fault of the command, which goes on as if nothing had been read, its later output sent to the
-null device; a sweep's stderr without Hydra's own line for a failed job (:class:`SweepStderr`); and
+null device; stderr without Hydra's own line for a failed job (:class:`WithoutHydrasJobLine`); and
 a count in words (:func:`plural`)."""
 
 from __future__ import annotations
@@ -59,11 +59,13 @@ class ConsoleHandler(logging.StreamHandler[TextIO]):
             super().handleError(record)
 
 
-class SweepStderr:
-    """A sweep's stderr, less Hydra's ``Error executing job with overrides: [...]`` line: the sweep's
-    own lines name each failed job by its run and why it failed, where Hydra's names only the first
-    one's overrides, escaped as Hydra escapes them (``http\\://``), with the sweep's own (its parent
-    run's id) and any password in a URI. Everything else is written as it comes."""
+class WithoutHydrasJobLine:
+    """The command's stderr, less Hydra's ``Error executing job with overrides: [...]`` line: a
+    sweep's own lines name each failed job by its run and why it failed, and a run's last line says
+    why it failed, where Hydra's names only the first failed job's overrides, escaped as Hydra
+    escapes them (``http\\://``), with the sweep's own (its parent run's id) and any password in a
+    URI as typed (also before a traceback under ``HYDRA_FULL_ERROR=1``). Everything else is written
+    as it comes."""
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream

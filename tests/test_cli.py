@@ -99,6 +99,7 @@ USER_ERRORS = [  # (the overrides, space-separated; the one line printed)
         "--resolve, --run, --shell-completion, --version (and overrides, key=value: python -m axoexp --help lists "
         "them)",
     ),
+    ("--cfg=bogus", "--cfg/-c: invalid choice: 'bogus' (choose from 'job', 'hydra', 'all')"),  # was usage
     (
         "--describe loss=nonexist",
         "--describe lists every group's options and reads nothing else; drop loss=nonexist",

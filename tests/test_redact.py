@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -107,6 +108,7 @@ def test_a_run_and_a_sweep_on_a_database_that_does_not_answer_never_show_its_pas
             capture_output=True,
             text=True,
             timeout=120,
+            env={**os.environ, "HYDRA_FULL_ERROR": "1" if command == commands[0] else "0"},  # a traceback, too
         )
         assert ended.returncode == 1, ended.stderr
         assert "--tracking-uri postgresql+psycopg2://axo:***@127.0.0.1:" in ended.stderr, ended.stderr

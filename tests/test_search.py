@@ -293,6 +293,12 @@ REFUSED_SEARCHES = {
         ("optimizer.lr=interval(1e-3,1e-1)", "+hydra.sweeper.objectives.eval_los_after=minimize"),
         "axoexp: hydra.sweeper.objectives.eval_los_after: no run logs such a metric (did you mean eval_loss_after?); ",
     ),
+    "an_objective_set_without_a_plus": (  # it named update_ms_median as if it were the only one allowed
+        ("optimizer.lr=interval(1e-3,1e-1)", "hydra.sweeper.objectives.eval_loss_after=minimize"),
+        "axoexp: hydra.sweeper.objectives.eval_loss_after: not an objective of this search yet (it has "
+        "update_ms_median); add one with +hydra.sweeper.objectives.eval_loss_after=minimize (or maximize), and "
+        "drop one with ~hydra.sweeper.objectives.NAME",
+    ),
     "a_bound_planning_refuses": (
         ("optimizer.lr=interval(-1,1)", "gradient_transform=none,clip_norm"),
         "axoexp: the search space holds configs planning refuses, where its trials would fail: "
