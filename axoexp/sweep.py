@@ -150,9 +150,7 @@ class MlflowSweepCallback(Callback):
         _running[:] = [self]
         self.uri, self.sweep_dir, self.experiment = uri, str(sweep_dir.resolve()), str(config.tracking.experiment)
         self.jobs = len(job_configs) * runs_each
-        address = OmegaConf.select(config, RAY_ADDRESS_KEY)  # null: the launcher starts a local Ray instance
-        if str(config.hydra.launcher.get("_target_", "")).endswith("RayLauncher") and address is not None:
-            self.ray_address = str(address)
+        self.ray_address = ray_address(config)
         problem = store_problem(uri, tracking_uri_key(config.tracking.uri))
         if problem:  # each job then refuses to run, naming it too
             log.error("the sweep has no parent run: %s", problem)
@@ -390,7 +388,7 @@ def check_launcher(config: DictConfig) -> None:
     if target.startswith(POOL_LAUNCHER) and config.hydra.launcher.n_jobs < 1:
         jobs = config.hydra.launcher.n_jobs
         raise SweepRefusedError(f"hydra.launcher.n_jobs={jobs}: must be at least 1 (the worker processes of the sweep)")
-    address = OmegaConf.select(config, RAY_ADDRESS_KEY) if target.endswith("RayLauncher") else None
+    address = ray_address(config)
     if address is not None:
         unreachable = _ray_unreachable(str(address))
         if unreachable:
@@ -398,6 +396,15 @@ def check_launcher(config: DictConfig) -> None:
                 f"{RAY_ADDRESS_KEY}={address}: no Ray instance answers there ({unreachable}); start one there "
                 f"(ray start --head --port=PORT) or drop {RAY_ADDRESS_KEY} to start a local one"
             )
+
+
+def ray_address(config: DictConfig) -> str | None:
+    """A Ray launcher's :data:`RAY_ADDRESS_KEY`; None for another launcher, or where it is null (the
+    launcher starts a local Ray instance)."""
+    if not str(config.hydra.launcher.get("_target_", "")).endswith("RayLauncher"):
+        return None
+    address = OmegaConf.select(config, RAY_ADDRESS_KEY)
+    return None if address is None else str(address)
 
 
 RAY_CONNECT_TIMEOUT_S = 5.0

@@ -190,14 +190,14 @@ class RedactingClient(MlflowClient):
         """A file or folder as it is, or, where a text file in it holds a password (``result.json``,
         Hydra's ``.hydra/`` record of the overrides), a copy with it hidden."""
         source = Path(local_path)
-        if not any(_holds_password(path) for path in _files(source)):
+        texts = {path: _text(path) for path in _files(source)}  # each file read once
+        if all(text is None or redacted(text) == text for text in texts.values()):
             return super().log_artifact(run_id, local_path, artifact_path)
         with tempfile.TemporaryDirectory() as folder:
             copy = Path(folder) / source.name
-            for path in _files(source):
+            for path, text in texts.items():
                 target = copy / path.relative_to(source) if source.is_dir() else copy
                 target.parent.mkdir(parents=True, exist_ok=True)
-                text = _text(path)
                 target.write_bytes(path.read_bytes() if text is None else redacted(text).encode())
             super().log_artifact(run_id, str(copy), artifact_path)
 
@@ -212,11 +212,6 @@ def _text(path: Path) -> str | None:
         return path.read_bytes().decode()
     except UnicodeDecodeError:
         return None
-
-
-def _holds_password(path: Path) -> bool:
-    text = _text(path)
-    return text is not None and redacted(text) != text
 
 
 def _tag_value(value: Any) -> str:

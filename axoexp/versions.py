@@ -28,12 +28,10 @@ def installed_versions() -> dict[str, str]:
     return versions
 
 
-def version_tags(torch_version: str | None = None) -> dict[str, str]:
+def version_tags(torch_version: str) -> dict[str, str]:
     """:func:`installed_versions` as run tags (``versions.torch``); ``torch_version``, the imported
     torch's, names its build too (``2.11.0+cu130``), where a distribution's may not."""
-    versions = installed_versions()
-    if torch_version is not None:
-        versions["torch"] = torch_version
+    versions = {**installed_versions(), "torch": torch_version}
     return {names.version_tag(name): value for name, value in versions.items()}
 
 
