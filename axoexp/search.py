@@ -33,16 +33,12 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-import torch
-from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep
 from hydra.core.utils import JobReturn, JobStatus
-from hydra.errors import HydraException
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
@@ -52,6 +48,7 @@ from axoexp.errors import ConfigError, SearchError, SweepRefusedError
 from axoexp.plan import plan_experiment
 from axoexp.registry import BUILTIN
 from axoexp.stdout import plural, print_out
+from axoexp.sweep import PLANNING_ERRORS, job_composer
 from axoexp.tracking import UNREACHABLE, configure_tracking, flatten, open_client, sqlite_path, store_unreachable
 
 SAMPLERS = ("tpe", "nsga2", "random")
@@ -207,14 +204,13 @@ def plan_points(config: DictConfig, space: SearchSpace) -> list[str]:
     (:func:`axoexp.sweep.plan_jobs`), and return the executors from plugins that planning chose;
     raise :class:`ConfigError` naming each refused point (once per reason): the sampler may draw any
     of them, and a trial there would fail."""
-    loader = GlobalHydra.instance().config_loader()
-    torch.set_num_threads(1)  # as plan_jobs: this process forks the jobs, which must not inherit torch's pool
+    compose = job_composer(config)
     refused: dict[str, str] = {}
     plugins: set[str] = set()
     for point in _points(space):
         try:
-            plan = plan_experiment(loader.load_sweep_config(config, _point_overrides(space, point)))
-        except (ConfigError, HydraException, OmegaConfBaseException) as error:
+            plan = plan_experiment(compose(_point_overrides(space, point)))
+        except PLANNING_ERRORS as error:
             reason = one_line(error)
             refused.setdefault(reason, f"{' '.join(f'{key}={value}' for key, value in point.items())}: {reason}")
             continue

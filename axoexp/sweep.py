@@ -29,6 +29,7 @@ import signal
 import socket
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -477,6 +478,22 @@ def basic_jobs(config: DictConfig) -> list[list[str]] | None:
     return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
 
+COMPOSING_ERRORS = (HydraException, OmegaConfBaseException)
+"""What composing a job's config raises for a mistake in its overrides."""
+PLANNING_ERRORS = (ConfigError, *COMPOSING_ERRORS)
+"""What composing and planning a job raise for a mistake in its config."""
+
+
+def job_composer(config: DictConfig) -> Callable[[list[str]], DictConfig]:
+    """A function composing a job's config from its overrides, as the sweep's launcher will. Call it
+    in the process that forks the jobs: it holds torch to one thread first. Planning runs a few torch
+    ops (the meta build's inputs), which must not start torch's intra-op (OpenMP) pool there: a child
+    forked after it has started deadlocks in its first parallel op. Each job sets its own threads."""
+    loader = GlobalHydra.instance().config_loader()
+    torch.set_num_threads(1)
+    return lambda overrides: loader.load_sweep_config(config, overrides)
+
+
 def plan_jobs(config: DictConfig) -> tuple[list[str], list[str]]:
     """Plan every job of a basic sweep before any run exists: ``job N (overrides): why`` for each
     refused one, and each job's resolved config as its :func:`~axoexp.tracking.config_digest`
@@ -486,16 +503,12 @@ def plan_jobs(config: DictConfig) -> tuple[list[str], list[str]]:
     jobs = basic_jobs(config)
     if jobs is None:
         return [], []
-    loader = GlobalHydra.instance().config_loader()
-    # Planning runs a few torch ops (the meta build's inputs). In this process, which forks every
-    # job, they must not start torch's intra-op (OpenMP) thread pool: a child forked after it has
-    # started deadlocks in its first parallel op. Each job sets its own threads (run.threads).
-    torch.set_num_threads(1)
+    compose = job_composer(config)
     uncomposable, refused, digests = [], [], []
     for number, job in enumerate(jobs):
         try:
-            job_config = loader.load_sweep_config(config, job)
-        except (HydraException, OmegaConfBaseException) as error:
+            job_config = compose(job)
+        except COMPOSING_ERRORS as error:
             uncomposable.append(f"job {number} ({_shown_overrides(job)}): {one_line(error)}")
             continue
         if uncomposable:  # the sweep is refused: the rest are only composed, to name every such job
@@ -503,7 +516,7 @@ def plan_jobs(config: DictConfig) -> tuple[list[str], list[str]]:
         digests.append(_job_digest(job_config, job))
         try:
             plan_experiment(job_config)
-        except (ConfigError, HydraException, OmegaConfBaseException) as error:
+        except PLANNING_ERRORS as error:
             refused.append(f"job {number} ({_shown_overrides(job)}): {one_line(error)}")
     if uncomposable:  # Hydra's BasicSweeper composes a batch's jobs first and fails the batch at the first it cannot
         raise SweepRefusedError(
