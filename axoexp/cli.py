@@ -131,6 +131,10 @@ def _experiment(config: DictConfig, hydra_config: HydraConf) -> float | None:
             observers=run_observers(config.run.progress, in_this_terminal),
             on_planned=on_planned,
         )
+    except KeyboardInterrupt:  # before the run's own handlers (planning, the build): none began
+        if hydra_config.mode != RunMode.MULTIRUN:
+            _remove_unused_folder(hydra_config)
+        raise
     except AxoexpError as error:
         wallclock.take_phases()  # a failed job's phases are not the next job's
         if isinstance(error, TrackingUnavailableError) and error.result is not None:
@@ -139,13 +143,21 @@ def _experiment(config: DictConfig, hydra_config: HydraConf) -> float | None:
             if isinstance(error, ConfigError):  # it made no run: the parent records why
                 sweep.note_refused_job(config, hydra_config.job.num, job_name or "", error)
             raise  # the sweep records the failed job and goes on
-        if isinstance(error, ConfigError) and not run_dir_given(hydra_config):
-            remove_unused_run_dir(Path(hydra_config.runtime.output_dir))
+        if isinstance(error, ConfigError):
+            _remove_unused_folder(hydra_config)
         if _tracebacks_wanted:
             raise
         _exit_with(str(error), error.exit_code)
     print_out(format_result(result))
     return result.update.median
+
+
+def _remove_unused_folder(hydra_config: HydraConf) -> None:
+    """Remove a single run's output folder where it began no run (:func:`remove_unused_run_dir`),
+    unless the user named it (``hydra.run.dir``) or asked for debug lines (``hydra.verbose``),
+    which its log holds and the terminal did not show."""
+    if not run_dir_given(hydra_config) and not hydra_config.verbose:
+        remove_unused_run_dir(Path(hydra_config.runtime.output_dir))
 
 
 def main() -> None:

@@ -57,17 +57,14 @@ class OutputDirCallback(Callback):
 
 
 def remove_unused_run_dir(folder: Path) -> None:
-    """Remove the folder claimed for a run that was refused before it began, where it holds only
-    Hydra's record of the job and an empty log (nothing was measured; the refusal's line says why).
-    A folder holding anything more is left, and so is its date folder, where another run may be
-    claiming one; a folder that cannot be read or removed is left as it is."""
+    """Remove the folder claimed for a run refused or stopped before it began, where it holds only
+    Hydra's record of the job and the log (nothing was measured; the log holds what the terminal
+    showed, planning's lines, and the last line says why). A folder holding anything more is left,
+    and so is its date folder, where another run may be claiming one; a folder that cannot be read
+    or removed is left as it is."""
     with contextlib.suppress(OSError):
         record = folder / HYDRA_DIR
-        kept = [
-            path
-            for path in folder.rglob("*")
-            if not (path.is_relative_to(record) or (path.suffix == ".log" and path.lstat().st_size == 0))
-        ]
+        kept = [path for path in folder.rglob("*") if not (path.is_relative_to(record) or path.suffix == ".log")]
         if not kept and folder.is_dir():
             shutil.rmtree(folder)
 

@@ -331,6 +331,39 @@ def test_a_stop_signal_before_a_run_is_one_line(tmp_path: Path, signum: int) -> 
     assert not (tmp_path / "mlflow.db").exists()
 
 
+SLOW_PLANNING = """
+import logging, pathlib, time
+from axoexp import component
+from axoexp.components.losses import causal_mse
+
+@component("loss", "slow_to_build")
+def slow_to_build(*, warmup_steps: int = 4):
+    logging.getLogger(__name__).info("slow_to_build: building")  # the log holds a line, as a long planning's
+    pathlib.Path("planning").touch()
+    time.sleep(120)
+    return causal_mse(warmup_steps=warmup_steps)
+"""
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_a_run_stopped_while_planning_leaves_no_folder_unless_its_debug_lines_were_asked_for(
+    tmp_path: Path, verbose: bool
+) -> None:
+    """Ctrl-C while planning (a long one logs its progress) left the run's output folder: its log was
+    not empty, and the interrupt was not a refusal. No run began: the folder goes, as a refused
+    run's does, unless hydra.verbose asked for debug lines, which the log alone holds."""
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "slow_to_build.py").write_text(SLOW_PLANNING)
+    args = ["-m", "axoexp", "loss=slow_to_build", *(["hydra.verbose=true"] if verbose else [])]
+    process = start_python(args, tmp_path)
+    stderr = interrupted(process, lambda: wait_for(tmp_path / "planning"))
+    assert process.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1] == "axoexp: interrupted (SIGINT) outside a run: no run was left unfinished"
+    logs = list((tmp_path / "outputs").rglob("axoexp.log"))
+    assert [log.read_text().count("slow_to_build: building") for log in logs] == ([1] if verbose else [])
+    assert not (tmp_path / "mlflow.db").exists()
+
+
 SWALLOWING_IMPORT = """
 import os, signal, time
 try:  # as a library may, halfway through its own imports: the interrupt is caught, and gone
