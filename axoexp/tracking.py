@@ -97,6 +97,11 @@ def configure_tracking(tracking: DictConfig) -> str:
     return resolve_tracking_uri(tracking.uri)
 
 
+RETRY_LOGGER = "urllib3.connectionpool"
+"""urllib3's logger, which warns of each retry with the connection error's repr, before axoexp's own
+line names the server and the cause (a dead one's two retries printed two such lines)."""
+
+
 def bound_http_retries(
     max_retries: int | None = None, timeout_s: int | None = None, backoff_factor: int | None = None
 ) -> None:
@@ -114,6 +119,9 @@ def bound_http_retries(
         else:
             os.environ[variable] = str(value)
     os.environ.setdefault(names.HTTP_BACKOFF_JITTER_ENV, "0")
+    retries = logging.getLogger(RETRY_LOGGER)
+    if retries.level == logging.NOTSET:  # a level the user set stays
+        retries.setLevel(logging.ERROR)
 
 
 def config_digest(config: Mapping[str, Any]) -> str:

@@ -508,13 +508,14 @@ def test_a_run_against_a_dead_server_says_where_it_is_kept_and_prints_its_summar
     """A run whose server refuses connections logged "MLflow run journal-... at URI" (no such run exists),
     printed no summary of what it measured, and ended in a line cut mid-token at 300 characters of
     urllib3's repr; it says the run is kept in its journal only, prints the summary, and names the
-    refused connection whole. The port is held, bound but not listening: every connection is refused."""
+    refused connection whole, without urllib3's warning of each retry. The port is held, bound but
+    not listening: every connection is refused."""
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         uri = f"http://127.0.0.1:{held.getsockname()[1]}"
         done = run_cli(
             f"tracking.uri={uri}",
-            "tracking.http_max_retries=0",
+            "tracking.http_max_retries=1",  # urllib3 waits before a second retry, not before the first
             "run.measured_updates=5",
             cwd=tmp_path,
             env=own_leases(tmp_path),
@@ -524,6 +525,7 @@ def test_a_run_against_a_dead_server_says_where_it_is_kept_and_prints_its_summar
     refused = f"{uri} is unreachable (Connection refused)"
     assert f"is kept in its journal {journal} only: MLflow tracking at {refused}\n" in done.stdout
     assert "MLflow run journal-" not in done.stdout + done.stderr
+    assert "Retrying" not in done.stdout + done.stderr
     assert "median of 5" in done.stdout
     assert f"mlflow run    none: {uri} could not be written (Connection refused); its journal has it all\n" in (
         done.stdout
