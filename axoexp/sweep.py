@@ -145,6 +145,8 @@ class MlflowSweepCallback(Callback):
                 "the others run, and the sweep will end FAILED:",
             )
             self._say_refused()
+        if signals.interrupted_outside_a_run():  # caught by a library as modules imported: no sweep starts
+            raise KeyboardInterrupt
         sweep_dir = claim_sweep_dir(config)
         with read_write(config.hydra.overrides), open_dict(config.hydra.overrides):
             runs_each = add_repeats(config)  # also without a parent run

@@ -374,18 +374,21 @@ except KeyboardInterrupt:
 """
 
 
-def test_ctrl_c_that_a_plugin_catches_as_it_imports_still_stops_the_command(tmp_path: Path) -> None:
+@pytest.mark.parametrize("overrides", [["run.measured_updates=1"], ["-m", "run.measured_updates=1,2"]])
+def test_ctrl_c_that_a_plugin_catches_as_it_imports_still_stops_the_command(
+    tmp_path: Path, overrides: list[str]
+) -> None:
     """A Ctrl-C caught by library code as modules import (which breaks them halfway: a later import
     then fails with 'partially initialized module', which the command reported as a refused
-    config, exit 2) ran the whole experiment and exited 0. It is the interrupt's line, exit 130,
-    and no run starts."""
+    config, exit 2) ran the whole experiment, or the whole sweep, and exited 0. It is the
+    interrupt's line, exit 130, and no run starts, nor a sweep's parent."""
     (tmp_path / "plugins").mkdir()
     (tmp_path / "plugins" / "swallowing.py").write_text(SWALLOWING_IMPORT)
-    process = start_python(["-m", "axoexp", "run.measured_updates=1"], tmp_path)
+    process = start_python(["-m", "axoexp", *overrides], tmp_path)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stderr
     assert stderr.strip().splitlines()[-1] == "axoexp: interrupted (SIGINT) outside a run: no run was left unfinished"
-    assert not (tmp_path / "outputs").exists() or not list((tmp_path / "outputs").rglob("result.json"))
+    assert not (tmp_path / "mlflow.db").exists()
 
 
 def test_the_ctrl_c_handler_is_reached_before_any_other_module_of_axoexp_imports() -> None:
