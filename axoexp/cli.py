@@ -258,6 +258,11 @@ def _main() -> None:
             "folder (hydra.run.dir=DIR, or hydra.sweep.dir=DIR with -m)",
             2,
         )
+    except Exception as error:  # a launcher's failure (sbatch refused the jobs) is the sweep's line; else a bug's
+        line = _sweep_failed(error) if multirun else None
+        if line is None or _tracebacks_wanted:
+            raise
+        _exit_with(line, 1)
 
 
 def _exit_without_teardown() -> NoReturn:

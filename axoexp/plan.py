@@ -174,16 +174,20 @@ def resume_mode(value: object) -> str | None:
     return mode if mode in RESUME_MODES else None
 
 
-def plan_experiment(config: DictConfig, registry: Registry = REGISTRY) -> Plan:
+def plan_experiment(config: DictConfig, registry: Registry = REGISTRY, *, here: bool = True) -> Plan:
     """Check everything that can be checked before any work; raise one :class:`ConfigError`. Planning
     that takes long says so (:func:`~axoexp.progress.noted_if_slow`): it builds the population and
-    runs one forward, loss and update, whose Python runs at every time step even on the meta device."""
+    runs one forward, loss and update, whose Python runs at every time step even on the meta device.
+
+    ``here=False`` plans a run that another machine will run (a sweep's job on a SLURM or Ray
+    cluster's node): what this machine has (CPUs, CUDA, free memory) is left to the job's own
+    planning there."""
     population = OmegaConf.select(config, "population.name")
     with noted_if_slow(f"planning (population={population} is built and one update checked before any run exists)"):
-        return _plan(config, registry)
+        return _plan(config, registry, here)
 
 
-def _plan(config: DictConfig, registry: Registry) -> Plan:
+def _plan(config: DictConfig, registry: Registry, here: bool) -> Plan:
     problems: list[str] = []
     components: dict[str, Component] = {}
     params: dict[str, dict[str, Any]] = {}
@@ -223,25 +227,11 @@ def _plan(config: DictConfig, registry: Registry) -> Plan:
             f"run.min_time_s={config.run.min_time_s!r} exceeds run.max_time_s={config.run.max_time_s!r}, "
             "the cap on adaptive measuring; raise run.max_time_s or lower run.min_time_s"
         )
-    cpus = len(allowed_cpus())
-    lease_cpus = config.run.lease_cpus
-    if isinstance(lease_cpus, int) and lease_cpus > cpus:
-        problems.append(f"run.lease_cpus={lease_cpus}: this process may use only {cpus} CPUs")
-    threads = config.run.threads
-    leased = lease_cpus if isinstance(lease_cpus, int) and lease_cpus < cpus else None
-    if isinstance(threads, int) and threads > (leased or cpus):
-        usable = (
-            f"run.lease_cpus={leased} pins this process to {plural(leased, 'CPU')}"
-            if leased
-            else f"this process may use only {cpus} CPUs"
-        )
-        problems.append(
-            f"run.threads={threads}: {usable}, so its threads would take turns on them and every update wait for "
-            f"the last; choose at most {leased or cpus}, or null (axoexp's choice)"
-        )
+    if here:
+        problems += cpu_problems(config.run.lease_cpus, config.run.threads)
     if resume_mode(config.sweep.resume) is None:
         problems.append(f"sweep.resume={config.sweep.resume!r}: choose one of {', '.join(RESUME_MODES)}")
-    device = _parse_device(str(config.device), problems)
+    device = _parse_device(str(config.device), problems, here)
     dtype = DTYPES.get(str(config.dtype))
     if str(config.dtype) in REFUSED_DTYPES:
         problems.append(f"dtype={config.dtype} is refused: {REFUSED_DTYPES[str(config.dtype)]}")
@@ -253,7 +243,8 @@ def _plan(config: DictConfig, registry: Registry) -> Plan:
         problems += filter(None, [checkpoint_problem(checkpoint, params["population"].get("checkpoint_sha256"))])
     probe = None
     if "population" in components and device is not None and dtype is not None and not problems:
-        problems += memory_problems(components["population"], params["population"], device, dtype)
+        if here:
+            problems += memory_problems(components["population"], params["population"], device, dtype)
         if not problems:  # it fits: build it, to see what it is
             probe, unbuildable = probe_population(
                 components["population"],
@@ -606,13 +597,34 @@ def memory_problems(
     ]
 
 
-def _parse_device(value: str, problems: list[str]) -> torch.device | None:
+def cpu_problems(lease_cpus: object, threads: object) -> list[str]:
+    """``run.lease_cpus`` and ``run.threads`` beyond the CPUs this process may use (or the lease pins
+    it to): threads beyond them take turns, and every update waits for the last."""
+    cpus = len(allowed_cpus())
+    problems = []
+    if isinstance(lease_cpus, int) and lease_cpus > cpus:
+        problems.append(f"run.lease_cpus={lease_cpus}: this process may use only {cpus} CPUs")
+    leased = lease_cpus if isinstance(lease_cpus, int) and lease_cpus < cpus else None
+    if isinstance(threads, int) and threads > (leased or cpus):
+        usable = (
+            f"run.lease_cpus={leased} pins this process to {plural(leased, 'CPU')}"
+            if leased
+            else f"this process may use only {cpus} CPUs"
+        )
+        problems.append(
+            f"run.threads={threads}: {usable}, so its threads would take turns on them and every update wait "
+            f"for the last; choose at most {leased or cpus}, or null (axoexp's choice)"
+        )
+    return problems
+
+
+def _parse_device(value: str, problems: list[str], here: bool) -> torch.device | None:
     try:
         device = torch.device(value)
     except RuntimeError:
         problems.append(f"device={value!r} is not a device; use cpu, cuda or cuda:N")
         return None
-    if device.type == "cuda" and not cuda_present():
+    if device.type == "cuda" and here and not cuda_present():
         problems.append(f"device={value} but CUDA is not available here; use device=cpu")
     elif device.type not in ("cpu", "cuda"):
         problems.append(f"device={value!r} is not supported; use cpu, cuda or cuda:N")

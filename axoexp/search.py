@@ -48,7 +48,7 @@ from axoexp.errors import ConfigError, SearchError, SweepRefusedError
 from axoexp.plan import plan_experiment
 from axoexp.registry import BUILTIN
 from axoexp.stdout import plural, print_out
-from axoexp.sweep import PLANNING_ERRORS, job_composer
+from axoexp.sweep import PLANNING_ERRORS, job_composer, jobs_run_here
 from axoexp.tracking import UNREACHABLE, configure_tracking, flatten, open_client, sqlite_path, store_unreachable
 
 SAMPLERS = ("tpe", "nsga2", "random")
@@ -204,12 +204,12 @@ def plan_points(config: DictConfig, space: SearchSpace) -> list[str]:
     (:func:`axoexp.sweep.plan_jobs`), and return the executors from plugins that planning chose;
     raise :class:`ConfigError` naming each refused point (once per reason): the sampler may draw any
     of them, and a trial there would fail."""
-    compose = job_composer(config)
+    compose, here = job_composer(config), jobs_run_here(config)
     refused: dict[str, str] = {}
     plugins: set[str] = set()
     for point in _points(space):
         try:
-            plan = plan_experiment(compose(_point_overrides(space, point)))
+            plan = plan_experiment(compose(_point_overrides(space, point)), here=here)
         except PLANNING_ERRORS as error:
             reason = one_line(error)
             refused.setdefault(reason, f"{' '.join(f'{key}={value}' for key, value in point.items())}: {reason}")

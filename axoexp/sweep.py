@@ -40,6 +40,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
+from hydra.plugins.launcher import Launcher
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
@@ -48,7 +49,14 @@ from omegaconf.errors import OmegaConfBaseException
 from axoexp import collector, metadata, names, processes, signals
 from axoexp.config import one_line
 from axoexp.describe import sweep_run_name
-from axoexp.errors import ConfigError, StoreError, SweepRefusedError, TrackingUnavailableError
+from axoexp.errors import (
+    AxoexpError,
+    ConfigError,
+    StoreError,
+    SweepRefusedError,
+    TrackingUnavailableError,
+    first_line,
+)
 from axoexp.job_process import SWEEP_PROCESS_ENV, sweep_process_marker
 from axoexp.journal import JOURNAL_FILE, START, TRACKING_LOST, first_record, journal_end, process_tags
 from axoexp.outputs import claim_directory
@@ -116,6 +124,7 @@ class MlflowSweepCallback(Callback):
         self.kept_end = ""  # the end the sweep decided but could not write, as its last line says it
         self.jobs = 0  # how many jobs the sweep has, where known up front (the basic sweeper); else 0
         self.ray_address: str | None = None  # a Ray launcher's hydra.launcher.ray.init.address, if it is one
+        self.launcher = ""  # hydra/launcher=NAME, as the sweep's lines name it
         self.failure = ""  # why the launcher failed (:func:`failed`): the parent's reason, which no run gives
 
     def _say_refused(self) -> None:
@@ -154,6 +163,7 @@ class MlflowSweepCallback(Callback):
         self.uri, self.sweep_dir, self.experiment = uri, str(sweep_dir.resolve()), str(config.tracking.experiment)
         self.jobs = len(job_configs) * runs_each
         self.ray_address = ray_address(config)
+        self.launcher = f"hydra/launcher={config.hydra.runtime.choices.get('hydra/launcher', 'basic')}"
         problem = store_problem(uri, tracking_uri_key(config.tracking.uri))
         if problem:  # each job then refuses to run, naming it too
             log.error("the sweep has no parent run: %s", problem)
@@ -317,13 +327,16 @@ class MlflowSweepCallback(Callback):
 
     def launcher_failure(self, error: BaseException) -> str | None:
         """Why the launcher failed, where the error says it and no run could: a Ray launcher with no
-        instance at its set address."""
+        instance at its set address; any error raised out of a launcher's ``launch``, not by a job
+        (e.g. ``sbatch`` refusing the job array, a job SLURM killed)."""
         ray_said = (str(error).strip().splitlines() or [""])[0].partition(". ")[0]
         if isinstance(error, ConnectionError) and self.ray_address is not None and ray_said.startswith(RAY_NOT_FOUND):
             return (
                 f"no Ray instance at {RAY_ADDRESS_KEY}={self.ray_address}: {ray_said}; start one there "
                 f"(ray start --head) or drop {RAY_ADDRESS_KEY} to start a local one"
             )
+        if not isinstance(error, AxoexpError) and _raised_by_launcher(error):
+            return f"{self.launcher} failed to launch or collect the jobs: {first_line(error)}"
         return None
 
     def unsynced_line(self, error: BaseException) -> str | None:
@@ -429,6 +442,18 @@ def _ray_unreachable(address: str) -> str | None:
     return None
 
 
+def _raised_by_launcher(error: BaseException) -> bool:
+    """Whether ``error`` came out of a Hydra launcher's ``launch`` (submitting the jobs or collecting
+    them), not out of a job: a job's own error comes back as its result, raised later by Hydra."""
+    frame = error.__traceback__
+    while frame is not None:
+        code = frame.tb_frame.f_code
+        if code.co_name == "launch" and isinstance(frame.tb_frame.f_locals.get("self"), Launcher):
+            return True
+        frame = frame.tb_next
+    return False
+
+
 def began() -> bool:
     """Whether this process began a sweep (its runs may exist, whatever ends it)."""
     return bool(_running)
@@ -486,6 +511,13 @@ PLANNING_ERRORS = (ConfigError, *COMPOSING_ERRORS)
 """What composing and planning a job raise for a mistake in its config."""
 
 
+def jobs_run_here(config: DictConfig) -> bool:
+    """Whether the sweep's jobs run on this machine: not on a SLURM cluster's nodes, nor on a Ray
+    cluster's that the sweep joins at an address (without one, it starts its own Ray here)."""
+    launcher = str(config.hydra.launcher.get("_target_", ""))
+    return not launcher.endswith("SlurmLauncher") and ray_address(config) is None
+
+
 def job_composer(config: DictConfig) -> Callable[[list[str]], DictConfig]:
     """A function composing a job's config from its overrides, as the sweep's launcher will. Call it
     in the process that forks the jobs: it holds torch to one thread first. Planning runs a few torch
@@ -505,7 +537,7 @@ def plan_jobs(config: DictConfig) -> tuple[list[str], list[str]]:
     jobs = basic_jobs(config)
     if jobs is None:
         return [], []
-    compose = job_composer(config)
+    compose, here = job_composer(config), jobs_run_here(config)
     uncomposable, refused, digests = [], [], []
     for number, job in enumerate(jobs):
         try:
@@ -517,7 +549,7 @@ def plan_jobs(config: DictConfig) -> tuple[list[str], list[str]]:
             continue
         digests.append(_job_digest(job_config, job))
         try:
-            plan_experiment(job_config)
+            plan_experiment(job_config, here=here)
         except PLANNING_ERRORS as error:
             refused.append(f"job {number} ({_shown_overrides(job)}): {one_line(error)}")
     if uncomposable:  # Hydra's BasicSweeper composes a batch's jobs first and fails the batch at the first it cannot

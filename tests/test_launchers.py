@@ -319,7 +319,16 @@ PRESET_SWEEPS = {  # a name: the sweep's overrides, what its folder needs (the e
         ("hydra/launcher=parallel", "hydra.launcher.n_jobs=2", "population.neurons=2,3", "run.measured_updates=20"),
         lambda folder: {lease.LEASE_DIR_ENV: str(folder / "leases")},
     ),
-    "slurm": (("hydra/launcher=slurm", "hydra.launcher.partition=gpu", "population.neurons=2,3"), _sbatch_stand_in),
+    "slurm": (  # the README's GPU sweep, from a machine without CUDA (a cluster's login node)
+        (
+            "hydra/launcher=slurm",
+            "hydra.launcher.partition=gpu",
+            "device=cuda",
+            "executor=cudagraph",
+            "population.neurons=2,3",
+        ),
+        _sbatch_stand_in,
+    ),
 }
 
 
@@ -375,9 +384,18 @@ def test_a_parallel_jobs_lines_start_with_its_number() -> None:
 
 @pytest.mark.slow
 def test_slurm_preset_submits_a_gpu_array_through_sbatch(preset_sweeps) -> None:
-    """Up to sbatch: the script submitit writes for hydra/launcher=slurm (no SLURM here)."""
+    """Up to sbatch: the script submitit writes for hydra/launcher=slurm (no SLURM here). A GPU sweep
+    submitted from a machine without CUDA was refused as a whole ("CUDA is not available here"): what
+    the machine has is judged by each job on its node. sbatch's refusal printed submitit's traceback;
+    it is one line, and the parent run's reason."""
     result, folder = preset_sweeps["slurm"]
     assert result.returncode == 1
+    failed = "hydra/launcher=slurm failed to launch or collect the jobs: FailedJobError: refused"
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-2:] == [
+        f"axoexp: {failed}",
+        f"axoexp: the sweep ended FAILED: 2 of 2 jobs never started; {failed}",
+    ]
     script = (folder / "submitted.sh").read_text()
     for flag in (
         "--gpus-per-node=1",
@@ -392,6 +410,7 @@ def test_slurm_preset_submits_a_gpu_array_through_sbatch(preset_sweeps) -> None:
         assert f"#SBATCH {flag}\n" in script, f"{flag} missing from:\n{script}"
     (parent,), children = _sweep_runs(f"sqlite:///{folder / 'mlflow.db'}")
     assert parent.info.status == "FAILED" and children == [], "a sweep whose submission failed is not FINISHED"
+    assert parent.data.tags[names.FAILURE].endswith(failed)
 
 
 # --- Ray: the session's local instance on 127.0.0.1 (conftest.py's ray_cluster)
