@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import sqlite3
 import tempfile
 import threading
@@ -206,8 +207,15 @@ class RedactingClient(MlflowClient):
             for path, text in texts.items():
                 target = copy / path.relative_to(source) if source.is_dir() else copy
                 target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(path.read_bytes() if text is None else redacted(text).encode())
+                if text is None:
+                    shutil.copyfile(path, target)
+                else:
+                    target.write_text(redacted(text), encoding="utf-8")
             super().log_artifact(run_id, str(copy), artifact_path)
+
+
+TEXT_SNIFF_BYTES = 8192
+"""How much of a file to be uploaded is read to tell text from tensors."""
 
 
 def _files(path: Path) -> list[Path]:
@@ -215,9 +223,15 @@ def _files(path: Path) -> list[Path]:
 
 
 def _text(path: Path) -> str | None:
-    """A file's text, or None where it is no UTF-8 text (the banks' tensors)."""
+    """A file's text, or None where it is no UTF-8 text (the banks' tensors): one with a NUL byte in
+    its first block (a safetensors file's header length has some) is not read further."""
+    with path.open("rb") as stream:
+        head = stream.read(TEXT_SNIFF_BYTES)
+        if b"\0" in head:
+            return None
+        data = head + stream.read()
     try:
-        return path.read_bytes().decode()
+        return data.decode()
     except UnicodeDecodeError:
         return None
 
