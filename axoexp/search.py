@@ -48,7 +48,7 @@ from axoexp.errors import ConfigError, SearchError, SweepRefusedError
 from axoexp.plan import plan_experiment
 from axoexp.registry import BUILTIN
 from axoexp.stdout import plural, print_out
-from axoexp.sweep import PLANNING_ERRORS, job_composer, jobs_run_here
+from axoexp.sweep_plan import PLANNING_ERRORS, job_composer, jobs_run_here
 from axoexp.tracking import UNREACHABLE, configure_tracking, flatten, open_client, sqlite_path, store_unreachable
 
 SAMPLERS = ("tpe", "nsga2", "random")
@@ -201,7 +201,7 @@ def _point_overrides(space: SearchSpace, point: dict[str, Any]) -> list[str]:
 
 def plan_points(config: DictConfig, space: SearchSpace) -> list[str]:
     """Compose and plan the trial at each of :func:`_points`, as the basic sweeper's jobs are planned
-    (:func:`axoexp.sweep.plan_jobs`), and return the executors from plugins that planning chose;
+    (:func:`axoexp.sweep_plan.plan_jobs`), and return the executors from plugins that planning chose;
     raise :class:`ConfigError` naming each refused point (once per reason): the sampler may draw any
     of them, and a trial there would fail."""
     compose, here = job_composer(config), jobs_run_here(config)

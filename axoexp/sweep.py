@@ -29,29 +29,21 @@ import signal
 import socket
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import torch
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from hydra.plugins.launcher import Launcher
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
-from omegaconf.errors import OmegaConfBaseException
 
 from axoexp import collector, metadata, names, processes, signals
-from axoexp.config import one_line
 from axoexp.describe import sweep_run_name
 from axoexp.errors import (
     AxoexpError,
-    ConfigError,
     StoreError,
     SweepRefusedError,
     TrackingUnavailableError,
@@ -60,11 +52,12 @@ from axoexp.errors import (
 from axoexp.job_process import SWEEP_PROCESS_ENV, sweep_process_marker
 from axoexp.journal import JOURNAL_FILE, START, TRACKING_LOST, first_record, journal_end, process_tags
 from axoexp.outputs import claim_directory
-from axoexp.plan import plan_experiment, resume_mode
+from axoexp.plan import resume_mode
 from axoexp.redact import redacted
 from axoexp.registry import GROUPS, REGISTRY, Component
 from axoexp.statistics import doubts
 from axoexp.stdout import plural, print_out, say
+from axoexp.sweep_plan import RAY_ADDRESS_KEY, plan_jobs, ray_address
 from axoexp.sync import end_dead_run, find_journals, process_gone, sync_journal
 from axoexp.tracking import (
     UNREACHABLE,
@@ -89,7 +82,6 @@ JOB_FAILED_OR_STOPPED = "a job failed or the sweep was interrupted"  # Hydra's m
 NEW = "new"  # resume's reason for a job with no earlier run of its config
 SAME_SWEEPS = "in an earlier sweep of the same jobs"  # where sweep.resume=same_sweep looks
 RESUME_CANDIDATES = 200  # newest runs of a job's result key looked at for reuse
-RAY_ADDRESS_KEY = "hydra.launcher.ray.init.address"
 RAY_NOT_FOUND = "Could not find any running Ray instance"  # how ray.init says no instance is at its address
 WORKER_GRACE_S = 10.0
 """How long a stopped sweep waits for its workers to end their runs (SLURM's grace is 30 s)."""
@@ -414,15 +406,6 @@ def check_launcher(config: DictConfig) -> None:
             )
 
 
-def ray_address(config: DictConfig) -> str | None:
-    """A Ray launcher's :data:`RAY_ADDRESS_KEY`; None for another launcher, or where it is null (the
-    launcher starts a local Ray instance)."""
-    if not str(config.hydra.launcher.get("_target_", "")).endswith("RayLauncher"):
-        return None
-    address = OmegaConf.select(config, RAY_ADDRESS_KEY)
-    return None if address is None else str(address)
-
-
 RAY_CONNECT_TIMEOUT_S = 5.0
 """How long the sweep waits for a Ray head's port to accept, before any run exists."""
 
@@ -493,88 +476,6 @@ def _jobs_begun(children: list[Run], tags: dict[str, str]) -> int:
     return len(begun | {str(int(number)) for number in numbers if number.isdigit()}) + sum(
         not number.isdigit() for number in numbers
     )
-
-
-def basic_jobs(config: DictConfig) -> list[list[str]] | None:
-    """Each job's overrides, in order, for the basic sweeper, which knows them up front; None for another."""
-    if not str(config.hydra.sweeper.get("_target_", "")).endswith("BasicSweeper"):
-        return None
-    loader = GlobalHydra.instance().config_loader()
-    params = [f"{key}={value}" for key, value in (config.hydra.sweeper.get("params") or {}).items()]
-    parsed = OverridesParser.create(config_loader=loader).parse_overrides([*params, *config.hydra.overrides.task])
-    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
-
-
-COMPOSING_ERRORS = (HydraException, OmegaConfBaseException)
-"""What composing a job's config raises for a mistake in its overrides."""
-PLANNING_ERRORS = (ConfigError, *COMPOSING_ERRORS)
-"""What composing and planning a job raise for a mistake in its config."""
-
-
-def jobs_run_here(config: DictConfig) -> bool:
-    """Whether the sweep's jobs run on this machine: not on a SLURM cluster's nodes, nor on a Ray
-    cluster's that the sweep joins at an address (without one, it starts its own Ray here)."""
-    launcher = str(config.hydra.launcher.get("_target_", ""))
-    return not launcher.endswith("SlurmLauncher") and ray_address(config) is None
-
-
-def job_composer(config: DictConfig) -> Callable[[list[str]], DictConfig]:
-    """A function composing a job's config from its overrides, as the sweep's launcher will. Call it
-    in the process that forks the jobs: it holds torch to one thread first. Planning runs a few torch
-    ops (the meta build's inputs), which must not start torch's intra-op (OpenMP) pool there: a child
-    forked after it has started deadlocks in its first parallel op. Each job sets its own threads."""
-    loader = GlobalHydra.instance().config_loader()
-    torch.set_num_threads(1)
-    return lambda overrides: loader.load_sweep_config(config, overrides)
-
-
-def plan_jobs(config: DictConfig) -> tuple[list[str], list[str]]:
-    """Plan every job of a basic sweep before any run exists: ``job N (overrides): why`` for each
-    refused one, and each job's resolved config as its :func:`~axoexp.tracking.config_digest`
-    (the sweep's definition). If a job's config cannot be composed (Hydra's sweeper would then
-    start no job) or every job is refused, :class:`SweepRefusedError` names those jobs in one line
-    and no parent run is created. Other sweepers choose their jobs as they go: nothing is planned."""
-    jobs = basic_jobs(config)
-    if jobs is None:
-        return [], []
-    compose, here = job_composer(config), jobs_run_here(config)
-    uncomposable, refused, digests = [], [], []
-    for number, job in enumerate(jobs):
-        try:
-            job_config = compose(job)
-        except COMPOSING_ERRORS as error:
-            uncomposable.append(f"job {number} ({_shown_overrides(job)}): {one_line(error)}")
-            continue
-        if uncomposable:  # the sweep is refused: the rest are only composed, to name every such job
-            continue
-        digests.append(_job_digest(job_config, job))
-        try:
-            plan_experiment(job_config, here=here)
-        except PLANNING_ERRORS as error:
-            refused.append(f"job {number} ({_shown_overrides(job)}): {one_line(error)}")
-    if uncomposable:  # Hydra's BasicSweeper composes a batch's jobs first and fails the batch at the first it cannot
-        raise SweepRefusedError(
-            "no job of the sweep can run, so it created no run: Hydra starts a sweep's jobs only once it has "
-            f"composed every job's config, and it cannot compose {'; '.join(uncomposable)}"
-        )
-    if jobs and len(refused) == len(jobs):
-        raise SweepRefusedError(f"no job of the sweep can run, so it created no run: {'; '.join(refused)}")
-    return refused, digests
-
-
-def _shown_overrides(job: list[str]) -> str:
-    """A job's overrides as its messages show them: those that change what it measures."""
-    return " ".join(item for item in job if not item.startswith(names.NOT_MEASUREMENT_PARAM_PREFIXES)) or "defaults"
-
-
-def _job_digest(job_config: DictConfig, overrides: list[str]) -> str:
-    """The job's resolved config, less Hydra's own node, as its :func:`~axoexp.tracking.config_digest`;
-    its overrides where it cannot be resolved here."""
-    task = OmegaConf.masked_copy(job_config, [str(key) for key in job_config if key != "hydra"])
-    try:
-        return config_digest(cast(dict[str, Any], OmegaConf.to_container(task, resolve=True)))
-    except OmegaConfBaseException:
-        return "overrides " + " ".join(sorted(overrides))
 
 
 def claim_sweep_dir(config: DictConfig) -> Path:

@@ -84,6 +84,7 @@ LAYERS = (
         "axoexp.progress",
         "axoexp.verification",
         "axoexp.plan",
+        "axoexp.sweep_plan",
         "axoexp.banks",
         "axoexp.sync",
         "axoexp.job_process",

@@ -10,7 +10,8 @@ from omegaconf import OmegaConf, open_dict
 from axoexp import metadata, names
 from axoexp.errors import ConfigError
 from axoexp.plan import plan_experiment
-from axoexp.sweep import Resume, note_remeasured_job, plan_jobs, print_reuse, result_key, resume_job, sweep_definition
+from axoexp.sweep import Resume, note_remeasured_job, print_reuse, result_key, resume_job, sweep_definition
+from axoexp.sweep_plan import plan_jobs
 from axoexp.tracking import config_digest, experiment_id
 
 
