@@ -21,6 +21,8 @@ memory or data.
 from __future__ import annotations
 
 import logging
+import math
+import numbers
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -29,7 +31,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from axoexp.banks import InitialBanks, init_from_problems, read_initial_banks
-from axoexp.components.population import checkpoint_problem
+from axoexp.components.population import checkpoint_problem, warm_up_batches_problem
 from axoexp.config import added_keys, bounded_keys, choice_keys
 from axoexp.errors import (
     AxoexpError,
@@ -41,12 +43,12 @@ from axoexp.errors import (
 )
 from axoexp.executors import optimizer_calls
 from axoexp.executors.base import batch_loss, predictions
-from axoexp.interfaces import Executor, LossFn, PopulationSetup, adaptation_parameters
+from axoexp.interfaces import Batch, Executor, LossFn, PopulationSetup, adaptation_parameters
 from axoexp.nvml import cuda_present, gpu_probe
 from axoexp.progress import noted_if_slow
-from axoexp.registry import GROUPS, INIT_FROM, INIT_FROM_SHA256, REGISTRY, Component, Registry
+from axoexp.registry import BUILTIN, GROUPS, INIT_FROM, INIT_FROM_SHA256, REGISTRY, Component, Registry
 from axoexp.runtime import allowed_cpus
-from axoexp.stdout import plural, with_article
+from axoexp.stdout import plural, type_in_words, with_article
 from axoexp.tracking import configure_tracking, resolve_tracking_uri, store_problem, tracking_uri_key
 
 log = logging.getLogger(__name__)
@@ -105,7 +107,11 @@ class Plan:
         setup = population.build(
             self.params["population"], device=self.device, dtype=self.dtype, seed=int(self.config.seed)
         )
-        problem = setup_problem(population, setup) or empty_batches_problem(population, setup)
+        problem = (
+            setup_problem(population, setup)
+            or empty_batches_problem(population, setup)
+            or warm_up_batches_problem(population.name, setup)
+        )
         if problem:  # planning could not build it: found here, not as a NaN loss or a traceback
             raise IncompatibleComponentsError(problem)
         if self.initial_banks is not None:
@@ -243,16 +249,15 @@ def _plan(config: DictConfig, registry: Registry, here: bool) -> Plan:
         problems += filter(None, [checkpoint_problem(checkpoint, params["population"].get("checkpoint_sha256"))])
     probe = None
     if "population" in components and device is not None and dtype is not None and not problems:
-        if here:
-            problems += memory_problems(components["population"], params["population"], device, dtype)
+        try:  # memory_estimate's problems are said as a refusal
+            if here:
+                problems += memory_problems(components["population"], params["population"], device, dtype)
+            where = probe_device(device, components["population"], params["population"], dtype)
+        except ConfigError as error:
+            problems.append(str(error))
         if not problems:  # it fits: build it, to see what it is
             probe, unbuildable = probe_population(
-                components["population"],
-                params["population"],
-                probe_device(device, components["population"], params["population"], dtype),
-                dtype,
-                int(config.seed),
-                device,
+                components["population"], params["population"], where, dtype, int(config.seed), device
             )
             problems += filter(None, [unbuildable])
     store = store_problem(resolve_tracking_uri(config.tracking.uri), tracking_uri_key(config.tracking.uri))
@@ -347,10 +352,12 @@ def _able_executors(
 
 def loss_problems(loss: Component, params: dict[str, Any], probe: PopulationSetup, device: torch.device) -> list[str]:
     """What the loss refuses of the population's predictions, found by one forward and loss of the
-    population built while planning (:func:`probe_device`) on its shortest batch (batches may differ
-    in length: population.lengths): what it raises as :class:`IncompatibleComponentsError` (e.g. a
-    causal loss on too few time steps, judged on shapes alone) wherever the probe was built, and a
-    loss that is not a scalar (the update's backward needs one).
+    population built while planning (:func:`probe_device`) on each of :func:`checked_batches`, the
+    held-out batches' too (batches may differ in length: population.lengths): what it raises as
+    :class:`IncompatibleComponentsError` (e.g. a causal loss on too few time steps, judged on shapes
+    alone) wherever the probe was built, a loss that is not a scalar (the update's backward needs
+    one), and one that depends on no bank (an update would adapt nothing; a held-out loss could not
+    change).
 
     Any other exception refuses the config only where the probe was built on the CPU for a run on
     the CPU (``device``): the run builds the same population (factory, parameters, seed, dtype,
@@ -364,46 +371,75 @@ def loss_problems(loss: Component, params: dict[str, Any], probe: PopulationSetu
     a GPU judged on a CPU-built probe the failure may be the CPU's alone (an operation or dtype only
     CUDA implements, a plugin loss that launches a CUDA kernel). A loss that is not finite on a
     CPU-built probe (its initial banks, for a run on any device) refuses the config too."""
-    shortest = min(probe.batches, key=lambda batch: batch[0].shape[-2])
-    where = shortest[0].device
-    try:
-        value = batch_loss(probe.module, loss.build(params), *shortest)
-    except IncompatibleComponentsError as error:
-        return [f"loss={loss.name}: {error}"]
-    except Exception as error:
-        if fails_alike(where, device):
-            return [
-                f"loss={loss.name}: a forward and loss of this population's shortest batch raise {first_line(error)}"
-            ]
-        log.info("loss %s cannot be evaluated on the %s-built population (%s)", loss.name, where.type, error)
-        return []
-    if value.dim() != 0:
-        return [
-            f"loss={loss.name} returns a tensor of shape {tuple(value.shape)}, not a scalar: an update's "
-            "backward needs one number; reduce it (e.g. .mean())"
-        ]
-    if not value.requires_grad:
-        return [_no_gradient(loss.name, probe, shortest)]
-    if where.type == "cpu" and not torch.isfinite(value):
-        return [
-            f"loss={loss.name} is {value.item()} on this population's shortest batch before any update "
-            f"({shortest[0].shape[-2]} time steps), so the run's first update would be too "
-            "(e.g. a mean over no time steps left after the loss's warm-up)"
-        ]
+    for label, batch in checked_batches(probe):
+        problem = _batch_loss_problem(loss, params, probe, device, label, batch)
+        if problem:
+            return [problem]
     return []
 
 
-def _no_gradient(loss_name: str, probe: PopulationSetup, batch: tuple[torch.Tensor, ...]) -> str:
+def checked_batches(probe: PopulationSetup) -> list[tuple[str, Batch]]:
+    """The batches planning runs a forward and loss of, each with how a line names it: of the
+    training batches and of the held-out ones, the shortest of each shape but the time axis (a batch
+    of other cells or channels may fail where the shortest does not; a longer one of the same shape
+    only adds time steps)."""
+    chosen = []
+    for kind, batches in (("batch", probe.batches), ("held-out batch", probe.eval_batches)):
+        shortest: dict[tuple[tuple[int, ...], ...], tuple[int, Batch]] = {}
+        for index, batch in enumerate(batches):
+            shape = tuple((*tensor.shape[:-2], tensor.shape[-1]) for tensor in batch)
+            if shape not in shortest or batch[0].shape[-2] < shortest[shape][1][0].shape[-2]:
+                shortest[shape] = (index, batch)
+        groups = sorted(shortest.values(), key=lambda found: found[1][0].shape[-2])
+        for rank, (index, batch) in enumerate(groups):
+            chosen.append(("shortest batch" if kind == "batch" and rank == 0 else f"{kind} {index}", batch))
+    return chosen
+
+
+def _batch_loss_problem(
+    loss: Component, params: dict[str, Any], probe: PopulationSetup, device: torch.device, label: str, batch: Batch
+) -> str | None:
+    """What :func:`loss_problems` finds on one batch (``label`` names it), or None."""
+    where = batch[0].device
+    held_out = label.startswith("held-out")
+    try:
+        value = batch_loss(probe.module, loss.build(params), *batch)
+    except IncompatibleComponentsError as error:
+        return f"loss={loss.name} on {label}: {error}" if held_out else f"loss={loss.name}: {error}"
+    except Exception as error:
+        if fails_alike(where, device):
+            return f"loss={loss.name}: a forward and loss of this population's {label} raise {first_line(error)}"
+        log.info("loss %s cannot be evaluated on the %s-built population (%s)", loss.name, where.type, error)
+        return None
+    if value.dim() != 0:
+        return (
+            f"loss={loss.name} returns a tensor of shape {tuple(value.shape)}, not a scalar: an update's "
+            "backward needs one number; reduce it (e.g. .mean())"
+        )
+    if not value.requires_grad:
+        return _no_gradient(loss.name, probe, label, batch)
+    if where.type == "cpu" and not torch.isfinite(value):
+        return (
+            f"loss={loss.name} is {value.item()} on this population's {label} before any update "
+            f"({batch[0].shape[-2]} time steps), so the run's {'held-out loss' if held_out else 'first update'} "
+            "would be too (e.g. a mean over no time steps left after the loss's warm-up)"
+        )
+    return None
+
+
+def _no_gradient(loss_name: str, probe: PopulationSetup, label: str, batch: Batch) -> str:
     """Why a loss of ``batch`` carries no gradient to the banks: the population's predictions of it
     carry none (e.g. every output is a warm-up output), or the loss drops theirs."""
+    held_out = label.startswith("held-out")
     refused = (
-        f"loss={loss_name} on this population's shortest batch ({batch[0].shape[-2]} time steps) depends on none "
-        "of the banks it adapts (no gradient), so an update would adapt nothing"
+        f"loss={loss_name} on this population's {label} ({batch[0].shape[-2]} time steps) depends on none of the "
+        "banks it adapts (no gradient), "
+        f"so {'its held-out loss could not change as they adapt' if held_out else 'an update would adapt nothing'}"
     )
     if not predictions(probe.module, batch[0]).requires_grad:
         return (
             f"{refused}: the population's predictions carry none (e.g. every output is a warm-up output); "
-            "give the population more time steps"
+            f"give the population more time steps{' in its held-out batches' if held_out else ''}"
         )
     return (
         f"{refused}: the predictions carry one, and the loss drops it (.detach(), .item() or NumPy, or it reads "
@@ -449,10 +485,35 @@ def probe_device(
     seed and dtype: exact at every shape, and faster to build there than on the meta device); else
     the meta device (no memory taken on a GPU before the run holds its lease, no arithmetic on CPUs
     it holds no lease on yet)."""
+    estimate = memory_estimate(population, params, dtype)
+    return META if estimate is None or estimate > CPU_PROBE_BYTES else CPU
+
+
+def memory_estimate(population: Component, params: dict[str, Any], dtype: torch.dtype) -> int | None:
+    """The bytes the population's factory estimates with its ``memory_estimate(params, dtype)`` hook
+    (defaults included); None where it has none. Raise :class:`ConfigError` naming the hook where it
+    raises, or returns no number of bytes."""
     estimate = getattr(population.factory, "memory_estimate", None)
     if estimate is None:
-        return META
-    return CPU if int(estimate({**population.defaults(), **params}, dtype)) <= CPU_PROBE_BYTES else META
+        return None
+    try:
+        value = estimate({**population.defaults(), **params}, dtype)
+    except Exception as error:
+        raise ConfigError(f"{hook_name(population, 'memory_estimate')} raised {first_line(error)}") from error
+    number = float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else math.nan
+    if not 0 <= number < math.inf:  # NumPy's numbers too
+        raise ConfigError(
+            f"{hook_name(population, 'memory_estimate')} returns {type_in_words(value)}"
+            f"{'' if value is None else f' ({repr(value)[:80]})'}, not a number of bytes (an int of 0 or more)"
+        )
+    return int(number)
+
+
+def hook_name(component: Component, hook: str) -> str:
+    """``population=column's memory_estimate hook (plugins/column.py)``: a factory's hook, in a line
+    that says what is wrong with it."""
+    where = "" if component.source == BUILTIN else f" ({component.source})"
+    return f"{component.group}={component.name}'s {hook} hook{where}"
 
 
 def probe_population(
@@ -485,7 +546,11 @@ def probe_population(
             return None, f"population={population.name} cannot be built: {first_line(error)}"
         log.info("population %s cannot be built on %s (%s); it is judged when built", population.name, device, error)
         return None, None
-    problem = setup_problem(population, setup) or empty_batches_problem(population, setup)
+    problem = (
+        setup_problem(population, setup)
+        or empty_batches_problem(population, setup)
+        or warm_up_batches_problem(population.name, setup)
+    )
     return (None, problem) if problem else (setup, None)
 
 
@@ -494,7 +559,7 @@ def setup_problem(population: Component, setup: object) -> str | None:
     a module without ``trainable_adaptation_parameters()`` (what an update adapts), or nothing there."""
     if not isinstance(setup, PopulationSetup):
         return (
-            f"population={population.name} returns {with_article(type(setup).__name__)}, not an "
+            f"population={population.name} returns {type_in_words(setup)}, not an "
             "axoexp.interfaces.PopulationSetup(module=..., batches=...) (docs/plugins.md)"
         )
     module = type(setup.module).__name__
@@ -573,7 +638,18 @@ def factory_problems(component: Component, params: dict[str, Any], config: DictC
     """What a factory with ``config_problems(params, config) -> list[str]`` refuses in its
     settings (defaults included) and the config around them, before anything is built."""
     check = getattr(component.factory, "config_problems", None)
-    return [] if check is None else list(check({**component.defaults(), **params}, config))
+    if check is None:
+        return []
+    try:
+        found = check({**component.defaults(), **params}, config)
+    except Exception as error:
+        return [f"{hook_name(component, 'config_problems')} raised {first_line(error)}"]
+    if not isinstance(found, list | tuple) or not all(isinstance(problem, str) for problem in found):
+        return [
+            f"{hook_name(component, 'config_problems')} returns {type_in_words(found)}, not a list of problems "
+            "(a line each; [] for none)"
+        ]
+    return list(found)
 
 
 def memory_problems(
@@ -581,12 +657,10 @@ def memory_problems(
 ) -> list[str]:
     """A population whose factory has a ``memory_estimate(params, dtype) -> bytes`` is refused
     when that cannot fit in the memory available, before anything is allocated."""
-    estimate = getattr(population.factory, "memory_estimate", None)
-    if estimate is None:
+    needed = memory_estimate(population, params, dtype)
+    if needed is None:
         return []
     available = available_bytes(device)
-    merged = {**population.defaults(), **params}
-    needed = int(estimate(merged, dtype))
     if needed <= available:
         return []
     where = f"device {device}" if device.type == "cuda" else "host"

@@ -82,6 +82,11 @@ def with_article(noun: str) -> str:
     return f"{'an' if noun[:1].lower() in 'aeio' else 'a'} {noun}"
 
 
+def type_in_words(value: object) -> str:
+    """``None``, ``a str``, ``an int``: what a hook returned, in a line that says it is not what was asked."""
+    return "None" if value is None else with_article(type(value).__name__)
+
+
 def plural(count: int, noun: str) -> str:
     """``1 thread``, ``2 threads``: a count in a line a command prints."""
     return f"{count} {noun}{'' if count == 1 else 's'}"

@@ -4,6 +4,7 @@ and a population whose batches are empty are found while planning, before any ML
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import logging
 import re
@@ -370,8 +371,42 @@ def _tensor_lr(*, parameters: list[torch.nn.Parameter], capturable: bool) -> tor
     return torch.optim.Adam(parameters, lr=torch.tensor(1e-3), foreach=True, capturable=capturable)
 
 
+def _held_out(cut: Callable[[torch.Tensor], torch.Tensor]) -> Callable[..., PopulationSetup]:
+    """``lite`` with its held-out batches cut (fewer time steps, fewer cells); built on the CPU."""
+
+    def build(*, device: torch.device, dtype: torch.dtype, seed: int) -> PopulationSetup:
+        setup = lite(device=device, dtype=dtype, seed=seed)
+        return dataclasses.replace(setup, eval_batches=[(cut(i), cut(t)) for i, t in setup.eval_batches])
+
+    build.memory_estimate = lambda params, dtype: 0  # type: ignore[attr-defined]
+    return build
+
+
+def _hooked(**hooks: Callable[..., object]) -> Callable[..., PopulationSetup]:
+    """``lite`` whose factory has ``hooks`` (memory_estimate, config_problems) as a plugin's may."""
+
+    def build(*, device: torch.device, dtype: torch.dtype, seed: int) -> PopulationSetup:
+        return lite(device=device, dtype=dtype, seed=seed)
+
+    for name, hook in hooks.items():
+        setattr(build, name, hook)
+    return build
+
+
+def _no_estimate(params: object, dtype: object) -> int:
+    raise KeyError("cells")
+
+
 @pytest.fixture
 def wrapped(registry: Registry) -> Registry:
+    registry.register("population", "short_held_out", _held_out(lambda t: t[..., :4, :]), source=__file__)
+    registry.register("population", "six_steps_held_out", _held_out(lambda t: t[..., :6, :]), source=__file__)
+    registry.register("population", "fewer_cells_held_out", _held_out(lambda t: t[..., :2, :, :]), source=__file__)
+    registry.register("population", "estimate_none", _hooked(memory_estimate=lambda p, d: None), source=__file__)
+    registry.register("population", "estimate_text", _hooked(memory_estimate=lambda p, d: "4 MiB"), source=__file__)
+    registry.register("population", "estimate_nan", _hooked(memory_estimate=lambda p, d: float("nan")), source=__file__)
+    registry.register("population", "estimate_raises", _hooked(memory_estimate=_no_estimate), source=__file__)
+    registry.register("population", "problems_text", _hooked(config_problems=lambda p, c: "too short"), source=__file__)
     registry.register("population", "bare_lite", _bare_lite, source=__file__)
     registry.register("population", "a_tuple", _a_tuple, source=__file__)
     registry.register("population", "an_int", _an_int, source=__file__)
@@ -408,6 +443,53 @@ def test_a_population_that_is_no_population_to_adapt_is_refused_while_planning(
     with pytest.raises(ConfigError, match=re.escape(f"invalid experiment config: {message}")):
         run_experiment(make_config(f"population={population}", "loss=mse"), registry=wrapped)
     assert _no_runs(client), "the refusal left a run behind"
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ("population=short_held_out", "loss=mse"),
+            "population=short_held_out builds held-out batch 0 of 4 time steps: AxoSim-Lite's first 4 outputs are "
+            "warm-up, with no gradient to adapt on, so every batch needs more than 4 time steps",
+        ),
+        (
+            ("population=six_steps_held_out", "loss=causal_mse", "loss.warmup_steps=6"),
+            "loss=causal_mse on held-out batch 0: ",
+        ),
+        (
+            ("population=fewer_cells_held_out", "loss=mse"),
+            "loss=mse: a forward and loss of this population's held-out batch 0 raise ValueError: ",
+        ),
+    ],
+)
+def test_held_out_batches_are_planned_as_the_training_ones_are(
+    make_config: Callable, wrapped: Registry, overrides: tuple[str, ...], message: str
+) -> None:
+    """Held-out batches were never planned: all warm-up, they printed ``eval loss 0 -> 0``; too short
+    for a causal loss, or of other cells, the run ended FAILED (a 70-line traceback for the latter)."""
+    with pytest.raises(ConfigError, match="^" + re.escape(f"invalid experiment config: {message}")):
+        plan_experiment(make_config(*overrides), wrapped)
+
+
+@pytest.mark.parametrize(
+    "population, message",
+    [
+        ("estimate_none", "memory_estimate hook ({source}) returns None, not a number of bytes (an int of 0 or more)"),
+        ("estimate_text", "memory_estimate hook ({source}) returns a str ('4 MiB'), not a number of bytes"),
+        ("estimate_nan", "memory_estimate hook ({source}) returns a float (nan), not a number of bytes"),
+        ("estimate_raises", "memory_estimate hook ({source}) raised KeyError: 'cells'"),
+        ("problems_text", "config_problems hook ({source}) returns a str, not a list of problems (a line each; []"),
+    ],
+)
+def test_a_factory_hook_that_returns_no_answer_is_one_line_naming_it(
+    make_config: Callable, wrapped: Registry, population: str, message: str
+) -> None:
+    """A memory_estimate returning None, text or NaN, or raising, was a 53-line traceback; a
+    config_problems returning a string was one "problem" per character."""
+    refused = f"invalid experiment config: population={population}'s {message.format(source=__file__)}"
+    with pytest.raises(ConfigError, match="^" + re.escape(refused)):
+        plan_experiment(make_config(f"population={population}"), wrapped)
 
 
 def test_a_loss_that_is_not_finite_before_any_update_is_refused_while_planning(

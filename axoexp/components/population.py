@@ -199,6 +199,23 @@ def too_short_problem(params: Mapping[str, Any], lengths: Lengths | None, loss: 
     return f"{subject}: {may}{reason}, so {per} needs more than {skipped} time steps; use {fix} or more{lower}"
 
 
+def warm_up_batches_problem(name: str, setup: PopulationSetup) -> str | None:
+    """Why an ``AxoSimPopulation``'s batches, whoever built them (a plugin's own held-out batches),
+    leave the banks nothing to adapt or to show: one of at most :data:`WARMUP_STEPS` time steps,
+    whose every output is warm-up (its held-out loss printed ``0 -> 0``); None where none is."""
+    if not isinstance(setup.module, AxoSimPopulation):
+        return None
+    for kind, batches in (("batch", setup.batches), ("held-out batch", setup.eval_batches)):
+        for index, (inputs, _) in enumerate(batches):
+            if inputs.shape[-2] <= WARMUP_STEPS:
+                return (
+                    f"population={name} builds {kind} {index} of {inputs.shape[-2]} time steps: AxoSim-Lite's first "
+                    f"{WARMUP_STEPS} outputs are warm-up, with no gradient to adapt on, so every batch needs more "
+                    f"than {WARMUP_STEPS} time steps"
+                )
+    return None
+
+
 def longest_steps(params: Mapping[str, Any]) -> int:
     """The longest batch's time steps: ``time_steps``, or the longest of ``lengths``."""
     lengths = parse_lengths(params.get("lengths"))
