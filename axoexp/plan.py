@@ -138,7 +138,7 @@ class Plan:
         )
         chosen = self.components["executor"]
         entry = chosen if executor is None else self.registry.get("executor", executor)
-        refusal = executor_class(entry).refusal(module=module, dtype=self.dtype)
+        refusal = executor_refusal(entry, module, self.dtype)
         if refusal:  # planning judged the meta-built population, or could not build one
             raise IncompatibleComponentsError(f"executor={entry.name} cannot run this population: {refusal}")
         return entry.build(
@@ -172,6 +172,15 @@ def fails_alike(where: torch.device, run_device: torch.device) -> bool:
 def executor_class(entry: Component) -> type[Executor]:
     """An ``executor`` option's factory: a subclass of :class:`Executor` (checked at registration)."""
     return cast(type[Executor], entry.factory)
+
+
+def executor_refusal(entry: Component, module: torch.nn.Module, dtype: torch.dtype) -> str | None:
+    """The executor's :meth:`~axoexp.interfaces.Executor.refusal` of ``module`` at ``dtype``: a
+    reason, or None; where the hook returns neither (``True``), a reason that says so."""
+    refusal = executor_class(entry).refusal(module=module, dtype=dtype)
+    if refusal is None or isinstance(refusal, str):
+        return refusal or None
+    return f"{hook_name(entry, 'refusal')} returns {type_in_words(refusal)} ({refusal!r}), not a reason (a str) or None"
 
 
 def resume_mode(value: object) -> str | None:
@@ -278,7 +287,7 @@ def _plan(config: DictConfig, registry: Registry, here: bool) -> Plan:
             )
         capturable = resolve_capturable(settings["optimizer"]["capturable"], executor, device, problems)
     if executor is not None and dtype is not None and probe is not None:
-        refusal = executor_class(executor).refusal(module=probe.module, dtype=dtype)
+        refusal = executor_refusal(executor, probe.module, dtype)
         if refusal:
             problems.append(
                 f"executor={executor.name} cannot run this experiment: {refusal}; "
@@ -342,7 +351,7 @@ def _able_executors(
     able = [
         entry
         for entry in registry.components()
-        if entry.group == "executor" and not executor_class(entry).refusal(module=module, dtype=dtype)
+        if entry.group == "executor" and not executor_refusal(entry, module, dtype)
     ]
     off_gpu = device is None or device.type != "cuda"
     on_gpu_only = sorted(entry.name for entry in able if off_gpu and executor_class(entry).requires_cuda)

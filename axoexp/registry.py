@@ -45,6 +45,10 @@ class Bounds:
     infinite: bool = False
     """Whether infinity is a value (a p-norm's p), within the range; NaN never is."""
 
+    def __post_init__(self) -> None:
+        if self.low is not None and self.high is not None and self.low > self.high:
+            raise ValueError(f"Bounds(low={self.low}, high={self.high}) holds no value: low is above high")
+
     def problem(self, value: Any) -> str | None:
         """What is wrong with ``value`` (``None`` when it lies in range or is not a number)."""
         if isinstance(value, bool) or not isinstance(value, (int, float)):

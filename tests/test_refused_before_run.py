@@ -24,6 +24,7 @@ from axoexp.compare import main as compare_main
 from axoexp.components.population import lite, make_lite_model, sha256_of
 from axoexp.config import register_configs, unchosen_group
 from axoexp.errors import ConfigError, IncompatibleComponentsError
+from axoexp.executors.eager import EagerExecutor
 from axoexp.experiment import run_experiment
 from axoexp.interfaces import LossFn, PopulationSetup
 from axoexp.journal import JOURNAL_FILE
@@ -393,6 +394,14 @@ def _hooked(**hooks: Callable[..., object]) -> Callable[..., PopulationSetup]:
     return build
 
 
+class _YesRefuses(EagerExecutor):
+    """An executor whose refusal answers ``True`` rather than a reason."""
+
+    @classmethod
+    def refusal(cls, *, module: torch.nn.Module, dtype: torch.dtype) -> str | None:
+        return True  # type: ignore[return-value]
+
+
 def _no_estimate(params: object, dtype: object) -> int:
     raise KeyError("cells")
 
@@ -406,6 +415,7 @@ def wrapped(registry: Registry) -> Registry:
     registry.register("population", "estimate_text", _hooked(memory_estimate=lambda p, d: "4 MiB"), source=__file__)
     registry.register("population", "estimate_nan", _hooked(memory_estimate=lambda p, d: float("nan")), source=__file__)
     registry.register("population", "estimate_raises", _hooked(memory_estimate=_no_estimate), source=__file__)
+    registry.register("executor", "yes_refuses", _YesRefuses, source=__file__)
     registry.register("population", "problems_text", _hooked(config_problems=lambda p, c: "too short"), source=__file__)
     registry.register("population", "bare_lite", _bare_lite, source=__file__)
     registry.register("population", "a_tuple", _a_tuple, source=__file__)
@@ -490,6 +500,16 @@ def test_a_factory_hook_that_returns_no_answer_is_one_line_naming_it(
     refused = f"invalid experiment config: population={population}'s {message.format(source=__file__)}"
     with pytest.raises(ConfigError, match="^" + re.escape(refused)):
         plan_experiment(make_config(f"population={population}"), wrapped)
+
+
+def test_an_executor_whose_refusal_is_no_reason_says_so(make_config: Callable, wrapped: Registry) -> None:
+    """``cannot run this experiment: True`` said nothing of why."""
+    with pytest.raises(ConfigError) as refused:
+        plan_experiment(make_config("executor=yes_refuses"), wrapped)
+    assert str(refused.value).startswith(
+        f"invalid experiment config: executor=yes_refuses cannot run this experiment: executor=yes_refuses's refusal "
+        f"hook ({__file__}) returns a bool (True), not a reason (a str) or None; executors that can: eager"
+    )
 
 
 def test_a_loss_that_is_not_finite_before_any_update_is_refused_while_planning(

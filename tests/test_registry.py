@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import re
 import typing
 from typing import Annotated
 
@@ -106,6 +107,13 @@ def test_declared_bounds_are_checked_with_key_value_and_expectation() -> None:
     assert entry.value_problems({"scale": -1.0}) == ["loss.scale=-1.0: must be greater than 0"]
     (documented,) = entry.documented_parameters()
     assert documented.help == "multiplies the error" and documented.annotation is float
+
+
+def test_bounds_that_hold_no_value_are_refused_where_they_are_declared() -> None:
+    """``Bounds(5, 1)`` was accepted as the plugin loaded, and every value later said ``must lie in [5, 1]``."""
+    with pytest.raises(ValueError, match=re.escape("Bounds(low=5, high=1) holds no value: low is above high")):
+        Bounds(5, 1)
+    assert Bounds(1, 1).problem(1) is None
 
 
 def test_literal_choices_and_infinite_values_are_checked_with_key_value_and_choices() -> None:
