@@ -234,6 +234,8 @@ def _main() -> None:
             raise
         if isinstance(error, AxoexpError):  # in a sweep, a job's error (but a refusal before any job)
             status = 1 if multirun and not isinstance(error, RefusedTargetError) else error.exit_code
+            if multirun and line is None and _sweep_ends_with_its_own_line():
+                sys.exit(status)  # the job's error is said with the sweep's end, its last line
             _exit_with(line or str(error), status)
         composing = isinstance(error, ConfigCompositionException | OverrideParseException)  # before any job ran
         _exit_with(one_line(error), 1 if multirun and not composing else 2)
@@ -310,6 +312,13 @@ def _sweep_failed(error: BaseException) -> str | None:
     from axoexp import sweep
 
     return sweep.failed(error)
+
+
+def _sweep_ends_with_its_own_line() -> bool:
+    """:func:`axoexp.sweep.ends_with_its_own_line`, the sweep's module imported only by a sweep."""
+    from axoexp import sweep
+
+    return sweep.ends_with_its_own_line()
 
 
 def _warn_broken_plugin(error: AxoexpError) -> None:

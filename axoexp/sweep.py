@@ -442,6 +442,12 @@ def began() -> bool:
     return bool(_running)
 
 
+def ends_with_its_own_line() -> bool:
+    """Whether the running sweep has a parent run, whose end it says as its last line (each failed
+    job and refusal first): an error a job raised needs no line of its own after it."""
+    return bool(_running) and _running[0].parent_run_id is not None
+
+
 def failed(error: BaseException) -> str | None:
     """The running sweep, if one began, failed of ``error``: the sweep's last line where it says more
     than the error, the launcher's failure (kept as the parent run's reason, which no run gives) or
