@@ -14,13 +14,17 @@ if TYPE_CHECKING:  # annotations only: importing experiment here would load torc
 
 def format_result(result: ExperimentResult) -> str:
     """The human-readable summary printed at the end of a run."""
+    from axoexp.tracking import metric_value  # MLflow is loaded by now: a run has logged to it
+
     update = result.update
     lines = [f"{phase:<14}{milliseconds:10.3f} ms" for phase, milliseconds in result.prepare_ms.items()]
     if result.warmup_ms:
         lines.append(f"{'first update':<14}{result.warmup_ms[0]:10.3f} ms  (cold, warm-up)")
+    median, p10, p90, mean = (  # as MLflow has them, so the report shows the same digits
+        metric_value(names.update_metric(stat), getattr(update, stat)) for stat in ("median", "p10", "p90", "mean")
+    )
     lines.append(
-        f"{'update':<14}{update.median:10.3f} ms  median of {update.count}  "
-        f"(p10 {update.p10:.3f}, p90 {update.p90:.3f}, mean {update.mean:.3f})"
+        f"{'update':<14}{median:10.3f} ms  median of {update.count}  (p10 {p10:.3f}, p90 {p90:.3f}, mean {mean:.3f})"
     )
     if result.streams > 1:
         lines.append(

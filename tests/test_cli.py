@@ -210,6 +210,9 @@ def test_default_command_prints_timings_and_logs_to_mlflow_db_in_cwd(ran) -> Non
     run = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}").get_run(run_id)
     assert run.info.status == "FINISHED"
     assert run.data.params["loss.name"] == "causal_mse"
+    shown = re.search(r"update\s+(\S+) ms\s+median of 50\s+\(p10 (\S+), p90 (\S+), mean (\S+)\)", result.stdout)
+    logged = [run.data.metrics[names.update_metric(stat)] for stat in ("median", "p10", "p90", "mean")]
+    assert list(shown.groups()) == [f"{value:.3f}" for value in logged], "the digits the report shows of MLflow's"
     assert (Path(run.data.tags["output_dir"]) / "result.json").is_file()
     job_log = (Path(run.data.tags["output_dir"]) / "axoexp.log").read_text()
     for phase in ("prepare (compile, capture): done in ", "warm-up: 5 updates in ", "measured: 50 updates in "):
