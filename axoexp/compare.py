@@ -14,6 +14,9 @@ a regression. A row is not compared where a side did not finish (base FAILED) or
 a run lacks its per-update series (no per-update series (metric per_update/latency_ms) in new run
 ID): the timing column says which.
 
+Where no config is on both sides, the line names the keys that set the closest pair of
+configs apart (they differ in population.init_from (None vs ID)).
+
 A row with fewer than 2 runs on a side gets "no verdict" and no interval: the bootstrap
 resamples runs, so with one run the interval would hold only that run's own spread, not the
 run-to-run spread of a shared machine. Measure both sides with sweep.repeats=2 or more.
@@ -54,6 +57,7 @@ import math
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
+from itertools import product
 
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
@@ -66,6 +70,7 @@ from axoexp.report.rows import (
     ReportRow,
     build_rows,
     config_key,
+    key_order,
     measured_series,
     setting_label,
     sweep_runs,
@@ -91,6 +96,8 @@ ENVIRONMENT_TAGS = (
     names.version_tag("python"),
 )
 NO_GPU = "no GPU"  # a CPU run's GPU
+NOT_LOGGED = "not logged"  # a param one run has and another lacks
+NAMED_KEYS = 3  # most keys a line names where configs differ
 LATEST_SCAN = 1000  # newest runs looked at for --latest
 REGRESSION, FAULT = 1, 2  # exit statuses: a regression found; bad input or a store that cannot be read
 
@@ -148,6 +155,10 @@ class Side:
             return f"a sweep of {plural(len(self.runs), 'run')}"
         tags = self.runs[0].data.tags
         return f"a single run: {tags.get(names.component_tag('executor'), '?')} {tags.get(names.SHAPE, '?')}"
+
+    def configs(self) -> set[tuple[tuple[str, str], ...]]:
+        """The resolved configs its runs measured (:func:`~axoexp.report.rows.config_key`)."""
+        return {config_key(run) for run in self.runs}
 
     def code(self) -> dict[str, str]:
         """Commit, dirty, code and plugin hashes; several values of one joined by ``,``."""
@@ -218,6 +229,27 @@ def without_series(base: dict[str, list[float]], new: dict[str, list[float]]) ->
         if not got
     ]
     return f"no per-update series (metric {names.UPDATE_SERIES}) in {' and '.join(missing)}" if missing else ""
+
+
+def _differing(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    """The keys whose values differ between two configs (a key one lacks included), in :func:`key_order`."""
+    return sorted((key for key in before.keys() | after.keys() if before.get(key) != after.get(key)), key=key_order)
+
+
+def closest_difference(base: Side, new: Side) -> str:
+    """Where no config was measured on both sides, what sets the closest pair of configs (the fewest
+    keys apart) apart: ``they differ in population.init_from (None vs f32f...)``, or ``the closest
+    configs differ in ...`` where a side has several, naming at most :data:`NAMED_KEYS` keys.
+    Bookkeeping keys (``tracking.*``, ``sweep.*``, ``run.progress``) are no part of a config, so never named."""
+    pairs = product(map(dict, sorted(base.configs())), map(dict, sorted(new.configs())))
+    before, after = min(pairs, key=lambda pair: len(_differing(*pair)))
+    keys = _differing(before, after)
+    named = ", ".join(
+        f"{key} ({before.get(key, NOT_LOGGED)} vs {after.get(key, NOT_LOGGED)})" for key in keys[:NAMED_KEYS]
+    )
+    more = f" and {plural(len(keys) - NAMED_KEYS, 'more key')}" if len(keys) > NAMED_KEYS else ""
+    several = len(base.configs()) > 1 or len(new.configs()) > 1
+    return f"{'the closest configs' if several else 'they'} differ in {named}{more}"
 
 
 def other_hardware(base: Sequence[Run], new: Sequence[Run]) -> str:
@@ -480,7 +512,7 @@ def run_compare(store: StoreReader, argv: list[str] | None = None) -> int:
     if not comparisons:
         raise ComparisonError(
             f"BASE={base_id} ({base.described()}) NEW={new_id} ({new.described()}): no config and executor was "
-            "measured on both sides"
+            f"measured on both sides; {closest_difference(base, new)}"
         )
     print_out(format_comparison(comparisons, base, new, args.format, threshold))  # a reader gone: the verdict stands
     return sum(c.regression for c in comparisons)

@@ -515,6 +515,49 @@ def test_bad_input_is_one_line_and_exit_2(
         assert err.startswith(message) and err.count("\n") == 1, err
 
 
+def test_nothing_matched_names_the_keys_the_closest_configs_differ_in(
+    client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two single runs of one shape, the second started from the first's banks, at another commit,
+    tracking.uri and sweep.repeat (bookkeeping: never named); runs five keys apart (one a param only
+    one logs) name three; sweeps name their closest pair of configs."""
+    measured = "no config and executor was measured on both sides; "
+    base = _run(client, experiment, None, "0.1", 1.0, params={"population.init_from": "None"})
+    new = _run(client, experiment, None, "0.1", 1.0, commit="bbbb", repeat=1, params={"population.init_from": base})
+    far = _run(
+        client,
+        experiment,
+        None,
+        "0.2",
+        1.0,
+        params={
+            "population.init_from": "None",
+            "population.neurons": "3",
+            "population.time_steps": "16",
+            "seed": "1",
+            "gradient_transform.max_norm": "1.0",
+        },
+    )
+    expected = {
+        (base, new): f"they differ in population.init_from (None vs {base})",
+        (base, far): "they differ in population.neurons (2 vs 3), population.time_steps (12 vs 16), "
+        "gradient_transform.max_norm (not logged vs 1.0) and 2 more keys",
+    }
+    for (before, after), differ in expected.items():
+        assert _compare(tracking_uri, before, after) == 2
+        err = capsys.readouterr().err
+        assert err.endswith(f"(a single run: eager 2x12x4): {measured}{differ}\n") and err.count("\n") == 1, err
+
+    sweeps = (
+        _sweep(client, experiment, {"0.1": 1.0, "0.2": 1.0}),
+        _sweep(client, experiment, {"0.1": 1.0, "0.3": 1.0}, commit="bbbb", params={"population.neurons": "3"}),
+    )
+    assert _compare(tracking_uri, *sweeps) == 2
+    assert capsys.readouterr().err.endswith(
+        f"(a sweep of 4 runs): {measured}the closest configs differ in population.neurons (2 vs 3)\n"
+    )
+
+
 @pytest.mark.slow
 def test_a_reader_that_stops_early_leaves_the_verdict_as_the_exit_status(
     client: MlflowClient, experiment: str, tracking_uri: str
