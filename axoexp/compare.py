@@ -14,7 +14,8 @@ a regression. A row is not compared where a side did not finish (base FAILED) or
 a run lacks its per-update series (no per-update series (metric per_update/latency_ms) in new run
 ID): the timing column says which.
 
-Where no config is on both sides, the line names the keys that set the closest pair of
+Configs measured on one side only are counted (1 row matched; 2 configs only in BASE, 1 only in
+NEW). Where no config is on both sides, the line names the keys that set the closest pair of
 configs apart (they differ in population.init_from (None vs ID)).
 
 A row with fewer than 2 runs on a side gets "no verdict" and no interval: the bootstrap
@@ -160,6 +161,10 @@ class Side:
         """The resolved configs its runs measured (:func:`~axoexp.report.rows.config_key`)."""
         return {config_key(run) for run in self.runs}
 
+    def unmatched(self, other: Side) -> int:
+        """How many of its configs ``other`` did not measure: no row of theirs is compared."""
+        return len(self.configs() - other.configs())
+
     def code(self) -> dict[str, str]:
         """Commit, dirty, code and plugin hashes; several values of one joined by ``,``."""
         return {tag: _joined({run.data.tags.get(tag, "?") for run in self.runs}) for tag in CODE_TAGS}
@@ -229,6 +234,15 @@ def without_series(base: dict[str, list[float]], new: dict[str, list[float]]) ->
         if not got
     ]
     return f"no per-update series (metric {names.UPDATE_SERIES}) in {' and '.join(missing)}" if missing else ""
+
+
+def only_on_one_side(base: Side, new: Side) -> str:
+    """``2 configs only in BASE, 1 only in NEW`` (:meth:`Side.unmatched`), or ``""``."""
+    counts = [(count, side.label) for side, other in ((base, new), (new, base)) if (count := side.unmatched(other))]
+    return ", ".join(
+        f"{plural(count, 'config') if index == 0 else count} only in {label}"
+        for index, (count, label) in enumerate(counts)
+    )
 
 
 def _differing(before: dict[str, str], after: dict[str, str]) -> list[str]:
@@ -444,8 +458,9 @@ def format_comparison(comparisons: list[Comparison], base: Side, new: Side, styl
                 "code": side.code(),
                 "hardware": side.hardware(),
                 "environment": side.environment(),
+                "unmatched_configs": side.unmatched(other),
             }
-            for side in (base, new)
+            for side, other in ((base, new), (new, base))
         }
         return json.dumps({**sides, "threshold": threshold, "rows": [_record(c) for c in comparisons]}, indent=2)
     if style == "csv":
@@ -460,7 +475,8 @@ def format_comparison(comparisons: list[Comparison], base: Side, new: Side, styl
         for side in (base, new)
     ]
     lines.append(
-        f"{plural(len(comparisons), 'row')} matched; verdict from the {CONFIDENCE:.0%} interval of new/base "
+        "; ".join(filter(None, [f"{plural(len(comparisons), 'row')} matched", only_on_one_side(base, new)]))
+        + f"; verdict from the {CONFIDENCE:.0%} interval of new/base "
         f"against 1 ± {threshold * 100:.3g}%, given {MIN_RUNS} or more runs per side; regressions in capitals"
     )
     lines += filter(None, [hardware_note(base, new)])

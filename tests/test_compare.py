@@ -558,6 +558,26 @@ def test_nothing_matched_names_the_keys_the_closest_configs_differ_in(
     )
 
 
+def test_configs_on_one_side_only_are_counted(
+    client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """BASE swept optimizer.lr=0.1,0.2,0.3, NEW 0.1,0.4: one row matched, and the line says what was
+    left out of it, as do markdown's and JSON's."""
+    base = _sweep(client, experiment, {"0.1": 1.0, "0.2": 1.0, "0.3": 1.0})
+    new = _sweep(client, experiment, {"0.1": 1.0, "0.4": 1.0}, commit="bbbb")
+    fewer = _sweep(client, experiment, {"0.1": 1.0}, commit="cccc")
+
+    assert _compare(tracking_uri, base, new) == 0
+    assert "\n1 row matched; 2 configs only in BASE, 1 only in NEW; verdict from the 95% interval" in (
+        capsys.readouterr().out
+    )
+    assert _compare(tracking_uri, fewer, new, "--format", "markdown") == 0
+    assert "\n- 1 row matched; 1 config only in NEW; verdict from" in capsys.readouterr().out
+    assert _compare(tracking_uri, base, new, "--format", "json") == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["base"]["unmatched_configs"], report["new"]["unmatched_configs"], len(report["rows"])) == (2, 1, 1)
+
+
 @pytest.mark.slow
 def test_a_reader_that_stops_early_leaves_the_verdict_as_the_exit_status(
     client: MlflowClient, experiment: str, tracking_uri: str
