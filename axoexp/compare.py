@@ -10,9 +10,10 @@ sides' runs and their per-update series (axoexp.statistics.median_ratio_interval
 verdict: slower when the whole interval lies above 1 + threshold, faster when it lies below
 1 - threshold, no change when it lies within [1 - threshold, 1 + threshold], else unclear (it
 reaches beyond the threshold without lying wholly beyond it: too wide to tell). Only slower can be
-a regression. A row is not compared where a side did not finish (base FAILED) or
-a run lacks its per-update series (no per-update series (metric per_update/latency_ms) in new run
-ID): the timing column says which.
+a regression. A row is not compared where a side did not finish (base FAILED), a run lacks its
+per-update series (no per-update series (metric per_update/latency_ms) in new run ID) or the sides
+share a run (the same 2 runs on both sides: a sweep's rerun reused them; sweep.resume=false measures
+anew): the timing column says which.
 
 Configs measured on one side only are counted (1 row matched; 2 configs only in BASE, 1 only in
 NEW). Where no config is on both sides, the line names the keys that set the closest pair of
@@ -112,12 +113,13 @@ class Comparison:
     settings: str  # the settings that vary between the compared rows
     base_median_ms: float
     new_median_ms: float
-    ratio: float  # new / base median
+    ratio: float  # new / base median; NaN where the sides share a run
     ratio_low: float | None  # 95% bootstrap interval of ratio, where both sides have their series
     ratio_high: float | None
     verdict: str  # slower | faster | no change | unclear | no verdict | not compared
     caution: str  # why the verdict does not decide: "contended (cpu)", "noisy", "load not recorded",
-    # "new FAILED", "one run per side...", "other hardware: NVIDIA H200 -> NVIDIA A100", ""
+    # "new FAILED", "the same run on both sides", "one run per side...",
+    # "other hardware: NVIDIA H200 -> NVIDIA A100", ""
     regression: bool  # slower, with no caution
     base_runs: int
     new_runs: int
@@ -236,6 +238,13 @@ def without_series(base: dict[str, list[float]], new: dict[str, list[float]]) ->
     return f"no per-update series (metric {names.UPDATE_SERIES}) in {' and '.join(missing)}" if missing else ""
 
 
+def same_runs(base: Sequence[str], new: Sequence[str]) -> str:
+    """``the same run on both sides`` (``the same 2 runs ...``) where a row's sides share runs (a sweep
+    resumed from the other reused them), or ``""``: a run against itself is no comparison."""
+    shared = len(set(base) & set(new))
+    return f"the same {'run' if shared == 1 else f'{shared} runs'} on both sides" if shared else ""
+
+
 def only_on_one_side(base: Side, new: Side) -> str:
     """``2 configs only in BASE, 1 only in NEW`` (:meth:`Side.unmatched`), or ``""``."""
     counts = [(count, side.label) for side, other in ((base, new), (new, base)) if (count := side.unmatched(other))]
@@ -344,13 +353,14 @@ def compare(client: MlflowClient, base: Side, new: Side, threshold: float) -> li
         if row is None or before is None or (id(before), id(row)) in paired:
             continue
         paired.add((id(before), id(row)))
-        base_series = {run_id: series(run_id) for run_id in before.run_ids}
-        new_series = {run_id: series(run_id) for run_id in row.run_ids}
         low = high = None
-        ratio = row.median_ms / before.median_ms
+        shared = same_runs(before.run_ids, row.run_ids)
+        ratio = math.nan if shared else row.median_ms / before.median_ms
         unfinished = [f"{side} {r.status}" for side, r in (("base", before), ("new", row)) if r.status != "FINISHED"]
+        base_series = {} if shared else {run_id: series(run_id) for run_id in before.run_ids}
+        new_series = {} if shared else {run_id: series(run_id) for run_id in row.run_ids}
         unmeasured = without_series(base_series, new_series)
-        comparable = not unfinished and not unmeasured
+        comparable = not shared and not unfinished and not unmeasured
         others = [rows.get((config, not contended)) for rows in (before_rows, new_rows)]
         set_apart = sum(
             other.repeats
@@ -366,7 +376,7 @@ def compare(client: MlflowClient, base: Side, new: Side, threshold: float) -> li
         base_runs, new_runs = [by_id[run_id] for run_id in before.run_ids], [by_id[run_id] for run_id in row.run_ids]
         timing = doubts([run.data.tags for run in (*base_runs, *new_runs) if run.info.status == "FINISHED"])
         elsewhere = other_hardware(base_runs, new_runs)
-        caution = ", ".join(filter(None, [*unfinished, unmeasured, few, timing, elsewhere]))
+        caution = ", ".join(filter(None, [shared, *unfinished, unmeasured, few, timing, elsewhere]))
         outcome = NO_VERDICT if few else verdict(low, high, threshold)
         first = by_id[row.run_id]
         comparisons.append(

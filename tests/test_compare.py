@@ -558,6 +558,37 @@ def test_nothing_matched_names_the_keys_the_closest_configs_differ_in(
     )
 
 
+def test_rows_whose_sides_share_runs_a_resumed_sweep_reused_are_not_compared(
+    client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """NEW resumed BASE: it reused both repeats of optimizer.lr=0.1 and one of 0.2 (its parent's tags
+    axoexp.reused.jobN) and measured the rest anew. A row whose sides share runs is not compared (it
+    showed 1.000, no change: a run against itself), has no ratio and says so; 0.3 is compared."""
+    base = client.create_run(experiment, tags={names.SWEEP_ROLE: "parent"}).info.run_id
+    runs = {
+        (lr, repeat): _run(client, experiment, base, lr, 1.0, repeat=repeat)
+        for lr in ("0.1", "0.2", "0.3")
+        for repeat in (0, 1)
+    }
+    reused = (runs["0.1", 0], runs["0.1", 1], runs["0.2", 0])
+    tags = {f"{names.REUSED_PREFIX}job{job}": run_id for job, run_id in enumerate(reused)}
+    new = client.create_run(experiment, tags={names.SWEEP_ROLE: "parent", **tags}).info.run_id
+    _run(client, experiment, new, "0.2", 1.0, commit="bbbb", repeat=1)
+    _repeats(client, experiment, new, "0.3", 1.0, commit="bbbb")
+
+    assert _compare(tracking_uri, base, new, "--format", "json") == 0
+    rows = {row["settings"]: row for row in json.loads(capsys.readouterr().out)["rows"]}
+    assert {settings: (row["verdict"], row["caution"], row["ratio"]) for settings, row in rows.items()} == {
+        "optimizer.lr=0.1": ("not compared", "the same 2 runs on both sides", None),
+        "optimizer.lr=0.2": ("not compared", "the same run on both sides", None),
+        "optimizer.lr=0.3": ("no change", "", pytest.approx(1.0, rel=0.02)),
+    }
+    assert rows["optimizer.lr=0.1"]["ratio_low"] is None and not rows["optimizer.lr=0.1"]["regression"]
+    assert _compare(tracking_uri, base, new) == 0
+    reused_row = next(line for line in capsys.readouterr().out.splitlines() if "optimizer.lr=0.1" in line)
+    assert "not compared  the same 2 runs on both sides" in reused_row and "1.000" not in reused_row
+
+
 def test_configs_on_one_side_only_are_counted(
     client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -640,3 +671,33 @@ def test_real_single_runs_give_no_verdict_and_repeated_ones_do(
         else:
             assert (row["base_runs"], row["new_runs"]) == (2, 2) and row["ratio_low"] <= row["ratio_high"]
             assert row["verdict"] in ("slower", "faster", "no change", "unclear")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("migrated_store")
+def test_real_runs_apart_name_what_differs_and_a_resumed_sweep_shares_its_runs(
+    tmp_path: Path, client: MlflowClient, tracking_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The reviewer's commands: a run and one started from its banks (population.init_from) match
+    nothing and the line names the key; a sweep's rerun reuses every job (sweep.resume_contended=true,
+    however loaded the machine), so each row holds the same runs on both sides: none is compared
+    (--include-contended: a repeat the machine's load disturbed is no row of its own)."""
+    short = ("loss=causal_mse", "run.warmup_updates=2", "run.measured_updates=20", "run.progress=false")
+    sweep = ("-m", *short, "population.neurons=3,4", "sweep.repeats=2", "sweep.resume_contended=true")
+    for result in run_clis([(short, tmp_path, None), (sweep, tmp_path, None)]):
+        assert result.returncode == 0, result.stderr
+    experiment = [client.get_experiment_by_name("axoexp").experiment_id]
+    (single,) = client.search_runs(experiment, f"tags.`{names.SHAPE}` = '3x12x4' and params.`sweep.repeats` = '1'")
+    first = single.info.run_id
+    for result in run_clis([((*short, f"population.init_from={first}"), tmp_path, None), (sweep, tmp_path, None)]):
+        assert result.returncode == 0, result.stderr
+    parents = client.search_runs(experiment, f"tags.`{names.SWEEP_ROLE}` = 'parent'", order_by=["start_time ASC"])
+    ids = (parent.info.run_id for parent in parents)
+    assert _compare(tracking_uri, *ids, "--format", "json", "--include-contended") == 0  # a busy machine's too
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [(row["verdict"], row["caution"].split(",")[0], row["ratio"]) for row in rows] == [
+        ("not compared", "the same 2 runs on both sides", None)
+    ] * 2
+    (started,) = client.search_runs(experiment, f"params.`population.init_from` = '{first}'")
+    assert _compare(tracking_uri, first, started.info.run_id) == 2
+    assert capsys.readouterr().err.endswith(f"they differ in population.init_from (None vs {first})\n")
