@@ -10,9 +10,14 @@ sides' runs and their per-update series (axoexp.statistics.median_ratio_interval
 verdict: slower when the whole interval lies above 1 + threshold, faster when it lies below
 1 - threshold, no change when it lies within [1 - threshold, 1 + threshold], else unclear (it
 reaches beyond the threshold without lying wholly beyond it: too wide to tell). Only slower can be
-a regression. A row is not compared where a side did not finish (base FAILED) or
-a run lacks its per-update series (no per-update series (metric per_update/latency_ms) in new run
-ID): the timing column says which.
+a regression. A row is not compared where a side did not finish (base FAILED), a run lacks its
+per-update series (no per-update series (metric per_update/latency_ms) in new run ID) or the sides
+share a run (the same 2 runs on both sides: a sweep's rerun reused them; sweep.resume=false measures
+anew): the timing column says which.
+
+Configs measured on one side only are counted (1 row matched; 2 configs only in BASE, 1 only in
+NEW). Where no config is on both sides, the line names the keys that set the closest pair of
+configs apart (they differ in population.init_from (None vs ID)).
 
 A row with fewer than 2 runs on a side gets "no verdict" and no interval: the bootstrap
 resamples runs, so with one run the interval would hold only that run's own spread, not the
@@ -54,6 +59,7 @@ import math
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
+from itertools import product
 
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
@@ -66,6 +72,7 @@ from axoexp.report.rows import (
     ReportRow,
     build_rows,
     config_key,
+    key_order,
     measured_series,
     setting_label,
     sweep_runs,
@@ -91,6 +98,8 @@ ENVIRONMENT_TAGS = (
     names.version_tag("python"),
 )
 NO_GPU = "no GPU"  # a CPU run's GPU
+NOT_LOGGED = "not logged"  # a param one run has and another lacks
+NAMED_KEYS = 3  # most keys a line names where configs differ
 LATEST_SCAN = 1000  # newest runs looked at for --latest
 REGRESSION, FAULT = 1, 2  # exit statuses: a regression found; bad input or a store that cannot be read
 
@@ -104,12 +113,13 @@ class Comparison:
     settings: str  # the settings that vary between the compared rows
     base_median_ms: float
     new_median_ms: float
-    ratio: float  # new / base median
+    ratio: float  # new / base median; NaN where the sides share a run
     ratio_low: float | None  # 95% bootstrap interval of ratio, where both sides have their series
     ratio_high: float | None
     verdict: str  # slower | faster | no change | unclear | no verdict | not compared
     caution: str  # why the verdict does not decide: "contended (cpu)", "noisy", "load not recorded",
-    # "new FAILED", "one run per side...", "other hardware: NVIDIA H200 -> NVIDIA A100", ""
+    # "new FAILED", "the same run on both sides", "one run per side...",
+    # "other hardware: NVIDIA H200 -> NVIDIA A100", ""
     regression: bool  # slower, with no caution
     base_runs: int
     new_runs: int
@@ -148,6 +158,14 @@ class Side:
             return f"a sweep of {plural(len(self.runs), 'run')}"
         tags = self.runs[0].data.tags
         return f"a single run: {tags.get(names.component_tag('executor'), '?')} {tags.get(names.SHAPE, '?')}"
+
+    def configs(self) -> set[tuple[tuple[str, str], ...]]:
+        """The resolved configs its runs measured (:func:`~axoexp.report.rows.config_key`)."""
+        return {config_key(run) for run in self.runs}
+
+    def unmatched(self, other: Side) -> int:
+        """How many of its configs ``other`` did not measure: no row of theirs is compared."""
+        return len(self.configs() - other.configs())
 
     def code(self) -> dict[str, str]:
         """Commit, dirty, code and plugin hashes; several values of one joined by ``,``."""
@@ -218,6 +236,43 @@ def without_series(base: dict[str, list[float]], new: dict[str, list[float]]) ->
         if not got
     ]
     return f"no per-update series (metric {names.UPDATE_SERIES}) in {' and '.join(missing)}" if missing else ""
+
+
+def same_runs(base: Sequence[str], new: Sequence[str]) -> str:
+    """``the same run on both sides`` (``the same 2 runs ...``) where a row's sides share runs (a sweep
+    resumed from the other reused them), or ``""``: a run against itself is no comparison."""
+    shared = len(set(base) & set(new))
+    return f"the same {'run' if shared == 1 else f'{shared} runs'} on both sides" if shared else ""
+
+
+def only_on_one_side(base: Side, new: Side) -> str:
+    """``2 configs only in BASE, 1 only in NEW`` (:meth:`Side.unmatched`), or ``""``."""
+    counts = [(count, side.label) for side, other in ((base, new), (new, base)) if (count := side.unmatched(other))]
+    return ", ".join(
+        f"{plural(count, 'config') if index == 0 else count} only in {label}"
+        for index, (count, label) in enumerate(counts)
+    )
+
+
+def _differing(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    """The keys whose values differ between two configs (a key one lacks included), in :func:`key_order`."""
+    return sorted((key for key in before.keys() | after.keys() if before.get(key) != after.get(key)), key=key_order)
+
+
+def closest_difference(base: Side, new: Side) -> str:
+    """Where no config was measured on both sides, what sets the closest pair of configs (the fewest
+    keys apart) apart: ``they differ in population.init_from (None vs f32f...)``, or ``the closest
+    configs differ in ...`` where a side has several, naming at most :data:`NAMED_KEYS` keys.
+    Bookkeeping keys (``tracking.*``, ``sweep.*``, ``run.progress``) are no part of a config, so never named."""
+    pairs = product(map(dict, sorted(base.configs())), map(dict, sorted(new.configs())))
+    before, after = min(pairs, key=lambda pair: len(_differing(*pair)))
+    keys = _differing(before, after)
+    named = ", ".join(
+        f"{key} ({before.get(key, NOT_LOGGED)} vs {after.get(key, NOT_LOGGED)})" for key in keys[:NAMED_KEYS]
+    )
+    more = f" and {plural(len(keys) - NAMED_KEYS, 'more key')}" if len(keys) > NAMED_KEYS else ""
+    several = len(base.configs()) > 1 or len(new.configs()) > 1
+    return f"{'the closest configs' if several else 'they'} differ in {named}{more}"
 
 
 def other_hardware(base: Sequence[Run], new: Sequence[Run]) -> str:
@@ -298,13 +353,14 @@ def compare(client: MlflowClient, base: Side, new: Side, threshold: float) -> li
         if row is None or before is None or (id(before), id(row)) in paired:
             continue
         paired.add((id(before), id(row)))
-        base_series = {run_id: series(run_id) for run_id in before.run_ids}
-        new_series = {run_id: series(run_id) for run_id in row.run_ids}
         low = high = None
-        ratio = row.median_ms / before.median_ms
+        shared = same_runs(before.run_ids, row.run_ids)
+        ratio = math.nan if shared else row.median_ms / before.median_ms
         unfinished = [f"{side} {r.status}" for side, r in (("base", before), ("new", row)) if r.status != "FINISHED"]
+        base_series = {} if shared else {run_id: series(run_id) for run_id in before.run_ids}
+        new_series = {} if shared else {run_id: series(run_id) for run_id in row.run_ids}
         unmeasured = without_series(base_series, new_series)
-        comparable = not unfinished and not unmeasured
+        comparable = not shared and not unfinished and not unmeasured
         others = [rows.get((config, not contended)) for rows in (before_rows, new_rows)]
         set_apart = sum(
             other.repeats
@@ -320,7 +376,7 @@ def compare(client: MlflowClient, base: Side, new: Side, threshold: float) -> li
         base_runs, new_runs = [by_id[run_id] for run_id in before.run_ids], [by_id[run_id] for run_id in row.run_ids]
         timing = doubts([run.data.tags for run in (*base_runs, *new_runs) if run.info.status == "FINISHED"])
         elsewhere = other_hardware(base_runs, new_runs)
-        caution = ", ".join(filter(None, [*unfinished, unmeasured, few, timing, elsewhere]))
+        caution = ", ".join(filter(None, [shared, *unfinished, unmeasured, few, timing, elsewhere]))
         outcome = NO_VERDICT if few else verdict(low, high, threshold)
         first = by_id[row.run_id]
         comparisons.append(
@@ -412,8 +468,9 @@ def format_comparison(comparisons: list[Comparison], base: Side, new: Side, styl
                 "code": side.code(),
                 "hardware": side.hardware(),
                 "environment": side.environment(),
+                "unmatched_configs": side.unmatched(other),
             }
-            for side in (base, new)
+            for side, other in ((base, new), (new, base))
         }
         return json.dumps({**sides, "threshold": threshold, "rows": [_record(c) for c in comparisons]}, indent=2)
     if style == "csv":
@@ -428,7 +485,8 @@ def format_comparison(comparisons: list[Comparison], base: Side, new: Side, styl
         for side in (base, new)
     ]
     lines.append(
-        f"{plural(len(comparisons), 'row')} matched; verdict from the {CONFIDENCE:.0%} interval of new/base "
+        "; ".join(filter(None, [f"{plural(len(comparisons), 'row')} matched", only_on_one_side(base, new)]))
+        + f"; verdict from the {CONFIDENCE:.0%} interval of new/base "
         f"against 1 ± {threshold * 100:.3g}%, given {MIN_RUNS} or more runs per side; regressions in capitals"
     )
     lines += filter(None, [hardware_note(base, new)])
@@ -480,7 +538,7 @@ def run_compare(store: StoreReader, argv: list[str] | None = None) -> int:
     if not comparisons:
         raise ComparisonError(
             f"BASE={base_id} ({base.described()}) NEW={new_id} ({new.described()}): no config and executor was "
-            "measured on both sides"
+            f"measured on both sides; {closest_difference(base, new)}"
         )
     print_out(format_comparison(comparisons, base, new, args.format, threshold))  # a reader gone: the verdict stands
     return sum(c.regression for c in comparisons)

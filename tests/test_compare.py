@@ -515,6 +515,100 @@ def test_bad_input_is_one_line_and_exit_2(
         assert err.startswith(message) and err.count("\n") == 1, err
 
 
+def test_nothing_matched_names_the_keys_the_closest_configs_differ_in(
+    client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two single runs of one shape, the second started from the first's banks, at another commit,
+    tracking.uri and sweep.repeat (bookkeeping: never named); runs five keys apart (one a param only
+    one logs) name three; sweeps name their closest pair of configs."""
+    measured = "no config and executor was measured on both sides; "
+    base = _run(client, experiment, None, "0.1", 1.0, params={"population.init_from": "None"})
+    new = _run(client, experiment, None, "0.1", 1.0, commit="bbbb", repeat=1, params={"population.init_from": base})
+    far = _run(
+        client,
+        experiment,
+        None,
+        "0.2",
+        1.0,
+        params={
+            "population.init_from": "None",
+            "population.neurons": "3",
+            "population.time_steps": "16",
+            "seed": "1",
+            "gradient_transform.max_norm": "1.0",
+        },
+    )
+    expected = {
+        (base, new): f"they differ in population.init_from (None vs {base})",
+        (base, far): "they differ in population.neurons (2 vs 3), population.time_steps (12 vs 16), "
+        "gradient_transform.max_norm (not logged vs 1.0) and 2 more keys",
+    }
+    for (before, after), differ in expected.items():
+        assert _compare(tracking_uri, before, after) == 2
+        err = capsys.readouterr().err
+        assert err.endswith(f"(a single run: eager 2x12x4): {measured}{differ}\n") and err.count("\n") == 1, err
+
+    sweeps = (
+        _sweep(client, experiment, {"0.1": 1.0, "0.2": 1.0}),
+        _sweep(client, experiment, {"0.1": 1.0, "0.3": 1.0}, commit="bbbb", params={"population.neurons": "3"}),
+    )
+    assert _compare(tracking_uri, *sweeps) == 2
+    assert capsys.readouterr().err.endswith(
+        f"(a sweep of 4 runs): {measured}the closest configs differ in population.neurons (2 vs 3)\n"
+    )
+
+
+def test_rows_whose_sides_share_runs_a_resumed_sweep_reused_are_not_compared(
+    client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """NEW resumed BASE: it reused both repeats of optimizer.lr=0.1 and one of 0.2 (its parent's tags
+    axoexp.reused.jobN) and measured the rest anew. A row whose sides share runs is not compared (it
+    showed 1.000, no change: a run against itself), has no ratio and says so; 0.3 is compared."""
+    base = client.create_run(experiment, tags={names.SWEEP_ROLE: "parent"}).info.run_id
+    runs = {
+        (lr, repeat): _run(client, experiment, base, lr, 1.0, repeat=repeat)
+        for lr in ("0.1", "0.2", "0.3")
+        for repeat in (0, 1)
+    }
+    reused = (runs["0.1", 0], runs["0.1", 1], runs["0.2", 0])
+    tags = {f"{names.REUSED_PREFIX}job{job}": run_id for job, run_id in enumerate(reused)}
+    new = client.create_run(experiment, tags={names.SWEEP_ROLE: "parent", **tags}).info.run_id
+    _run(client, experiment, new, "0.2", 1.0, commit="bbbb", repeat=1)
+    _repeats(client, experiment, new, "0.3", 1.0, commit="bbbb")
+
+    assert _compare(tracking_uri, base, new, "--format", "json") == 0
+    rows = {row["settings"]: row for row in json.loads(capsys.readouterr().out)["rows"]}
+    assert {settings: (row["verdict"], row["caution"], row["ratio"]) for settings, row in rows.items()} == {
+        "optimizer.lr=0.1": ("not compared", "the same 2 runs on both sides", None),
+        "optimizer.lr=0.2": ("not compared", "the same run on both sides", None),
+        "optimizer.lr=0.3": ("no change", "", pytest.approx(1.0, rel=0.02)),
+    }
+    assert rows["optimizer.lr=0.1"]["ratio_low"] is None and not rows["optimizer.lr=0.1"]["regression"]
+    assert _compare(tracking_uri, base, new) == 0
+    reused_row = next(line for line in capsys.readouterr().out.splitlines() if "optimizer.lr=0.1" in line)
+    assert "not compared  the same 2 runs on both sides" in reused_row and "1.000" not in reused_row
+
+
+def test_configs_on_one_side_only_are_counted(
+    client: MlflowClient, experiment: str, tracking_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """BASE swept optimizer.lr=0.1,0.2,0.3, NEW 0.1,0.4: one row matched, and the line says what was
+    left out of it, as do markdown's and JSON's."""
+    base = _sweep(client, experiment, {"0.1": 1.0, "0.2": 1.0, "0.3": 1.0})
+    new = _sweep(client, experiment, {"0.1": 1.0, "0.4": 1.0}, commit="bbbb")
+    fewer = _sweep(client, experiment, {"0.1": 1.0}, commit="cccc")
+
+    assert _compare(tracking_uri, base, new) == 0
+    assert "\n1 row matched; 2 configs only in BASE, 1 only in NEW; verdict from the 95% interval" in (
+        capsys.readouterr().out
+    )
+    assert _compare(tracking_uri, fewer, new, "--format", "markdown") == 0
+    assert "\n- 1 row matched; 1 config only in NEW; verdict from" in capsys.readouterr().out
+    assert _compare(tracking_uri, base, new, "--format", "json") == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["base"]["unmatched_configs"], report["new"]["unmatched_configs"], len(report["rows"])) == (2, 1, 1)
+
+
 @pytest.mark.slow
 def test_a_reader_that_stops_early_leaves_the_verdict_as_the_exit_status(
     client: MlflowClient, experiment: str, tracking_uri: str
@@ -577,3 +671,33 @@ def test_real_single_runs_give_no_verdict_and_repeated_ones_do(
         else:
             assert (row["base_runs"], row["new_runs"]) == (2, 2) and row["ratio_low"] <= row["ratio_high"]
             assert row["verdict"] in ("slower", "faster", "no change", "unclear")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("migrated_store")
+def test_real_runs_apart_name_what_differs_and_a_resumed_sweep_shares_its_runs(
+    tmp_path: Path, client: MlflowClient, tracking_uri: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The reviewer's commands: a run and one started from its banks (population.init_from) match
+    nothing and the line names the key; a sweep's rerun reuses every job (sweep.resume_contended=true,
+    however loaded the machine), so each row holds the same runs on both sides: none is compared
+    (--include-contended: a repeat the machine's load disturbed is no row of its own)."""
+    short = ("loss=causal_mse", "run.warmup_updates=2", "run.measured_updates=20", "run.progress=false")
+    sweep = ("-m", *short, "population.neurons=3,4", "sweep.repeats=2", "sweep.resume_contended=true")
+    for result in run_clis([(short, tmp_path, None), (sweep, tmp_path, None)]):
+        assert result.returncode == 0, result.stderr
+    experiment = [client.get_experiment_by_name("axoexp").experiment_id]
+    (single,) = client.search_runs(experiment, f"tags.`{names.SHAPE}` = '3x12x4' and params.`sweep.repeats` = '1'")
+    first = single.info.run_id
+    for result in run_clis([((*short, f"population.init_from={first}"), tmp_path, None), (sweep, tmp_path, None)]):
+        assert result.returncode == 0, result.stderr
+    parents = client.search_runs(experiment, f"tags.`{names.SWEEP_ROLE}` = 'parent'", order_by=["start_time ASC"])
+    ids = (parent.info.run_id for parent in parents)
+    assert _compare(tracking_uri, *ids, "--format", "json", "--include-contended") == 0  # a busy machine's too
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [(row["verdict"], row["caution"].split(",")[0], row["ratio"]) for row in rows] == [
+        ("not compared", "the same 2 runs on both sides", None)
+    ] * 2
+    (started,) = client.search_runs(experiment, f"params.`population.init_from` = '{first}'")
+    assert _compare(tracking_uri, first, started.info.run_id) == 2
+    assert capsys.readouterr().err.endswith(f"they differ in population.init_from (None vs {first})\n")

@@ -109,8 +109,12 @@ def swept_keys(runs: Sequence[Run]) -> list[str]:
     for run in runs:
         for key, value in _measured_params(run).items():
             values[key].add(value)
-    keys = [key for key, seen in values.items() if len(seen) > 1]
-    return sorted(keys, key=lambda key: (not key.startswith(POPULATION_PREFIX), key))  # the population's own first
+    return sorted((key for key, seen in values.items() if len(seen) > 1), key=key_order)
+
+
+def key_order(key: str) -> tuple[bool, str]:
+    """How params are listed: the population's own first, then by name."""
+    return (not key.startswith(POPULATION_PREFIX), key)
 
 
 def sweep_runs(client: MlflowClient, parent: Run) -> list[Run]:
