@@ -66,7 +66,7 @@ class RunConfig:
     min_time_s: float = setting(
         0.0,
         "measure past measured_updates until the measured updates add up to this "
-        "many seconds and IQR/median <= 0.1; 0: off",
+        "many seconds and IQR/median <= 0.1 (within length buckets where population.lengths varies them); 0: off",
         NON_NEGATIVE,
     )
     max_time_s: float = setting(

@@ -197,7 +197,7 @@ def test_fused_kernel_padded_and_masked_updates_equal_exact_length_eager_updates
 
 
 def test_length_metrics_group_measured_updates_by_bucket() -> None:
-    from axoexp.measure import length_metrics
+    from axoexp.measure import length_groups, length_metrics
 
     batches = [(torch.zeros(3, steps, 4), torch.zeros(3, steps, 2)) for steps in (10, 30, 60)]
     # updates 2, 3, 4, 5 (after 2 warm-up updates) take batches of 60, 10, 30 and 60 steps
@@ -206,6 +206,9 @@ def test_length_metrics_group_measured_updates_by_bucket() -> None:
     assert metrics[names.bucket_update_metric(32, "median")] == 1.5
     assert metrics[names.bucket_update_metric(64, "median")] == 5.0
     assert metrics[names.bucket_update_metric(64, "count")] == 2
+    assert length_groups(batches, 2, 4, (32, 64)) == [64, 32, 32, 64]  # what each update's noise is judged within
+    assert length_groups(batches, 2, 3, None) == [60, 10, 30]  # unpadded: each exact length
+    assert length_groups(batches[:1], 0, 2, None) is None  # one length: judged across all updates
     unpadded = length_metrics([4.0, 1.0, 2.0], batches, 2, None)
     assert unpadded[names.PADDING_OVERHEAD] == 1.0 and unpadded[names.bucket_update_metric(10, "median")] == 1.0
     assert length_metrics([1.0], batches[:1], 0, None) == {}
@@ -262,6 +265,39 @@ def test_an_executor_that_captures_nothing_logs_no_recaptures_and_exact_lengths(
     shape = f"3x{low}..{high}x4"  # the batches' range of lengths, not the first batch's length
     assert low < high and run.data.tags[names.SHAPE] == shape and f" eager {shape} B=2 cpu" in run.info.run_name
     assert names.shape_size(shape) == 3 * high * 4
+
+
+def test_a_run_of_several_lengths_judges_its_noise_within_each_length(make_config) -> None:
+    """timing.noise, the summary's line and adaptive measuring judge each update against the median of
+    its own length's updates (eager: each exact length is a bucket), not against all updates'."""
+    from axoexp.statistics import noise_spread, noise_verdict
+
+    config = make_config(
+        "executor=eager",
+        *VARIED,
+        "run.warmup_updates=1",
+        "run.measured_updates=12",
+        "run.min_time_s=0.001",
+        "run.max_time_s=0.5",
+        "run.threads=1",
+        "run.progress=false",
+    )
+    result = run_experiment(config)
+    client = MlflowClient(result.tracking_uri)
+    run = client.get_run(result.run_id)
+    series = sorted(client.get_metric_history(result.run_id, names.UPDATE_SERIES), key=lambda metric: metric.step)
+    latencies = [metric.value for metric in series[1:]]  # after the one warm-up update
+    batches = plan_experiment(config).build_population().batches
+    lengths = [int(batches[(1 + index) % len(batches)][0].shape[-2]) for index in range(len(latencies))]
+    spread = noise_spread(latencies, lengths)
+    assert len(set(lengths)) > 1 and result.update.count == len(latencies)
+    assert run.data.metrics[names.NOISE_SPREAD] == pytest.approx(spread) == result.noise_spread
+    assert run.data.tags[names.TIMING_NOISE] == noise_verdict(spread)
+    judged = "<=" if noise_verdict(spread) == "low" else ">"
+    assert f"noise {noise_verdict(spread)} (IQR/median within length buckets {spread:.3f} {judged} 0.5)" in (
+        format_result(result)
+    )
+    assert f"IQR/median within length buckets {spread:.3f}" in run.data.tags[names.TIMING_ADAPTIVE]
 
 
 @pytest.mark.slow  # a sweep's runs
