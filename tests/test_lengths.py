@@ -69,6 +69,20 @@ def test_population_draws_each_batch_length_and_keeps_the_fixed_default() -> Non
     assert all(targets.shape[:-1] == inputs.shape[:-1] for inputs, targets in varied.batches)
 
 
+def test_the_lengths_drawn_depend_on_the_seed_alone_not_on_the_shape() -> None:
+    """A shape sweep times one workload: the same seed draws the same lengths, adapted and held out."""
+
+    def lengths(seed: int = 0, **shape: int) -> tuple[list[int], list[int]]:
+        setup = lite(device=CPU, dtype=torch.float32, seed=seed, lengths="uniform:8:64", batches=8, **shape)
+        return [int(x.shape[-2]) for x, _ in setup.batches], [int(x.shape[-2]) for x, _ in setup.eval_batches]
+
+    drawn = lengths()
+    assert len(set(drawn[0])) > 1
+    for shape in ({"neurons": 4}, {"neurons": 64, "contacts": 32}, {"batch_size": 2}):
+        assert lengths(**shape) == drawn, shape
+    assert lengths(seed=1) != drawn
+
+
 def test_buckets_follow_the_documented_rules() -> None:
     assert buckets_for("pow2", list(range(32, 257))) == (32, 64, 128, 256)
     assert buckets_for("pow2", [33, 200]) == (64, 128, 200)  # the longest length is the last bucket
