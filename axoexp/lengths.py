@@ -10,10 +10,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-LENGTHS_SYNTAX = (
-    "null (every batch has the population's fixed length), a list such as [64,128,256] (or '64,128,256'), "
-    "or uniform:MIN:MAX"
-)
+LENGTHS_SYNTAX = "null (every batch has the population's fixed length), a list such as [64,128,256], or uniform:MIN:MAX"
 BUCKETS_SYNTAX = (
     "pow2half (powers of two and the midpoints 1.5x them, below the longest length, and the longest), "
     "pow2 (powers of two only), or a list such as [64,128,256]"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -149,6 +150,22 @@ def test_a_buckets_rule_it_cannot_read_is_refused_once_for_fixed_and_varying_len
     assert str(refused.value).count("executor.buckets='fast' is not pow2half") == 1
 
 
+def test_the_hint_to_quote_a_string_of_lengths_works_pasted_into_a_shell(make_config) -> None:
+    """The shell strips one level of quotes: the hint's override, split as a shell splits it, still
+    hands Hydra the quoted string (``population.lengths='64,128,256'`` typed as is was refused again)."""
+    from hydra.errors import ConfigCompositionException, OverrideParseException
+
+    from axoexp.config import one_line
+
+    with pytest.raises(ConfigCompositionException) as several:
+        make_config("population.lengths=64,128,256")
+    (override,) = shlex.split(one_line(several.value).rpartition(": ")[2])  # the hint's last words
+    assert parse_lengths(make_config(override).population.lengths) == Lengths((64, 128, 256), 64, 256)
+    with pytest.raises(OverrideParseException) as unreadable:
+        make_config("population.lengths=[64,128")
+    assert shlex.split(one_line(unreadable.value).rpartition(": ")[2]) == ["key='a,b'"]
+
+
 REFUSED = {  # the commands of this module's CLI tests: a name, the arguments
     "longer than every bucket": ("executor=fused_cudagraph", "executor.buckets=[16]", "population.lengths=[12,24]"),
     "bad lengths value": ("population.lengths=uniform:40",),
@@ -182,7 +199,7 @@ def test_cli_refuses_a_bad_lengths_value_in_one_line(refused) -> None:
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         "axoexp: invalid experiment config: population.lengths='uniform:40' is not null (every batch has the "
-        "population's fixed length), a list such as [64,128,256] (or '64,128,256'), or uniform:MIN:MAX"
+        "population's fixed length), a list such as [64,128,256], or uniform:MIN:MAX"
     )
 
 
