@@ -39,13 +39,25 @@ class Lengths:
 
 
 def _positive_ints(items: Sequence[object], key: str, value: object, syntax: str) -> tuple[int, ...]:
-    try:
-        numbers = tuple(int(str(item).strip()) for item in items)
-    except ValueError:
-        raise ValueError(f"{key}={value!r} is not {syntax}") from None
-    if not numbers or min(numbers) < 1:
-        raise ValueError(f"{key}={value!r}: every length must be a positive integer ({syntax})")
-    return numbers
+    """The items as integers; a ``ValueError`` naming those that are not positive integers, or saying there are none."""
+    numbers, bad = [], []
+    for item in items:
+        try:
+            number = int(str(item).strip())
+        except ValueError:
+            bad.append(repr(item))
+            continue
+        numbers.append(number)
+        if number < 1:
+            bad.append(str(number))
+    if bad:
+        named = (
+            f"{bad[0]} is not a positive integer" if len(bad) == 1 else f"{', '.join(bad)} are not positive integers"
+        )
+        raise ValueError(f"{key}={value!r}: {named} ({syntax})")
+    if not numbers:
+        raise ValueError(f"{key}={value!r} is empty ({syntax})")
+    return tuple(numbers)
 
 
 def parse_lengths(value: object, key: str = "population.lengths") -> Lengths | None:

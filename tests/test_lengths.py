@@ -38,15 +38,21 @@ def test_lengths_syntax() -> None:
     assert parse_lengths(40) == Lengths((40,), 40, 40)
     assert parse_lengths("uniform:32:256") == Lengths(None, 32, 256)
     for bad, says in (
-        ("uniform:9", "is not null"),
-        ("uniform:9:3", "MIN 9 exceeds MAX 3"),
-        ([0, 3], "every length must be a positive integer"),
-        ("abc", "is not null"),
-        (2.5, "is not null"),
+        ("uniform:9", " is not null"),
+        ("uniform:9:3", ": MIN 9 exceeds MAX 3"),
+        ([8, 0, 16], ": 0 is not a positive integer (null"),  # the bad element, not only the list
+        ([-8, 16], ": -8 is not a positive integer (null"),
+        ([-8, 0, "x"], ": -8, 0, 'x' are not positive integers (null"),
+        ("uniform:0:16", ": 0 is not a positive integer (null"),
+        ("abc", ": 'abc' is not a positive integer (null"),
+        ([], " is empty (null"),
+        (2.5, " is not null"),
     ):
-        with pytest.raises(ValueError, match=says) as error:
+        with pytest.raises(ValueError) as error:
             parse_lengths(bad)
-        assert str(error.value).startswith(f"population.lengths={bad!r}")
+        assert str(error.value).startswith(f"population.lengths={bad!r}{says}"), error.value
+    with pytest.raises(ValueError, match=r"executor.buckets=\[64, 0\]: 0 is not a positive integer \(pow2half"):
+        buckets_for([64, 0], [9, 30])
 
 
 def test_drawn_lengths_are_seeded_and_within_the_spec() -> None:
