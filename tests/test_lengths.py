@@ -35,7 +35,7 @@ def test_lengths_syntax() -> None:
     assert parse_lengths(None) is None
     assert parse_lengths([128, 64, 64, 256]) == Lengths((64, 128, 256), 64, 256)
     assert parse_lengths("64,128") == Lengths((64, 128), 64, 128)
-    assert parse_lengths(40) == Lengths((40,), 40, 40)
+    assert parse_lengths([40]) == parse_lengths("40") == Lengths((40,), 40, 40)
     assert parse_lengths("uniform:32:256") == Lengths(None, 32, 256)
     for bad, says in (
         ("uniform:9", " is not null"),
@@ -53,6 +53,19 @@ def test_lengths_syntax() -> None:
         assert str(error.value).startswith(f"population.lengths={bad!r}{says}"), error.value
     with pytest.raises(ValueError, match=r"executor.buckets=\[64, 0\]: 0 is not a positive integer \(pow2half"):
         buckets_for([64, 0], [9, 30])
+
+
+def test_a_bare_number_of_lengths_is_refused_for_population_time_steps(make_config) -> None:
+    """``population.lengths=16`` ran every batch at 16 steps while the logged ``population.time_steps``
+    said 12: one length for every batch is ``population.time_steps``'s, and the line says so."""
+    with pytest.raises(ConfigError) as refused:
+        plan_experiment(make_config("population.lengths=16"))
+    assert str(refused.value) == (
+        "invalid experiment config: population.lengths=16: one length for every batch is population.time_steps=16; "
+        "population.lengths takes null (every batch has the population's fixed length), a list such as "
+        "[64,128,256], or uniform:MIN:MAX"
+    )
+    plan_experiment(make_config("population.lengths=[16]"))  # a list of one length is a list
 
 
 def test_drawn_lengths_are_seeded_and_within_the_spec() -> None:

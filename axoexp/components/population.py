@@ -280,7 +280,7 @@ def lite(
     checkpoint_sha256: Annotated[str | None, "pin: the checkpoint is refused unless its SHA-256 matches"] = None,
     batches: Annotated[int, "distinct (inputs, targets) batches, cycled", AT_LEAST_ONE] = 4,
     lengths: Annotated[
-        int | str | list[int] | None, f"each batch's time steps, drawn once per batch from the seed: {LENGTHS_SYNTAX}"
+        str | list[int] | None, f"each batch's time steps, drawn once per batch from the seed: {LENGTHS_SYNTAX}"
     ] = None,
     eval_batches: Annotated[
         int, "held-out batches, never adapted on: eval_loss_before and eval_loss_after (0: no evaluation)", NON_NEGATIVE
