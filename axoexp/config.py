@@ -66,7 +66,7 @@ class RunConfig:
     min_time_s: float = setting(
         0.0,
         "measure past measured_updates until the measured updates add up to this "
-        "many seconds and IQR/median <= 0.1; 0: off",
+        "many seconds and IQR/median <= 0.1 (within length buckets where population.lengths varies them); 0: off",
         NON_NEGATIVE,
     )
     max_time_s: float = setting(
@@ -222,7 +222,8 @@ def one_line(error: BaseException) -> str:
     if isinstance(error, OverrideParseException):  # Hydra's grammar: "no viable alternative at input '[64,128'"
         return (
             f"{error.override}: not an override Hydra can read ({str(error).strip().splitlines()[0]}); write "
-            "key=value, a list as key=[a,b], a string with , [ ] = or spaces quoted: key='a b'"
+            "key=value, a list as key=[a,b], a string with , [ ] = or spaces quoted inside the shell's quotes: "
+            "\"key='a,b'\""
         )
     first = str(error).strip().splitlines()[0] if str(error).strip() else ""
     not_in_defaults = re.search(r"defaults list\.\nTo append to your default list use \+(\S+)", str(error))
@@ -245,7 +246,7 @@ def one_line(error: BaseException) -> str:
         key, _, values = override.partition("=")
         return (
             f"{override}: several values outside a sweep; to sweep over them add -m (--multirun), "
-            f"for a list write {key}=[{values}], for a string quote it: {key}='{values}'"
+            f"for a list write {key}=[{values}], for a string quote it inside the shell's quotes: \"{key}='{values}'\""
         )
     if isinstance(cause, OmegaConfBaseException):
         detail = (getattr(cause, "msg", None) or str(cause)).strip().splitlines()[0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from axoexp import names
-from axoexp.statistics import HIGH, NOISE_THRESHOLD, noise_verdict
+from axoexp.statistics import HIGH, NOISE_THRESHOLD, noise_verdict, spread_name
 from axoexp.stdout import plural
 
 if TYPE_CHECKING:  # annotations only: importing experiment here would load torch and mlflow early
@@ -38,10 +38,8 @@ def format_result(result: ExperimentResult) -> str:
             f"{'device clock':<14}{result.device_update.median:10.3f} ms  median (CUDA events), "
             f"host overhead {result.host_overhead_ms:.3f} ms"
         )
-    lines.append(
-        f"{'timing':<14}{noise_label(update.rel_iqr)}, contention {result.contention}, "
-        f"{plural(result.threads, 'thread')}"
-    )
+    noise = noise_label(result.noise_spread, result.lengths is not None)
+    lines.append(f"{'timing':<14}{noise}, contention {result.contention}, {plural(result.threads, 'thread')}")
     lines.append(f"{'loss':<14}{result.losses[0]:10.4g} -> {result.losses[-1]:.4g}")
     if result.eval_loss_before is not None and result.eval_loss_after is not None:
         lines.append(
@@ -106,8 +104,9 @@ def process_summary(process_ms: dict[str, float], biggest: int = 3) -> str:
     return f"{process_ms[names.PROCESS_TOTAL] / 1000:10.2f} s from start: {parts} (exit not included)"
 
 
-def noise_label(relative_iqr: float) -> str:
-    """The noise verdict with the spread and the threshold it was judged against, e.g.
-    ``noise low (IQR/median 0.398 <= 0.5)``."""
-    verdict = noise_verdict(relative_iqr)
-    return f"noise {verdict} (IQR/median {relative_iqr:.3f} {'>' if verdict == HIGH else '<='} {NOISE_THRESHOLD:g})"
+def noise_label(spread: float, by_length: bool) -> str:
+    """The noise verdict with the spread (:func:`~axoexp.statistics.noise_spread`; ``by_length``: judged
+    within length buckets) and the threshold it was judged against, e.g. ``noise low (IQR/median 0.398 <= 0.5)``."""
+    verdict = noise_verdict(spread)
+    judged = ">" if verdict == HIGH else "<="
+    return f"noise {verdict} ({spread_name(by_length)} {spread:.3f} {judged} {NOISE_THRESHOLD:g})"

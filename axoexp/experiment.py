@@ -22,14 +22,14 @@ from axoexp.guard import FiniteGuard
 from axoexp.interfaces import RunLog, length_range
 from axoexp.journal import JournaledLog, journaled_run
 from axoexp.lease import device_lease
-from axoexp.measure import length_metrics, length_tags, measure_updates
+from axoexp.measure import length_groups, length_metrics, length_tags, measure_updates
 from axoexp.outputs import HYDRA_DIR, write_atomically
 from axoexp.plan import Plan, plan_experiment
 from axoexp.progress import noted_if_slow
 from axoexp.redact import hide_passwords_in_logs
 from axoexp.registry import REGISTRY, Registry
 from axoexp.runtime import configure_determinism, configure_threads
-from axoexp.statistics import LatencySummary
+from axoexp.statistics import LatencySummary, noise_spread
 from axoexp.tracking import StoreOpening, configure_tracking, flatten, store_failure
 from axoexp.verification import Verification, bucket_metrics, verify_buckets, verify_parity
 from axoexp.windows import PREPARE, VERIFY, Observer, window
@@ -51,6 +51,7 @@ class ExperimentResult:
     warmup_ms: list[float]
     losses: list[float]
     description: dict[str, Any]
+    noise_spread: float  # what tag timing.noise judged: IQR / median, within length buckets where lengths differ
     verification: Verification | None = None
     device_update: LatencySummary | None = None  # CUDA-event clock of the measured updates (CUDA only)
     host_overhead_ms: float | None = None  # median of host minus device time per measured update
@@ -238,6 +239,7 @@ def _execute(
         finally:
             guard.log_to(tracker)
         update = LatencySummary.of(measured.latencies_ms)
+        groups = length_groups(setup.batches, config.run.warmup_updates, update.count, executor.buckets())
         by_length = length_metrics(measured.latencies_ms, setup.batches, config.run.warmup_updates, executor.buckets())
         captured = executor.captures()
         recaptures = None if captured is None or captured_in_prepare is None else captured - captured_in_prepare
@@ -297,6 +299,7 @@ def _execute(
         if measured.device_ms
         else None,
         contention=guard.verdict(),
+        noise_spread=noise_spread(measured.latencies_ms, groups),
         eval_loss_before=eval_before,
         eval_loss_after=eval_after,
         eval_batches=len(setup.eval_batches),

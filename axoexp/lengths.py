@@ -10,10 +10,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-LENGTHS_SYNTAX = (
-    "null (every batch has the population's fixed length), a list such as [64,128,256] (or '64,128,256'), "
-    "or uniform:MIN:MAX"
-)
+LENGTHS_SYNTAX = "null (every batch has the population's fixed length), a list such as [64,128,256], or uniform:MIN:MAX"
 BUCKETS_SYNTAX = (
     "pow2half (powers of two and the midpoints 1.5x them, below the longest length, and the longest), "
     "pow2 (powers of two only), or a list such as [64,128,256]"
@@ -42,18 +39,32 @@ class Lengths:
 
 
 def _positive_ints(items: Sequence[object], key: str, value: object, syntax: str) -> tuple[int, ...]:
-    try:
-        numbers = tuple(int(str(item).strip()) for item in items)
-    except ValueError:
-        raise ValueError(f"{key}={value!r} is not {syntax}") from None
-    if not numbers or min(numbers) < 1:
-        raise ValueError(f"{key}={value!r}: every length must be a positive integer ({syntax})")
-    return numbers
+    """The items as integers; a ``ValueError`` naming those that are not positive integers, or saying there are none."""
+    numbers, bad = [], []
+    for item in items:
+        try:
+            number = int(str(item).strip())
+        except ValueError:
+            bad.append(repr(item))
+            continue
+        numbers.append(number)
+        if number < 1:
+            bad.append(str(number))
+    if bad:
+        named = (
+            f"{bad[0]} is not a positive integer" if len(bad) == 1 else f"{', '.join(bad)} are not positive integers"
+        )
+        raise ValueError(f"{key}={value!r}: {named} ({syntax})")
+    if not numbers:
+        raise ValueError(f"{key}={value!r} is empty ({syntax})")
+    return tuple(numbers)
 
 
 def parse_lengths(value: object, key: str = "population.lengths") -> Lengths | None:
     """The lengths a ``population.lengths`` value names; ``None`` for null. A bad value raises
-    ``ValueError`` with one line naming the key, the value and the syntax."""
+    ``ValueError`` with one line naming the key, the value and the syntax; so does a bare number: it
+    would run every batch at that length while the logged ``population.time_steps`` said another, and
+    one length for every batch is what ``population.time_steps`` sets."""
     if value is None:
         return None
     if isinstance(value, str) and value.strip().startswith("uniform:"):
@@ -64,10 +75,12 @@ def parse_lengths(value: object, key: str = "population.lengths") -> Lengths | N
         if low > high:
             raise ValueError(f"{key}={value!r}: MIN {low} exceeds MAX {high} ({LENGTHS_SYNTAX})")
         return Lengths(None, low, high)
+    if isinstance(value, int) and not isinstance(value, bool):  # one number: not a list of one
+        raise ValueError(
+            f"{key}={value}: one length for every batch is population.time_steps={value}; {key} takes {LENGTHS_SYNTAX}"
+        )
     items = value.split(",") if isinstance(value, str) else value
     if isinstance(value, (bool, float)) or not isinstance(items, Sequence):
-        items = [value] if isinstance(value, int) and not isinstance(value, bool) else None
-    if items is None:
         raise ValueError(f"{key}={value!r} is not {LENGTHS_SYNTAX}")
     choices = tuple(sorted(set(_positive_ints(items, key, value, LENGTHS_SYNTAX))))
     return Lengths(choices, choices[0], choices[-1])

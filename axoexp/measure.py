@@ -15,10 +15,10 @@ import torch
 from axoexp import names, signals
 from axoexp.executors.capture import state_preserved
 from axoexp.interfaces import Batch, Executor, RunLog, length_range
-from axoexp.lengths import by_bucket, padding_overhead
+from axoexp.lengths import bucket_of, by_bucket, padding_overhead
 from axoexp.progress import log as run_log
 from axoexp.runtime import CALIBRATION_ROUNDS, CALIBRATION_TOLERANCE, CALIBRATION_UPDATES, choose_threads
-from axoexp.statistics import STABLE_THRESHOLD, LatencySummary, rel_iqr
+from axoexp.statistics import STABLE_THRESHOLD, LatencySummary, noise_spread, spread_name
 from axoexp.timing import device_events, elapsed_ms, synchronizer
 from axoexp.tracking import MILLISECOND_DIGITS
 from axoexp.windows import MEASURED, WARMUP, Observer, UpdateTrace, log_traces, window
@@ -82,21 +82,24 @@ def measure_until_stable(
     started: float,
 ) -> str:
     """Adaptive measuring (``run.min_time_s``): more blocks of updates until the measured updates
-    add up to ``min_time_s`` and IQR / median is at most the noise threshold, or until
+    add up to ``min_time_s`` and their spread (IQR / median, within length buckets where the batches'
+    lengths differ: :func:`~axoexp.statistics.noise_spread`) is at most the stable threshold, or until
     ``max_time_s`` have passed since the window began. Says which happened."""
+    named = spread_name(length_range(batches) is not None)
     while True:
         measured_s = sum(trace.latencies_ms) / 1e3
-        spread = rel_iqr(trace.latencies_ms)
+        groups = length_groups(batches, first, len(trace.latencies_ms), executor.buckets())
+        spread = noise_spread(trace.latencies_ms, groups)
         if measured_s >= min_time_s and spread <= STABLE_THRESHOLD:
             return (
                 f"stable after {len(trace.latencies_ms)} updates ({measured_s:.2f} s measured, "
-                f"IQR/median {spread:.3f} <= {STABLE_THRESHOLD})"
+                f"{named} {spread:.3f} <= {STABLE_THRESHOLD})"
             )
         remaining_s = max_time_s - (time.monotonic() - started)
         if remaining_s <= 0:
             return (
                 f"stopped at run.max_time_s={max_time_s:g} after {len(trace.latencies_ms)} updates "
-                f"({measured_s:.2f} s measured, IQR/median {spread:.3f})"
+                f"({measured_s:.2f} s measured, {named} {spread:.3f})"
             )
         median_s = float(np.median(trace.latencies_ms)) / 1e3
         count = max(1, min(block, math.ceil(remaining_s / median_s) if median_s > 0 else block))
@@ -177,8 +180,24 @@ def measure_updates(
         if min_time_s > 0:
             tracker.set_tags({names.TIMING_ADAPTIVE: outcome})
     finally:
-        log_traces(tracker, warmup, measured, measured_count)
+        groups = length_groups(batches, warmup_count, len(measured.latencies_ms), executor.buckets())
+        log_traces(tracker, warmup, measured, measured_count, groups)
     return warmup, measured
+
+
+def update_lengths(batches: list[Batch], first: int, count: int) -> list[int]:
+    """The time steps of updates ``first``, ``first`` + 1, ..., ``count`` of them (batches cycled)."""
+    return [int(batches[(first + index) % len(batches)][0].shape[-2]) for index in range(count)]
+
+
+def length_groups(batches: list[Batch], first: int, count: int, buckets: tuple[int, ...] | None) -> list[int] | None:
+    """The length bucket of each of ``count`` updates from ``first`` (``buckets`` ``None``: its exact
+    length), which its noise is judged within (:func:`~axoexp.statistics.noise_spread`); ``None`` where
+    every batch has one length."""
+    if length_range(batches) is None:
+        return None
+    lengths = update_lengths(batches, first, count)
+    return lengths if buckets is None else [bucket_of(length, buckets) for length in lengths]
 
 
 def length_tags(buckets: tuple[int, ...] | None, batches: list[Batch]) -> dict[str, str]:
@@ -195,7 +214,7 @@ def length_metrics(
     """Per-bucket order statistics and the padding overhead of updates ``first``, ``first`` + 1, ...
     (batches cycled; ``buckets`` ``None``: each length its own bucket, unpadded); empty when every
     batch has one length."""
-    lengths = [int(batches[(first + index) % len(batches)][0].shape[-2]) for index in range(len(latencies_ms))]
+    lengths = update_lengths(batches, first, len(latencies_ms))
     if length_range(batches) is None or not lengths:
         return {}
     buckets = buckets or tuple(sorted(set(lengths)))

@@ -306,11 +306,14 @@ def threads_calibration_metric(threads: int) -> str:
 TIMING_DEVICE_CLOCK = "timing.device_clock"  # what update_device_ms covers (CUDA runs only)
 TIMING_CONTENTION = "timing.contention"  # "none" or a comma list: cpu, gpu-shared, gpu-throttled
 TIMING_CONTENTION_DETAIL = "timing.contention.detail"  # what was seen, per window
-TIMING_NOISE = "timing.noise"  # "low" or "high" (IQR/median above axoexp.statistics.NOISE_THRESHOLD)
+TIMING_NOISE = "timing.noise"  # "low" or "high" (NOISE_SPREAD above axoexp.statistics.NOISE_THRESHOLD)
 TIMING_ADAPTIVE = "timing.adaptive"  # why run.min_time_s stopped measuring
 SWEEP_REPEAT_PARAM = "sweep.repeat"
 UPDATE_DEVICE_SERIES = "update_device_ms"  # CUDA-event time of every update (step = update index)
 UPDATE_REL_IQR = update_metric("rel_iqr")  # IQR / median of the measured updates
+NOISE_SPREAD = "noise_spread"
+"""What ``timing.noise`` judges (:func:`axoexp.statistics.noise_spread`): the IQR of each measured update's
+latency over the median of its length bucket's; ``update_ms_rel_iqr`` where every batch has one length."""
 HOST_OVERHEAD_MEDIAN = "host_overhead_ms_median"  # median over measured updates of host - device time
 
 

@@ -1,5 +1,5 @@
-"""How much to trust a latency: spread (relative IQR), a noise verdict, and a bootstrap
-interval for the ratio of two medians (a speedup).
+"""How much to trust a latency: spread (relative IQR, also within length buckets), a noise verdict,
+and a bootstrap interval for the ratio of two medians (a speedup).
 
 Adaptive measuring (``run.min_time_s``) stops as torch.utils.benchmark's adaptive autorange
 does, once IQR / median falls below 0.1. The noise verdict is looser, calibrated on measured
@@ -9,7 +9,7 @@ runs (docs/timing.md): an idle machine's default runs spread up to about 0.44, d
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -17,9 +17,10 @@ import numpy as np
 from axoexp import names
 
 STABLE_THRESHOLD = 0.10
-"""IQR / median at or below this ends adaptive measuring (torch.utils.benchmark's adaptive-autorange threshold)."""
+"""IQR / median (:func:`noise_spread`) at or below this ends adaptive measuring (torch.utils.benchmark's
+adaptive-autorange threshold)."""
 NOISE_THRESHOLD = 0.50
-"""IQR / median above this is ``high`` noise. Calibrated on 150 default and 64x64x8 runs on an
+"""IQR / median (:func:`noise_spread`) above this is ``high`` noise. Calibrated on 150 default and 64x64x8 runs on an
 idle 16-CPU host, on all 16 CPUs and on 2 of them: every idle run stayed at or below 0.44 (0 of
 75 high), while 12 of 18 runs whose thread pool shared all its CPUs with one busy process were
 above (the 6 others were slowed uniformly, which a spread cannot show).
@@ -45,9 +46,35 @@ def rel_iqr(samples: Sequence[float]) -> float:
     return float((p75 - p25) / median) if median > 0 else float("inf")
 
 
-def noise_verdict(relative_iqr: float) -> str:
-    """``low`` when IQR / median is at most :data:`NOISE_THRESHOLD`, else ``high``."""
-    return LOW if relative_iqr <= NOISE_THRESHOLD else HIGH
+def noise_spread(samples: Sequence[float], groups: Sequence[Hashable] | None = None) -> float:
+    """The spread :func:`noise_verdict` and adaptive measuring judge: the IQR of each sample divided by the
+    median of its group (``groups[i]``: sample ``i``'s, e.g. its update's length bucket), so that updates of
+    different lengths taking different times is no noise. With one group (or ``None``) this is
+    :func:`rel_iqr`, IQR / median. A group of one sample is its own median: it adds no spread."""
+    if groups is None or len(set(groups)) < 2:
+        return rel_iqr(samples)
+    values = np.asarray(samples, dtype=np.float64)
+    keys = np.asarray(groups)
+    relative = np.empty_like(values)
+    for key in set(groups):
+        members = keys == key
+        median = np.median(values[members])
+        if median <= 0:
+            return float("inf")
+        relative[members] = values[members] / median
+    p25, p75 = np.percentile(relative, [25, 75])
+    return float(p75 - p25)
+
+
+def spread_name(by_length: bool) -> str:
+    """How :func:`noise_spread` is named where it is printed: ``IQR/median``, or, over updates of several
+    lengths, ``IQR/median within length buckets``."""
+    return "IQR/median within length buckets" if by_length else "IQR/median"
+
+
+def noise_verdict(spread: float) -> str:
+    """``low`` when the spread (:func:`noise_spread`) is at most :data:`NOISE_THRESHOLD`, else ``high``."""
+    return LOW if spread <= NOISE_THRESHOLD else HIGH
 
 
 def timing_labels(runs_tags: Sequence[Mapping[str, str]]) -> tuple[str, str]:

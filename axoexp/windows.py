@@ -17,7 +17,7 @@ import numpy as np
 
 from axoexp import names
 from axoexp.interfaces import MetricsLog
-from axoexp.statistics import LatencySummary, noise_verdict
+from axoexp.statistics import LatencySummary, noise_spread, noise_verdict
 
 PREPARE, WARMUP, MEASURED, VERIFY = "prepare", "warmup", "measured", "verify"
 WINDOWS = (PREPARE, WARMUP, MEASURED, VERIFY)
@@ -60,8 +60,16 @@ class UpdateTrace:
     device_ms: list[float] = field(default_factory=list)
 
 
-def log_traces(tracker: MetricsLog, warmup: UpdateTrace, measured: UpdateTrace, planned: int) -> None:
-    """Log whatever completed, also when an update failed part-way."""
+def log_traces(
+    tracker: MetricsLog,
+    warmup: UpdateTrace,
+    measured: UpdateTrace,
+    planned: int,
+    length_groups: Sequence[int] | None = None,
+) -> None:
+    """Log whatever completed, also when an update failed part-way. ``length_groups``: each measured
+    update's length bucket, which its noise is judged within (:func:`~axoexp.statistics.noise_spread`);
+    ``None`` where every batch has one length, or where they are not known (a journal's replay)."""
     tracker.log_series(names.UPDATE_SERIES, warmup.latencies_ms + measured.latencies_ms)
     tracker.log_series(names.LOSS_SERIES, warmup.losses + measured.losses)
     if warmup.device_ms or measured.device_ms:
@@ -71,7 +79,8 @@ def log_traces(tracker: MetricsLog, warmup: UpdateTrace, measured: UpdateTrace, 
         metrics[names.FIRST_UPDATE] = warmup.latencies_ms[0]
     if measured.latencies_ms:
         metrics.update(LatencySummary.of(measured.latencies_ms).as_metrics(names.update_metric))
-        tracker.set_tags({names.TIMING_NOISE: noise_verdict(metrics[names.UPDATE_REL_IQR])})
+        metrics[names.NOISE_SPREAD] = noise_spread(measured.latencies_ms, length_groups)
+        tracker.set_tags({names.TIMING_NOISE: noise_verdict(metrics[names.NOISE_SPREAD])})
     if measured.device_ms:
         device = LatencySummary.of(measured.device_ms)
         metrics.update({names.device_metric(stat): getattr(device, stat) for stat in names.DEVICE_STATS})

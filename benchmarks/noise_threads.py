@@ -33,7 +33,7 @@ from axoexp.measure import calibrate_threads, run_updates
 from axoexp.plan import plan_experiment
 from axoexp.plugins import load_plugins
 from axoexp.runtime import thread_candidates
-from axoexp.statistics import LatencySummary
+from axoexp.statistics import HIGH, NOISE_THRESHOLD, LatencySummary, noise_verdict
 from axoexp.windows import UpdateTrace
 
 BUSY_LOOP = "while True: pass"
@@ -104,11 +104,12 @@ def main() -> None:
     for condition in ("idle", "one busy process"):
         for threads in args.threads:
             mine = [run for run in runs if run["condition"] == condition and run["threads"] == threads]
+            noisy = sum(noise_verdict(run["rel_iqr"]) == HIGH for run in mine)  # timing.noise's rule
             summary[f"{condition}, {threads} threads"] = {
                 "median_of_medians_ms": round(float(np.median([run["median_ms"] for run in mine])), 4),
                 "median_of_means_ms": round(float(np.median([run["mean_ms"] for run in mine])), 4),
                 "median_p90_ms": round(float(np.median([run["p90_ms"] for run in mine])), 4),
-                "rel_iqr_over_0.1": f"{sum(run['rel_iqr'] > 0.1 for run in mine)} of {len(mine)}",
+                f"rel_iqr_over_{NOISE_THRESHOLD:g}": f"{noisy} of {len(mine)}",
                 "threads_used": sorted(run["threads_used"] for run in mine),
             }
     record = {

@@ -66,12 +66,14 @@ USER_ERRORS = [  # (the overrides, space-separated; the one line printed)
     (
         "population.neurons=3,64",
         "population.neurons=3,64: several values outside a sweep; to sweep over them add -m (--multirun), for a list "
-        "write population.neurons=[3,64], for a string quote it: population.neurons='3,64'",
+        "write population.neurons=[3,64], for a string quote it inside the shell's quotes: "
+        "\"population.neurons='3,64'\"",
     ),
     (
         "population.lengths=[64,128",
         "population.lengths=[64,128: not an override Hydra can read (no viable alternative at input '[64,128'); "
-        "write key=value, a list as key=[a,b], a string with , [ ] = or spaces quoted: key='a b'",
+        "write key=value, a list as key=[a,b], a string with , [ ] = or spaces quoted inside the shell's quotes: "
+        "\"key='a,b'\"",
     ),
     (
         "+population.neurons=5",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -34,18 +35,37 @@ def test_lengths_syntax() -> None:
     assert parse_lengths(None) is None
     assert parse_lengths([128, 64, 64, 256]) == Lengths((64, 128, 256), 64, 256)
     assert parse_lengths("64,128") == Lengths((64, 128), 64, 128)
-    assert parse_lengths(40) == Lengths((40,), 40, 40)
+    assert parse_lengths([40]) == parse_lengths("40") == Lengths((40,), 40, 40)
     assert parse_lengths("uniform:32:256") == Lengths(None, 32, 256)
     for bad, says in (
-        ("uniform:9", "is not null"),
-        ("uniform:9:3", "MIN 9 exceeds MAX 3"),
-        ([0, 3], "every length must be a positive integer"),
-        ("abc", "is not null"),
-        (2.5, "is not null"),
+        ("uniform:9", " is not null"),
+        ("uniform:9:3", ": MIN 9 exceeds MAX 3"),
+        ([8, 0, 16], ": 0 is not a positive integer (null"),  # the bad element, not only the list
+        ([-8, 16], ": -8 is not a positive integer (null"),
+        ([-8, 0, "x"], ": -8, 0, 'x' are not positive integers (null"),
+        ("uniform:0:16", ": 0 is not a positive integer (null"),
+        ("abc", ": 'abc' is not a positive integer (null"),
+        ([], " is empty (null"),
+        (2.5, " is not null"),
     ):
-        with pytest.raises(ValueError, match=says) as error:
+        with pytest.raises(ValueError) as error:
             parse_lengths(bad)
-        assert str(error.value).startswith(f"population.lengths={bad!r}")
+        assert str(error.value).startswith(f"population.lengths={bad!r}{says}"), error.value
+    with pytest.raises(ValueError, match=r"executor.buckets=\[64, 0\]: 0 is not a positive integer \(pow2half"):
+        buckets_for([64, 0], [9, 30])
+
+
+def test_a_bare_number_of_lengths_is_refused_for_population_time_steps(make_config) -> None:
+    """``population.lengths=16`` ran every batch at 16 steps while the logged ``population.time_steps``
+    said 12: one length for every batch is ``population.time_steps``'s, and the line says so."""
+    with pytest.raises(ConfigError) as refused:
+        plan_experiment(make_config("population.lengths=16"))
+    assert str(refused.value) == (
+        "invalid experiment config: population.lengths=16: one length for every batch is population.time_steps=16; "
+        "population.lengths takes null (every batch has the population's fixed length), a list such as "
+        "[64,128,256], or uniform:MIN:MAX"
+    )
+    plan_experiment(make_config("population.lengths=[16]"))  # a list of one length is a list
 
 
 def test_drawn_lengths_are_seeded_and_within_the_spec() -> None:
@@ -67,6 +87,20 @@ def test_population_draws_each_batch_length_and_keeps_the_fixed_default() -> Non
     steps = [inputs.shape[-2] for inputs, _ in varied.batches]
     assert len(set(steps)) > 1 and all(6 <= step <= 30 for step in steps)
     assert all(targets.shape[:-1] == inputs.shape[:-1] for inputs, targets in varied.batches)
+
+
+def test_the_lengths_drawn_depend_on_the_seed_alone_not_on_the_shape() -> None:
+    """A shape sweep times one workload: the same seed draws the same lengths, adapted and held out."""
+
+    def lengths(seed: int = 0, **shape: int) -> tuple[list[int], list[int]]:
+        setup = lite(device=CPU, dtype=torch.float32, seed=seed, lengths="uniform:8:64", batches=8, **shape)
+        return [int(x.shape[-2]) for x, _ in setup.batches], [int(x.shape[-2]) for x, _ in setup.eval_batches]
+
+    drawn = lengths()
+    assert len(set(drawn[0])) > 1
+    for shape in ({"neurons": 4}, {"neurons": 64, "contacts": 32}, {"batch_size": 2}):
+        assert lengths(**shape) == drawn, shape
+    assert lengths(seed=1) != drawn
 
 
 def test_buckets_follow_the_documented_rules() -> None:
@@ -135,6 +169,22 @@ def test_a_buckets_rule_it_cannot_read_is_refused_once_for_fixed_and_varying_len
     assert str(refused.value).count("executor.buckets='fast' is not pow2half") == 1
 
 
+def test_the_hint_to_quote_a_string_of_lengths_works_pasted_into_a_shell(make_config) -> None:
+    """The shell strips one level of quotes: the hint's override, split as a shell splits it, still
+    hands Hydra the quoted string (``population.lengths='64,128,256'`` typed as is was refused again)."""
+    from hydra.errors import ConfigCompositionException, OverrideParseException
+
+    from axoexp.config import one_line
+
+    with pytest.raises(ConfigCompositionException) as several:
+        make_config("population.lengths=64,128,256")
+    (override,) = shlex.split(one_line(several.value).rpartition(": ")[2])  # the hint's last words
+    assert parse_lengths(make_config(override).population.lengths) == Lengths((64, 128, 256), 64, 256)
+    with pytest.raises(OverrideParseException) as unreadable:
+        make_config("population.lengths=[64,128")
+    assert shlex.split(one_line(unreadable.value).rpartition(": ")[2]) == ["key='a,b'"]
+
+
 REFUSED = {  # the commands of this module's CLI tests: a name, the arguments
     "longer than every bucket": ("executor=fused_cudagraph", "executor.buckets=[16]", "population.lengths=[12,24]"),
     "bad lengths value": ("population.lengths=uniform:40",),
@@ -168,7 +218,7 @@ def test_cli_refuses_a_bad_lengths_value_in_one_line(refused) -> None:
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         "axoexp: invalid experiment config: population.lengths='uniform:40' is not null (every batch has the "
-        "population's fixed length), a list such as [64,128,256] (or '64,128,256'), or uniform:MIN:MAX"
+        "population's fixed length), a list such as [64,128,256], or uniform:MIN:MAX"
     )
 
 
@@ -197,7 +247,7 @@ def test_fused_kernel_padded_and_masked_updates_equal_exact_length_eager_updates
 
 
 def test_length_metrics_group_measured_updates_by_bucket() -> None:
-    from axoexp.measure import length_metrics
+    from axoexp.measure import length_groups, length_metrics
 
     batches = [(torch.zeros(3, steps, 4), torch.zeros(3, steps, 2)) for steps in (10, 30, 60)]
     # updates 2, 3, 4, 5 (after 2 warm-up updates) take batches of 60, 10, 30 and 60 steps
@@ -206,6 +256,9 @@ def test_length_metrics_group_measured_updates_by_bucket() -> None:
     assert metrics[names.bucket_update_metric(32, "median")] == 1.5
     assert metrics[names.bucket_update_metric(64, "median")] == 5.0
     assert metrics[names.bucket_update_metric(64, "count")] == 2
+    assert length_groups(batches, 2, 4, (32, 64)) == [64, 32, 32, 64]  # what each update's noise is judged within
+    assert length_groups(batches, 2, 3, None) == [60, 10, 30]  # unpadded: each exact length
+    assert length_groups(batches[:1], 0, 2, None) is None  # one length: judged across all updates
     unpadded = length_metrics([4.0, 1.0, 2.0], batches, 2, None)
     assert unpadded[names.PADDING_OVERHEAD] == 1.0 and unpadded[names.bucket_update_metric(10, "median")] == 1.0
     assert length_metrics([1.0], batches[:1], 0, None) == {}
@@ -262,6 +315,39 @@ def test_an_executor_that_captures_nothing_logs_no_recaptures_and_exact_lengths(
     shape = f"3x{low}..{high}x4"  # the batches' range of lengths, not the first batch's length
     assert low < high and run.data.tags[names.SHAPE] == shape and f" eager {shape} B=2 cpu" in run.info.run_name
     assert names.shape_size(shape) == 3 * high * 4
+
+
+def test_a_run_of_several_lengths_judges_its_noise_within_each_length(make_config) -> None:
+    """timing.noise, the summary's line and adaptive measuring judge each update against the median of
+    its own length's updates (eager: each exact length is a bucket), not against all updates'."""
+    from axoexp.statistics import noise_spread, noise_verdict
+
+    config = make_config(
+        "executor=eager",
+        *VARIED,
+        "run.warmup_updates=1",
+        "run.measured_updates=12",
+        "run.min_time_s=0.001",
+        "run.max_time_s=0.5",
+        "run.threads=1",
+        "run.progress=false",
+    )
+    result = run_experiment(config)
+    client = MlflowClient(result.tracking_uri)
+    run = client.get_run(result.run_id)
+    series = sorted(client.get_metric_history(result.run_id, names.UPDATE_SERIES), key=lambda metric: metric.step)
+    latencies = [metric.value for metric in series[1:]]  # after the one warm-up update
+    batches = plan_experiment(config).build_population().batches
+    lengths = [int(batches[(1 + index) % len(batches)][0].shape[-2]) for index in range(len(latencies))]
+    spread = noise_spread(latencies, lengths)
+    assert len(set(lengths)) > 1 and result.update.count == len(latencies)
+    assert run.data.metrics[names.NOISE_SPREAD] == pytest.approx(spread) == result.noise_spread
+    assert run.data.tags[names.TIMING_NOISE] == noise_verdict(spread)
+    judged = "<=" if noise_verdict(spread) == "low" else ">"
+    assert f"noise {noise_verdict(spread)} (IQR/median within length buckets {spread:.3f} {judged} 0.5)" in (
+        format_result(result)
+    )
+    assert f"IQR/median within length buckets {spread:.3f}" in run.data.tags[names.TIMING_ADAPTIVE]
 
 
 @pytest.mark.slow  # a sweep's runs

@@ -281,6 +281,7 @@ def test_a_sweep_value_without_multirun_is_refused_in_one_line_as_before(tmp_pat
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "axoexp: population.neurons=2,5: several values outside a sweep; to sweep over them add -m (--multirun), "
-        "for a list write population.neurons=[2,5], for a string quote it: population.neurons='2,5'"
+        "for a list write population.neurons=[2,5], for a string quote it inside the shell's quotes: "
+        "\"population.neurons='2,5'\""
     ]
     assert not (tmp_path / "mlflow.db").exists()

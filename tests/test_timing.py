@@ -78,6 +78,20 @@ def test_relative_iqr_and_noise_verdict() -> None:
     assert noise_verdict(NOISE_THRESHOLD) == "low" and noise_verdict(NOISE_THRESHOLD * 1.01) == "high"
 
 
+def test_noise_is_judged_within_each_length_not_across_lengths() -> None:
+    """Updates of 10 steps take about 1 ms, of 40 steps about 4 ms: the lengths' difference is the
+    workload's, and only the spread of each update about its own length's median is noise."""
+    from axoexp.statistics import noise_spread
+
+    short, long = [1.0, 1.0, 1.1, 0.9], [4.0, 4.0, 4.4, 3.6]
+    lengths = [10] * 4 + [40] * 4
+    assert noise_verdict(rel_iqr(short + long)) == "high"  # across lengths: about 1.28
+    assert noise_spread(short + long, lengths) == pytest.approx(0.05)  # each within 10 % of its length's median
+    assert noise_spread(short, [10] * 4) == noise_spread(short) == rel_iqr(short)  # one length: IQR / median
+    stalls = [1.0, 2.0, 1.0, 2.0, 4.0, 8.0, 4.0, 8.0]  # half the updates of each length twice as slow
+    assert noise_spread(stalls, lengths) == pytest.approx(2 / 3) and noise_verdict(2 / 3) == "high"
+
+
 # --- threads
 
 
@@ -175,6 +189,7 @@ def test_run_logs_threads_contention_noise_and_system_metrics(make_config, clien
     assert names.system_metric("system_memory_usage_megabytes") in metrics
     assert metrics[names.UPDATE_REL_IQR] >= 0
     assert metrics[names.UPDATE_REL_IQR] == result.update.rel_iqr  # a ratio, kept whole (not rounded as ms)
+    assert metrics[names.NOISE_SPREAD] == result.update.rel_iqr == result.noise_spread  # one length: IQR / median
     assert tags[names.TIMING_NOISE] == noise_verdict(result.update.rel_iqr)
     noise, judged = tags[names.TIMING_NOISE], "<=" if tags[names.TIMING_NOISE] == "low" else ">"
     assert (

@@ -132,6 +132,18 @@ OUTPUTS = next(item.default for item in dataclasses.fields(SupportP4Config) if i
 EVAL_SEED_OFFSET = 2**32
 """The held-out batches are drawn from a generator seeded ``seed + EVAL_SEED_OFFSET``: none of
 them is an adapted batch, and they stay the same whatever ``batches`` is."""
+
+
+def lengths_generator(seed: int, held_out: bool) -> torch.Generator:
+    """The generator that draws the batches' lengths (``held_out``: the held-out batches'), seeded from
+    ``seed`` alone: the same seed draws the same lengths whatever the shape (the model, the contacts and
+    the inputs come from other generators, as many numbers as the shape asks). Seeded through a hash of
+    ``seed``, as torch's CPU generator keeps only a seed's low 32 bits (``seed + 2**32`` would give
+    ``seed``'s very stream)."""
+    digest = hashlib.sha256(f"{seed}:{'held-out ' if held_out else ''}lengths".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
+
+
 BYTES_PER_BATCH = 1536 + 2 * 4096
 """Bookkeeping of one held (inputs, targets) pair beyond its data: two tensors, their storages and
 allocations (measured: 1-1.5 KiB at 3x12x4, CPU, float32), and up to a page per buffer that the
@@ -285,7 +297,7 @@ def lite(
     checkpoint_sha256: Annotated[str | None, "pin: the checkpoint is refused unless its SHA-256 matches"] = None,
     batches: Annotated[int, "distinct (inputs, targets) batches, cycled", AT_LEAST_ONE] = 4,
     lengths: Annotated[
-        int | str | list[int] | None, f"each batch's time steps, drawn once per batch from the seed: {LENGTHS_SYNTAX}"
+        str | list[int] | None, f"each batch's time steps, drawn once per batch from the seed: {LENGTHS_SYNTAX}"
     ] = None,
     eval_batches: Annotated[
         int, "held-out batches, never adapted on: eval_loss_before and eval_loss_after (0: no evaluation)", NON_NEGATIVE
@@ -301,8 +313,9 @@ def lite(
     """An ``AxoSimPopulation`` of AxoSim-Lite neurons and a teacher-generated target stream.
 
     Contact inputs are Bernoulli(``input_rate``) spikes of shape (neurons, time_steps,
-    contacts), or, with ``lengths``, each batch of its own drawn length (all of a batch's streams
-    share it; docs/lengths.md); with ``batch_size`` B > 1, B independent streams of them, (B, neurons,
+    contacts), or, with ``lengths``, each batch of its own length, drawn from ``seed`` alone
+    (:func:`lengths_generator`: the same whatever the shape; all of a batch's streams share it;
+    docs/lengths.md); with ``batch_size`` B > 1, B independent streams of them, (B, neurons,
     time_steps, contacts), which the population runs through ``forward_batch`` (one set of
     banks for all streams; the update's loss is the mean over streams of each stream's loss).
     Targets are the outputs of a *teacher*: the same population with every
@@ -356,8 +369,12 @@ def lite(
     streams = (batch_size,) if batch_size > 1 else ()  # B = 1: one stream, as forward takes it
     drawn_lengths = parse_lengths(lengths)
 
-    def draw(count: int, generator: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        steps = [time_steps] * count if drawn_lengths is None else drawn_lengths.draw(count, generator)
+    def draw(count: int, generator: torch.Generator, held_out: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        steps = (
+            [time_steps] * count
+            if drawn_lengths is None
+            else drawn_lengths.draw(count, lengths_generator(seed, held_out))
+        )
         drawn = []
         with torch.no_grad():
             for length in steps:
@@ -366,8 +383,8 @@ def lite(
                 drawn.append((inputs, (teacher.forward_batch(inputs) if streams else teacher(inputs)).detach()))
         return drawn
 
-    stream = draw(batches, generator)
-    held_out = draw(eval_batches, torch.Generator().manual_seed(seed + EVAL_SEED_OFFSET))
+    stream = draw(batches, generator, held_out=False)
+    held_out = draw(eval_batches, torch.Generator().manual_seed(seed + EVAL_SEED_OFFSET), held_out=True)
     description.update(
         branches=config.input_dim,
         route_features=config.route_feature_dim,
