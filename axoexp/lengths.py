@@ -62,9 +62,8 @@ def _positive_ints(items: Sequence[object], key: str, value: object, syntax: str
 
 def parse_lengths(value: object, key: str = "population.lengths") -> Lengths | None:
     """The lengths a ``population.lengths`` value names; ``None`` for null. A bad value raises
-    ``ValueError`` with one line naming the key, the value and the syntax; so does a bare number: it
-    would run every batch at that length while the logged ``population.time_steps`` said another, and
-    one length for every batch is what ``population.time_steps`` sets."""
+    ``ValueError`` with one line naming the key, the value and the syntax; so does a bare number,
+    which is no list (a population that sets one length for every batch otherwise says which key)."""
     if value is None:
         return None
     if isinstance(value, str) and value.strip().startswith("uniform:"):
@@ -75,10 +74,6 @@ def parse_lengths(value: object, key: str = "population.lengths") -> Lengths | N
         if low > high:
             raise ValueError(f"{key}={value!r}: MIN {low} exceeds MAX {high} ({LENGTHS_SYNTAX})")
         return Lengths(None, low, high)
-    if isinstance(value, int) and not isinstance(value, bool):  # one number: not a list of one
-        raise ValueError(
-            f"{key}={value}: one length for every batch is population.time_steps={value}; {key} takes {LENGTHS_SYNTAX}"
-        )
     items = value.split(",") if isinstance(value, str) else value
     if isinstance(value, (bool, float)) or not isinstance(items, Sequence):
         raise ValueError(f"{key}={value!r} is not {LENGTHS_SYNTAX}")

@@ -140,6 +140,19 @@ def test_a_plugin_population_is_named_and_tagged_with_its_own_shape(make_config,
     assert run.inputs.dataset_inputs[0].dataset.name == "doc_lite-7x12x5"
 
 
+@pytest.mark.parametrize("seed", [0, 7])
+def test_the_held_out_batches_are_no_replay_of_the_generator_that_built_the_model(seed: int) -> None:
+    """The held-out batches' generator was seeded ``seed + 2**32``, which torch's CPU generator takes
+    as ``seed``: their spikes were the very numbers the model and the teacher were built from."""
+    setup = lite(device=torch.device("cpu"), dtype=torch.float32, seed=seed)
+    (inputs, _), *_ = setup.eval_batches
+    replayed = torch.rand(inputs.shape, generator=torch.Generator().manual_seed(seed)) < 0.2
+    assert not torch.equal(inputs.bool(), replayed)
+    again = lite(device=torch.device("cpu"), dtype=torch.float32, seed=seed, batches=3)
+    pairs = zip(setup.eval_batches, again.eval_batches, strict=True)
+    assert all(torch.equal(a, b) for pair in pairs for a, b in zip(*pair, strict=True)), "whatever batches is"
+
+
 def test_no_generic_module_names_the_builtin_populations_parameters() -> None:
     """Only the built-in population (and the AxoSim-Lite kernels and executors, whose rows are
     neurons) may name ``neurons``, ``time_steps`` or ``contacts``."""

@@ -129,19 +129,20 @@ def _lite_from_payload(path: str, payload: Any) -> torch.nn.Module | None:
 
 OUTPUTS = next(item.default for item in dataclasses.fields(SupportP4Config) if item.name == "output_dim")
 """Outputs per neuron and step of a fresh AxoSim-Lite model (a checkpoint's may differ)."""
-EVAL_SEED_OFFSET = 2**32
-"""The held-out batches are drawn from a generator seeded ``seed + EVAL_SEED_OFFSET``: none of
-them is an adapted batch, and they stay the same whatever ``batches`` is."""
 
 
-def lengths_generator(seed: int, held_out: bool) -> torch.Generator:
-    """The generator that draws the batches' lengths (``held_out``: the held-out batches'), seeded from
-    ``seed`` alone: the same seed draws the same lengths whatever the shape (the model, the contacts and
-    the inputs come from other generators, as many numbers as the shape asks). Seeded through a hash of
-    ``seed``, as torch's CPU generator keeps only a seed's low 32 bits (``seed + 2**32`` would give
-    ``seed``'s very stream)."""
-    digest = hashlib.sha256(f"{seed}:{'held-out ' if held_out else ''}lengths".encode()).digest()
+def stream_generator(seed: int, stream: str) -> torch.Generator:
+    """A generator of its own for one ``stream`` of draws (the held-out batches, the lengths), seeded
+    from ``seed`` and the stream's name alone: the same seed draws the same whatever the shape or the
+    number of adapted batches, and no stream replays another. Seeded through a hash, as torch's CPU
+    generator keeps only a seed's low 32 bits (``seed + 2**32`` replayed ``seed``'s very stream: the
+    held-out batches were drawn from the numbers that built the model)."""
+    digest = hashlib.sha256(f"{seed}:{stream}".encode()).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little"))
+
+
+HELD_OUT, LENGTHS, HELD_OUT_LENGTHS = "held-out batches", "lengths", "held-out lengths"
+"""The streams a population draws from generators of their own (:func:`stream_generator`)."""
 
 
 BYTES_PER_BATCH = 1536 + 2 * 4096
@@ -169,8 +170,15 @@ def config_problems(params: Mapping[str, Any], config: Mapping[str, Any]) -> lis
             f"population.checkpoint_sha256={params['checkpoint_sha256']} pins the file of population.checkpoint, "
             "which is not set; set population.checkpoint too, or drop the pin"
         )
+    value = params.get("lengths")
+    if isinstance(value, int) and not isinstance(value, bool):  # it ran every batch at it, time_steps logged as set
+        problems.append(
+            f"population.lengths={value}: one length for every batch is population.time_steps={value}; "
+            f"population.lengths takes {LENGTHS_SYNTAX}"
+        )
+        return problems
     try:
-        lengths = parse_lengths(params.get("lengths"))
+        lengths = parse_lengths(value)
     except ValueError as error:
         problems.append(str(error))
         return problems
@@ -314,7 +322,7 @@ def lite(
 
     Contact inputs are Bernoulli(``input_rate``) spikes of shape (neurons, time_steps,
     contacts), or, with ``lengths``, each batch of its own length, drawn from ``seed`` alone
-    (:func:`lengths_generator`: the same whatever the shape; all of a batch's streams share it;
+    (:func:`stream_generator`: the same whatever the shape; all of a batch's streams share it;
     docs/lengths.md); with ``batch_size`` B > 1, B independent streams of them, (B, neurons,
     time_steps, contacts), which the population runs through ``forward_batch`` (one set of
     banks for all streams; the update's loss is the mean over streams of each stream's loss).
@@ -373,7 +381,7 @@ def lite(
         steps = (
             [time_steps] * count
             if drawn_lengths is None
-            else drawn_lengths.draw(count, lengths_generator(seed, held_out))
+            else drawn_lengths.draw(count, stream_generator(seed, HELD_OUT_LENGTHS if held_out else LENGTHS))
         )
         drawn = []
         with torch.no_grad():
@@ -384,7 +392,7 @@ def lite(
         return drawn
 
     stream = draw(batches, generator, held_out=False)
-    held_out = draw(eval_batches, torch.Generator().manual_seed(seed + EVAL_SEED_OFFSET), held_out=True)
+    held_out = draw(eval_batches, stream_generator(seed, HELD_OUT), held_out=True)
     description.update(
         branches=config.input_dim,
         route_features=config.route_feature_dim,
