@@ -26,6 +26,7 @@ from axoexp.versions import versions_line
 COMMANDS = {"axoexp.report": (report_main, []), "axoexp.compare": (compare_main, ["--latest", "2"])}
 
 
+@pytest.mark.slow  # a dead server's bounded retries: 2 s each
 @pytest.mark.parametrize(("command", "unanswered"), [("axoexp.report", 1), ("axoexp.compare", 2)])
 def test_a_store_that_cannot_be_read_is_one_line(
     command: str, unanswered: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

@@ -193,6 +193,7 @@ def _sweep_config(*overrides: str, task: tuple[str, ...] = ()):
     return refused, job_configs, list(config.hydra.overrides.task)
 
 
+@pytest.mark.slow  # plans each of the preset's 8 jobs twice: 3 s
 def test_a_preset_and_its_overrides_spelled_out_are_one_sweep(loaded_registry) -> None:
     """Jobs match on their resolved configs, not on how the overrides spelled them."""
     refused, preset_jobs, preset_overrides = _sweep_config("+experiment=sweep_cpu")
