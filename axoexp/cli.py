@@ -82,6 +82,9 @@ def hydra_app(config: DictConfig) -> float | None:
             lambda: _experiment(config, hydra_config),
             lambda pid, how: sweep.end_killed_job(config, job_number, job_name, output_dir, pid, how),
         )
+    except AxoexpError as error:  # its run's end or its refusal says it: the sweep's last lines name it
+        sweep.note_job_error(error)
+        raise
     finally:  # the job's phases ended in its forked process: the next job's count from here
         wallclock.take_phases()
 
@@ -131,8 +134,8 @@ def _experiment(config: DictConfig, hydra_config: HydraConf) -> float | None:
             observers=run_observers(config.run.progress, in_this_terminal),
             on_planned=on_planned,
         )
-    except KeyboardInterrupt:  # before the run's own handlers (planning, the build): none began
-        if hydra_config.mode != RunMode.MULTIRUN:
+    except KeyboardInterrupt as interrupt:  # before the run began (planning, the build), or its end, KILLED
+        if hydra_config.mode != RunMode.MULTIRUN and _no_run_began(interrupt):
             _remove_unused_folder(hydra_config)
         raise
     except AxoexpError as error:
@@ -150,6 +153,14 @@ def _experiment(config: DictConfig, hydra_config: HydraConf) -> float | None:
         _exit_with(str(error), error.exit_code)
     print_out(format_result(result))
     return result.update.median
+
+
+def _no_run_began(interrupt: KeyboardInterrupt) -> bool:
+    """Whether a stop signal came before the run existed: before its own handlers (Ctrl-C's own
+    ``KeyboardInterrupt``), or as it began (:data:`~axoexp.journal.NO_RUN_YET`)."""
+    from axoexp.journal import NO_RUN_YET
+
+    return not isinstance(interrupt, Interrupted) or interrupt.run_outcome == NO_RUN_YET
 
 
 def _remove_unused_folder(hydra_config: HydraConf) -> None:
@@ -234,13 +245,15 @@ def _main() -> None:
             raise
         if isinstance(error, AxoexpError):  # in a sweep, a job's error (but a refusal before any job)
             status = 1 if multirun and not isinstance(error, RefusedTargetError) else error.exit_code
-            if multirun and line is None and _sweep_ends_with_its_own_line():
+            if multirun and line is None and _sweep_ends_with_its_own_line(error):
                 sys.exit(status)  # the job's error is said with the sweep's end, its last line
             _exit_with(line or str(error), status)
         composing = isinstance(error, ConfigCompositionException | OverrideParseException)  # before any job ran
         _exit_with(one_line(error), 1 if multirun and not composing else 2)
     except ValueError as error:
-        if not str(error).startswith(HYDRA_ONE_COMMAND) or _tracebacks_wanted:
+        if not str(error).startswith(HYDRA_ONE_COMMAND):
+            _exit_if_launcher_failed(error, multirun)
+        if _tracebacks_wanted:
             raise
         _exit_with(
             f"{str(error).replace('--shell_completion', '--shell-completion')}; give one (to print a sweep's "
@@ -260,11 +273,17 @@ def _main() -> None:
             "folder (hydra.run.dir=DIR, or hydra.sweep.dir=DIR with -m)",
             2,
         )
-    except Exception as error:  # a launcher's failure (sbatch refused the jobs) is the sweep's line; else a bug's
-        line = _sweep_failed(error) if multirun else None
-        if line is None or _tracebacks_wanted:
-            raise
-        _exit_with(line, 1)
+    except Exception as error:
+        _exit_if_launcher_failed(error, multirun)
+
+
+def _exit_if_launcher_failed(error: Exception, multirun: bool) -> NoReturn:
+    """A launcher's failure (sbatch refused the jobs) is the sweep's one line, exit 1; anything else
+    (a bug's) is raised again, with its traceback. Call it where ``error`` is being handled."""
+    line = _sweep_failed(error) if multirun else None
+    if line is None or _tracebacks_wanted:
+        raise error
+    _exit_with(line, 1)
 
 
 def _exit_without_teardown() -> NoReturn:
@@ -314,11 +333,11 @@ def _sweep_failed(error: BaseException) -> str | None:
     return sweep.failed(error)
 
 
-def _sweep_ends_with_its_own_line() -> bool:
+def _sweep_ends_with_its_own_line(error: BaseException) -> bool:
     """:func:`axoexp.sweep.ends_with_its_own_line`, the sweep's module imported only by a sweep."""
     from axoexp import sweep
 
-    return sweep.ends_with_its_own_line()
+    return sweep.ends_with_its_own_line(error)
 
 
 def _warn_broken_plugin(error: AxoexpError) -> None:

@@ -36,7 +36,7 @@ from axoexp.registry import (
 
 SCHEMA_NAME = "axoexp_schema"
 MATMUL_PRECISIONS = ("highest", "high", "medium")  # torch.set_float32_matmul_precision's
-SEED_BOUNDS = Bounds(-(2**63), 2**63 - 1)  # signed 64 bits: torch's generators take it, plus lite's 2**32 offset
+SEED_BOUNDS = Bounds(-(2**63), 2**63 - 1)  # signed 64 bits: what torch's generators take
 HELP_NAME = "axoexp_help"
 
 

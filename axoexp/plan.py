@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
-import numbers
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -242,8 +242,7 @@ def _plan(config: DictConfig, registry: Registry, here: bool) -> Plan:
             f"run.min_time_s={config.run.min_time_s!r} exceeds run.max_time_s={config.run.max_time_s!r}, "
             "the cap on adaptive measuring; raise run.max_time_s or lower run.min_time_s"
         )
-    if here:
-        problems += cpu_problems(config.run.lease_cpus, config.run.threads)
+    problems += cpu_problems(config.run.lease_cpus, config.run.threads, here)
     if resume_mode(config.sweep.resume) is None:
         problems.append(f"sweep.resume={config.sweep.resume!r}: choose one of {', '.join(RESUME_MODES)}")
     device = _parse_device(str(config.device), problems, here)
@@ -380,18 +379,30 @@ def loss_problems(loss: Component, params: dict[str, Any], probe: PopulationSetu
     a GPU judged on a CPU-built probe the failure may be the CPU's alone (an operation or dtype only
     CUDA implements, a plugin loss that launches a CUDA kernel). A loss that is not finite on a
     CPU-built probe (its initial banks, for a run on any device) refuses the config too."""
-    for label, batch in checked_batches(probe):
-        problem = _batch_loss_problem(loss, params, probe, device, label, batch)
+    for checked in checked_batches(probe):
+        problem = _batch_loss_problem(loss, params, probe, device, checked)
         if problem:
             return [problem]
     return []
 
 
-def checked_batches(probe: PopulationSetup) -> list[tuple[str, Batch]]:
-    """The batches planning runs a forward and loss of, each with how a line names it: of the
-    training batches and of the held-out ones, the shortest of each shape but the time axis (a batch
-    of other cells or channels may fail where the shortest does not; a longer one of the same shape
-    only adds time steps)."""
+SHORTEST = "shortest batch"
+"""How a line names the shortest of the batches an update adapts on."""
+
+
+@dataclass(frozen=True)
+class CheckedBatch:
+    """A batch planning runs a forward and loss of, and how a line names it."""
+
+    label: str  # SHORTEST, "batch 3", "held-out batch 0"
+    held_out: bool
+    batch: Batch
+
+
+def checked_batches(probe: PopulationSetup) -> list[CheckedBatch]:
+    """The batches planning runs a forward and loss of: of the training batches and of the held-out
+    ones, the shortest of each shape but the time axis (a batch of other cells or channels may fail
+    where the shortest does not; a longer one of the same shape only adds time steps)."""
     chosen = []
     for kind, batches in (("batch", probe.batches), ("held-out batch", probe.eval_batches)):
         shortest: dict[tuple[tuple[int, ...], ...], tuple[int, Batch]] = {}
@@ -400,21 +411,23 @@ def checked_batches(probe: PopulationSetup) -> list[tuple[str, Batch]]:
             if shape not in shortest or batch[0].shape[-2] < shortest[shape][1][0].shape[-2]:
                 shortest[shape] = (index, batch)
         groups = sorted(shortest.values(), key=lambda found: found[1][0].shape[-2])
+        held_out = kind != "batch"
         for rank, (index, batch) in enumerate(groups):
-            chosen.append(("shortest batch" if kind == "batch" and rank == 0 else f"{kind} {index}", batch))
+            label = SHORTEST if not held_out and rank == 0 else f"{kind} {index}"
+            chosen.append(CheckedBatch(label, held_out, batch))
     return chosen
 
 
 def _batch_loss_problem(
-    loss: Component, params: dict[str, Any], probe: PopulationSetup, device: torch.device, label: str, batch: Batch
+    loss: Component, params: dict[str, Any], probe: PopulationSetup, device: torch.device, checked: CheckedBatch
 ) -> str | None:
-    """What :func:`loss_problems` finds on one batch (``label`` names it), or None."""
+    """What :func:`loss_problems` finds on one batch, or None."""
+    label, held_out, batch = checked.label, checked.held_out, checked.batch
     where = batch[0].device
-    held_out = label.startswith("held-out")
     try:
         value = batch_loss(probe.module, loss.build(params), *batch)
     except IncompatibleComponentsError as error:
-        return f"loss={loss.name} on {label}: {error}" if held_out else f"loss={loss.name}: {error}"
+        return f"loss={loss.name}: {error}" if label == SHORTEST else f"loss={loss.name} on {label}: {error}"
     except Exception as error:
         if fails_alike(where, device):
             return f"loss={loss.name}: a forward and loss of this population's {label} raise {first_line(error)}"
@@ -426,7 +439,7 @@ def _batch_loss_problem(
             "backward needs one number; reduce it (e.g. .mean())"
         )
     if not value.requires_grad:
-        return _no_gradient(loss.name, probe, label, batch)
+        return _no_gradient(loss.name, probe, checked)
     if where.type == "cpu" and not torch.isfinite(value):
         return (
             f"loss={loss.name} is {value.item()} on this population's {label} before any update "
@@ -436,10 +449,10 @@ def _batch_loss_problem(
     return None
 
 
-def _no_gradient(loss_name: str, probe: PopulationSetup, label: str, batch: Batch) -> str:
-    """Why a loss of ``batch`` carries no gradient to the banks: the population's predictions of it
+def _no_gradient(loss_name: str, probe: PopulationSetup, checked: CheckedBatch) -> str:
+    """Why a loss of a batch carries no gradient to the banks: the population's predictions of it
     carry none (e.g. every output is a warm-up output), or the loss drops theirs."""
-    held_out = label.startswith("held-out")
+    label, held_out, batch = checked.label, checked.held_out, checked.batch
     refused = (
         f"loss={loss_name} on this population's {label} ({batch[0].shape[-2]} time steps) depends on none of the "
         "banks it adapts (no gradient), "
@@ -509,13 +522,25 @@ def memory_estimate(population: Component, params: dict[str, Any], dtype: torch.
         value = estimate({**population.defaults(), **params}, dtype)
     except Exception as error:
         raise ConfigError(f"{hook_name(population, 'memory_estimate')} raised {first_line(error)}") from error
-    number = float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else math.nan
-    if not 0 <= number < math.inf:  # NumPy's numbers too
+    number = _bytes(value)
+    if not 0 <= number < math.inf:
         raise ConfigError(
             f"{hook_name(population, 'memory_estimate')} returns {type_in_words(value)}"
             f"{'' if value is None else f' ({repr(value)[:80]})'}, not a number of bytes (an int of 0 or more)"
         )
     return int(number)
+
+
+def _bytes(value: object) -> float:
+    """``value`` as a number (NumPy's, a 0-d tensor's too); NaN where it is none (text, ``None``, a bool)."""
+    if isinstance(value, str | bytes | bool):
+        return math.nan
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of several elements
+        return math.nan
+    except OverflowError:  # an int too large for a float: more bytes than any machine has
+        return math.inf
 
 
 def hook_name(component: Component, hook: str) -> str:
@@ -653,12 +678,13 @@ def factory_problems(component: Component, params: dict[str, Any], config: DictC
         found = check({**component.defaults(), **params}, config)
     except Exception as error:
         return [f"{hook_name(component, 'config_problems')} raised {first_line(error)}"]
-    if not isinstance(found, list | tuple) or not all(isinstance(problem, str) for problem in found):
+    problems = None if isinstance(found, str) or not isinstance(found, Iterable) else list(found)
+    if problems is None or not all(isinstance(problem, str) for problem in problems):
         return [
             f"{hook_name(component, 'config_problems')} returns {type_in_words(found)}, not a list of problems "
             "(a line each; [] for none)"
         ]
-    return list(found)
+    return problems
 
 
 def memory_problems(
@@ -680,23 +706,25 @@ def memory_problems(
     ]
 
 
-def cpu_problems(lease_cpus: object, threads: object) -> list[str]:
-    """``run.lease_cpus`` and ``run.threads`` beyond the CPUs this process may use (or the lease pins
-    it to): threads beyond them take turns, and every update waits for the last."""
-    cpus = len(allowed_cpus())
+def cpu_problems(lease_cpus: object, threads: object, here: bool) -> list[str]:
+    """``run.lease_cpus`` and ``run.threads`` beyond the CPUs this process may use (``here``; else,
+    planned for another machine, only threads beyond the lease, refused on any machine): threads
+    beyond them take turns, and every update waits for the last."""
+    cpus = len(allowed_cpus()) if here else None
     problems = []
-    if isinstance(lease_cpus, int) and lease_cpus > cpus:
+    if cpus is not None and isinstance(lease_cpus, int) and lease_cpus > cpus:
         problems.append(f"run.lease_cpus={lease_cpus}: this process may use only {cpus} CPUs")
-    leased = lease_cpus if isinstance(lease_cpus, int) and lease_cpus < cpus else None
-    if isinstance(threads, int) and threads > (leased or cpus):
-        usable = (
+    leased = lease_cpus if isinstance(lease_cpus, int) and (cpus is None or lease_cpus < cpus) else None
+    usable = leased or cpus
+    if isinstance(threads, int) and usable is not None and threads > usable:
+        why = (
             f"run.lease_cpus={leased} pins this process to {plural(leased, 'CPU')}"
             if leased
             else f"this process may use only {cpus} CPUs"
         )
         problems.append(
-            f"run.threads={threads}: {usable}, so its threads would take turns on them and every update wait "
-            f"for the last; choose at most {leased or cpus}, or null (axoexp's choice)"
+            f"run.threads={threads}: {why}, so its threads would take turns on them and every update wait "
+            f"for the last; choose at most {usable}, or null (axoexp's choice)"
         )
     return problems
 

@@ -9,7 +9,7 @@ runs (docs/timing.md): an idle machine's default runs spread up to about 0.44, d
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -46,23 +46,31 @@ def rel_iqr(samples: Sequence[float]) -> float:
     return float((p75 - p25) / median) if median > 0 else float("inf")
 
 
-def noise_spread(samples: Sequence[float], groups: Sequence[Hashable] | None = None) -> float:
-    """The spread :func:`noise_verdict` and adaptive measuring judge: the IQR of each sample divided by the
-    median of its group (``groups[i]``: sample ``i``'s, e.g. its update's length bucket), so that updates of
-    different lengths taking different times is no noise. With one group (or ``None``) this is
-    :func:`rel_iqr`, IQR / median. A group of one sample is its own median: it adds no spread."""
-    if groups is None or len(set(groups)) < 2:
+MIN_BUCKET_UPDATES = 4
+"""Updates of one length bucket whose median an update's time is judged against (:func:`noise_spread`);
+a smaller bucket's updates are judged against the line through every update's time and length."""
+
+
+def noise_spread(samples: Sequence[float], lengths: Sequence[int] | None = None) -> float:
+    """The spread :func:`noise_verdict` and adaptive measuring judge: the IQR of each sample's time over
+    the time expected of its length (``lengths[i]``: sample ``i``'s, its update's length bucket), so that
+    updates of different lengths taking different times is no noise. The expected time is the median of
+    its bucket's samples where the bucket has :data:`MIN_BUCKET_UPDATES` or more, else the least-squares
+    line of time against length through every sample (a bucket of one sample would be its own median,
+    and a run whose every update had its own length would never look noisy). With one length (or
+    ``None``) this is :func:`rel_iqr`, IQR / median."""
+    if lengths is None or len(set(lengths)) < 2:
         return rel_iqr(samples)
-    values = np.asarray(samples, dtype=np.float64)
-    keys = np.asarray(groups)
-    relative = np.empty_like(values)
-    for key in set(groups):
-        members = keys == key
-        median = np.median(values[members])
-        if median <= 0:
-            return float("inf")
-        relative[members] = values[members] / median
-    p25, p75 = np.percentile(relative, [25, 75])
+    values, steps = np.asarray(samples, dtype=np.float64), np.asarray(lengths, dtype=np.float64)
+    slope, intercept = np.polyfit(steps, values, 1)
+    expected = intercept + slope * steps
+    for length in set(lengths):
+        members = steps == length
+        if members.sum() >= MIN_BUCKET_UPDATES:
+            expected[members] = np.median(values[members])
+    if (expected <= 0).any():
+        return float("inf")
+    p25, p75 = np.percentile(values / expected, [25, 75])
     return float(p75 - p25)
 
 

@@ -24,11 +24,13 @@ import hashlib
 import logging
 import math
 import os
+import re
 import shutil
 import signal
 import socket
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -57,7 +59,15 @@ from axoexp.redact import redacted
 from axoexp.registry import GROUPS, REGISTRY, Component
 from axoexp.statistics import doubts
 from axoexp.stdout import plural, print_out, say
-from axoexp.sweep_plan import RAY_ADDRESS_KEY, plan_jobs, ray_address
+from axoexp.sweep_plan import (
+    BASIC_LAUNCHER,
+    POOL_LAUNCHER,
+    RAY_ADDRESS_KEY,
+    SLURM_LAUNCHER,
+    launcher_target,
+    plan_jobs,
+    ray_address,
+)
 from axoexp.sync import end_dead_run, find_journals, process_gone, sync_journal
 from axoexp.tracking import (
     UNREACHABLE,
@@ -110,19 +120,28 @@ class MlflowSweepCallback(Callback):
         self.client: MlflowClient | None = None
         self.parent_run_id: str | None = None
         self.parent_created: Run | None = None  # as created: the start of a kept end when the store fails
-        self.refused: list[str] = []
+        self.refused: dict[int, str] = {}  # the jobs planning refused, by number
         self.uri = self.sweep_dir = self.experiment = ""
         self.decided = False  # the parent's end was decided: written, or kept in the sweep's folder
         self.kept_end = ""  # the end the sweep decided but could not write, as its last line says it
         self.jobs = 0  # how many jobs the sweep has, where known up front (the basic sweeper); else 0
         self.ray_address: str | None = None  # a Ray launcher's hydra.launcher.ray.init.address, if it is one
         self.launcher = ""  # hydra/launcher=NAME, as the sweep's lines name it
+        self.launcher_target = ""  # its class (launcher_target)
         self.failure = ""  # why the launcher failed (:func:`failed`): the parent's reason, which no run gives
 
-    def _say_refused(self) -> None:
-        """Each job planning refused, a line each: said as the sweep starts and again at its end."""
-        for line in self.refused:
-            say("axoexp", f"refused {line}")
+    def _say_refused(self, tags: Mapping[str, str] | None = None) -> None:
+        """Each refused job, a line each, in job order: those planning refused (said as the sweep starts
+        and again at its end) and, from the parent's ``tags`` at the end, those refused only as they ran
+        (on a cluster's node, which judged what it has)."""
+        lines = {number: f"refused {line}" for number, line in self.refused.items()}
+        for key, value in (tags or {}).items():
+            number = key.rpartition(".job")[2]
+            if key.startswith(names.REFUSED_PREFIX) and number.isdigit():
+                job, _, why = value.partition(": ")
+                lines.setdefault(int(number), f"refused job {number} ({job}): {why}")
+        for _, line in sorted(lines.items()):
+            say("axoexp", line)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         collector.release()  # the command line's start-up done: the sweep's process may live for hours
@@ -156,6 +175,7 @@ class MlflowSweepCallback(Callback):
         self.jobs = len(job_configs) * runs_each
         self.ray_address = ray_address(config)
         self.launcher = f"hydra/launcher={config.hydra.runtime.choices.get('hydra/launcher', 'basic')}"
+        self.launcher_target = launcher_target(config)
         problem = store_problem(uri, tracking_uri_key(config.tracking.uri))
         if problem:  # each job then refuses to run, naming it too
             log.error("the sweep has no parent run: %s", problem)
@@ -274,7 +294,7 @@ class MlflowSweepCallback(Callback):
                     lost = error
         children = child_runs(client, parent_run)
         print_reuse(client, parent_run, len(children), stopped=bool(stopped_by))
-        self._say_refused()
+        self._say_refused(parent_run.data.tags)
         unfinished = [child for child in children if child.info.status != "FINISHED"]
         refused = [key for key in parent_run.data.tags if key.startswith(names.REFUSED_PREFIX)]
         died = {
@@ -319,17 +339,24 @@ class MlflowSweepCallback(Callback):
 
     def launcher_failure(self, error: BaseException) -> str | None:
         """Why the launcher failed, where the error says it and no run could: a Ray launcher with no
-        instance at its set address; any error raised out of a launcher's ``launch``, not by a job
-        (e.g. ``sbatch`` refusing the job array, a job SLURM killed)."""
+        instance at its set address; an error raised out of another party's launcher's ``launch``, not
+        by a job (e.g. ``sbatch`` refusing the job array, a job SLURM killed), with the job's log where
+        the error names one. Hydra's own launcher and axoexp's run the jobs here: what they raise is a
+        bug's, or a file's that cannot be written, which has a line of its own."""
         ray_said = (str(error).strip().splitlines() or [""])[0].partition(". ")[0]
         if isinstance(error, ConnectionError) and self.ray_address is not None and ray_said.startswith(RAY_NOT_FOUND):
             return (
                 f"no Ray instance at {RAY_ADDRESS_KEY}={self.ray_address}: {ray_said}; start one there "
                 f"(ray start --head) or drop {RAY_ADDRESS_KEY} to start a local one"
             )
-        if not isinstance(error, AxoexpError) and _raised_by_launcher(error):
-            return f"{self.launcher} failed to launch or collect the jobs: {first_line(error)}"
-        return None
+        ours = self.launcher_target.endswith(BASIC_LAUNCHER) or self.launcher_target.startswith(POOL_LAUNCHER)
+        a_file = isinstance(error, OSError) and error.filename is not None
+        if ours or a_file or isinstance(error, AxoexpError) or not _raised_by_launcher(error):
+            return None
+        log = JOB_LOG.search(str(error))
+        return f"{self.launcher} failed to launch or collect the jobs: {first_line(error)}" + (
+            f" (the job's log: {log.group()})" if log else ""
+        )
 
     def unsynced_line(self, error: BaseException) -> str | None:
         """Where jobs could not reach the store (``error``, the one that ended the sweep, says so), the
@@ -378,15 +405,13 @@ class MlflowSweepCallback(Callback):
         )
 
 
-LAUNCHER_NEEDS = {"SlurmLauncher": ("srun", "slurm", "SLURM")}
+LAUNCHER_NEEDS = {SLURM_LAUNCHER: ("srun", "slurm", "SLURM")}
 """A launcher's class name: the command it needs on PATH, its preset and what provides the command."""
-POOL_LAUNCHER = "hydra_plugins.axoexp_parallel_launcher."
-"""The package of axoexp's own launcher (``hydra/launcher=parallel``)."""
 
 
 def check_launcher(config: DictConfig) -> None:
     """Refuse, in one line and before any run exists, a launcher that cannot work on this machine."""
-    target = str(config.hydra.launcher.get("_target_", ""))
+    target = launcher_target(config)
     for launcher, (command, preset, provider) in LAUNCHER_NEEDS.items():
         if target.endswith(launcher) and shutil.which(command) is None:
             raise SweepRefusedError(
@@ -425,6 +450,10 @@ def _ray_unreachable(address: str) -> str | None:
     return None
 
 
+JOB_LOG = re.compile(r"\S+_log\.err\b")
+"""A job's error log, as submitit names it in the error of a job that failed or was killed."""
+
+
 def _raised_by_launcher(error: BaseException) -> bool:
     """Whether ``error`` came out of a Hydra launcher's ``launch`` (submitting the jobs or collecting
     them), not out of a job: a job's own error comes back as its result, raised later by Hydra."""
@@ -442,10 +471,20 @@ def began() -> bool:
     return bool(_running)
 
 
-def ends_with_its_own_line() -> bool:
-    """Whether the running sweep has a parent run, whose end it says as its last line (each failed
-    job and refusal first): an error a job raised needs no line of its own after it."""
-    return bool(_running) and _running[0].parent_run_id is not None
+_job_errors: list[BaseException] = []
+"""The errors this process's jobs raised (:func:`note_job_error`), which Hydra raises again once the
+sweep's last job has run."""
+
+
+def note_job_error(error: BaseException) -> None:
+    """Remember that one of this process's jobs raised ``error``: its run's end or its refusal says it."""
+    _job_errors.append(error)
+
+
+def ends_with_its_own_line(error: BaseException) -> bool:
+    """Whether ``error`` is a job's (:func:`note_job_error`) in a sweep that has a parent run, whose end
+    it says as its last line, each failed job and refusal first: it needs no line of its own after them."""
+    return bool(_running) and _running[0].parent_run_id is not None and any(error is job for job in _job_errors)
 
 
 def failed(error: BaseException) -> str | None:

@@ -3,6 +3,7 @@ planned as the job will plan itself, where its launcher runs it (this machine, o
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -26,7 +27,7 @@ RAY_ADDRESS_KEY = "hydra.launcher.ray.init.address"
 def ray_address(config: DictConfig) -> str | None:
     """A Ray launcher's :data:`RAY_ADDRESS_KEY`; None for another launcher, or where it is null (the
     launcher starts a local Ray instance)."""
-    if not str(config.hydra.launcher.get("_target_", "")).endswith("RayLauncher"):
+    if not launcher_target(config).endswith(RAY_LAUNCHER):
         return None
     address = OmegaConf.select(config, RAY_ADDRESS_KEY)
     return None if address is None else str(address)
@@ -48,11 +49,31 @@ PLANNING_ERRORS = (ConfigError, *COMPOSING_ERRORS)
 """What composing and planning a job raise for a mistake in its config."""
 
 
+SLURM_LAUNCHER, RAY_LAUNCHER = "SlurmLauncher", "RayLauncher"
+"""The class names of the launchers that start jobs on a cluster: submitit's SLURM one and Ray's."""
+POOL_LAUNCHER = "hydra_plugins.axoexp_parallel_launcher."
+"""The package of axoexp's own launcher (``hydra/launcher=parallel``)."""
+BASIC_LAUNCHER = "BasicLauncher"
+"""Hydra's default launcher: each job in this process, one after another (axoexp forks each)."""
+LOCAL_LAUNCHERS = (BASIC_LAUNCHER, "JoblibLauncher", "LocalLauncher")
+"""Launchers (class names) whose jobs run on this machine: Hydra's own, joblib's, submitit's local
+executor; and axoexp's (:data:`POOL_LAUNCHER`)."""
+
+
+def launcher_target(config: DictConfig) -> str:
+    """The sweep's launcher class, as ``hydra.launcher._target_`` names it."""
+    return str(config.hydra.launcher.get("_target_", ""))
+
+
 def jobs_run_here(config: DictConfig) -> bool:
-    """Whether the sweep's jobs run on this machine: not on a SLURM cluster's nodes, nor on a Ray
-    cluster's that the sweep joins at an address (without one, it starts its own Ray here)."""
-    launcher = str(config.hydra.launcher.get("_target_", ""))
-    return not launcher.endswith("SlurmLauncher") and ray_address(config) is None
+    """Whether the sweep's jobs run on this machine: under a launcher known to run them here
+    (:data:`LOCAL_LAUNCHERS`, axoexp's), or Ray's where it starts its own instance here (no address,
+    set or in ``RAY_ADDRESS``). Any other launcher (SLURM, a Ray cluster, one axoexp does not know)
+    may run them elsewhere, so what a machine has is left to each job there."""
+    target = launcher_target(config)
+    if target.endswith(RAY_LAUNCHER):
+        return ray_address(config) is None and not os.environ.get("RAY_ADDRESS")
+    return target.startswith(POOL_LAUNCHER) or target.endswith(LOCAL_LAUNCHERS)
 
 
 def job_composer(config: DictConfig) -> Callable[[list[str]], DictConfig]:
@@ -65,17 +86,19 @@ def job_composer(config: DictConfig) -> Callable[[list[str]], DictConfig]:
     return lambda overrides: loader.load_sweep_config(config, overrides)
 
 
-def plan_jobs(config: DictConfig) -> tuple[list[str], list[str]]:
+def plan_jobs(config: DictConfig) -> tuple[dict[int, str], list[str]]:
     """Plan every job of a basic sweep before any run exists: ``job N (overrides): why`` for each
-    refused one, and each job's resolved config as its :func:`~axoexp.tracking.config_digest`
+    refused one, by its number, and each job's resolved config as its :func:`~axoexp.tracking.config_digest`
     (the sweep's definition). If a job's config cannot be composed (Hydra's sweeper would then
     start no job) or every job is refused, :class:`SweepRefusedError` names those jobs in one line
     and no parent run is created. Other sweepers choose their jobs as they go: nothing is planned."""
     jobs = basic_jobs(config)
     if jobs is None:
-        return [], []
+        return {}, []
     compose, here = job_composer(config), jobs_run_here(config)
-    uncomposable, refused, digests = [], [], []
+    uncomposable: list[str] = []
+    refused: dict[int, str] = {}
+    digests: list[str] = []
     for number, job in enumerate(jobs):
         try:
             job_config = compose(job)
@@ -88,14 +111,14 @@ def plan_jobs(config: DictConfig) -> tuple[list[str], list[str]]:
         try:
             plan_experiment(job_config, here=here)
         except PLANNING_ERRORS as error:
-            refused.append(f"job {number} ({_shown_overrides(job)}): {one_line(error)}")
+            refused[number] = f"job {number} ({_shown_overrides(job)}): {one_line(error)}"
     if uncomposable:  # Hydra's BasicSweeper composes a batch's jobs first and fails the batch at the first it cannot
         raise SweepRefusedError(
             "no job of the sweep can run, so it created no run: Hydra starts a sweep's jobs only once it has "
             f"composed every job's config, and it cannot compose {'; '.join(uncomposable)}"
         )
     if jobs and len(refused) == len(jobs):
-        raise SweepRefusedError(f"no job of the sweep can run, so it created no run: {'; '.join(refused)}")
+        raise SweepRefusedError(f"no job of the sweep can run, so it created no run: {'; '.join(refused.values())}")
     return refused, digests
 
 

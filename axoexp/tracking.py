@@ -103,6 +103,15 @@ RETRY_LOGGER = "urllib3.connectionpool"
 line names the server and the cause (a dead one's two retries printed two such lines)."""
 
 
+class _QuietRetries(logging.Filter):
+    """Drops urllib3's warning of each retry (:data:`RETRY_LOGGER`), unless urllib3's debug lines are
+    asked for (``hydra.verbose=urllib3``); its other lines pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        retry = isinstance(record.msg, str) and record.msg.startswith("Retrying")
+        return not retry or logging.getLogger("urllib3").isEnabledFor(logging.DEBUG)
+
+
 def bound_http_retries(
     max_retries: int | None = None, timeout_s: int | None = None, backoff_factor: int | None = None
 ) -> None:
@@ -121,8 +130,8 @@ def bound_http_retries(
             os.environ[variable] = str(value)
     os.environ.setdefault(names.HTTP_BACKOFF_JITTER_ENV, "0")
     retries = logging.getLogger(RETRY_LOGGER)
-    if retries.level == logging.NOTSET:  # a level the user set stays
-        retries.setLevel(logging.ERROR)
+    if not any(isinstance(existing, _QuietRetries) for existing in retries.filters):
+        retries.addFilter(_QuietRetries())
 
 
 def config_digest(config: Mapping[str, Any]) -> str:
@@ -215,7 +224,7 @@ class RedactingClient(MlflowClient):
 
 
 TEXT_SNIFF_BYTES = 8192
-"""How much of a file to be uploaded is read to tell text from tensors."""
+"""How much of a file to be uploaded is read first, to tell tensors from text."""
 
 
 def _files(path: Path) -> list[Path]:
@@ -223,17 +232,24 @@ def _files(path: Path) -> list[Path]:
 
 
 def _text(path: Path) -> str | None:
-    """A file's text, or None where it is no UTF-8 text (the banks' tensors): one with a NUL byte in
-    its first block (a safetensors file's header length has some) is not read further."""
+    """A file's text, or None where it is no UTF-8 text: a safetensors file (the banks), told by its
+    header and not read further, or bytes that do not decode. A text with NUL bytes (a log a crash
+    cut short) is text."""
     with path.open("rb") as stream:
         head = stream.read(TEXT_SNIFF_BYTES)
-        if b"\0" in head:
+        if _is_safetensors(head):
             return None
         data = head + stream.read()
     try:
         return data.decode()
     except UnicodeDecodeError:
         return None
+
+
+def _is_safetensors(head: bytes) -> bool:
+    """Whether a file begins as a safetensors file does: its JSON header's length as 8 little-endian
+    bytes (under 100 MB, as the format caps it; a text's 8 bytes of characters read far larger), then ``{``."""
+    return len(head) > 8 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < 100_000_000
 
 
 def _tag_value(value: Any) -> str:

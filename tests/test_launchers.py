@@ -24,12 +24,15 @@ import pytest
 import torch
 from helpers import RAY_PORT_ENV, child_processes, leftovers, new_child_processes, run_cli, run_clis
 from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
 
 from axoexp import lease, names
 from axoexp.errors import ConfigError, LeaseTimeoutError
 from axoexp.experiment import run_experiment
 from axoexp.parallel_launcher import LabelledLines
+from axoexp.plan import plan_experiment
 from axoexp.runtime import allowed_cpus
+from axoexp.sweep_plan import jobs_run_here
 
 FAILS_ONCE = '''
 from pathlib import Path
@@ -300,6 +303,35 @@ def test_sweep_through_submitit_local(tmp_path: Path) -> None:
     check_fail_then_resume(run, f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "sweeps")
     assert new_child_processes(before) == []
     assert leftovers(str(tmp_path)) == []
+
+
+@pytest.mark.parametrize(
+    "launcher, address, here",
+    [
+        ("hydra._internal.core_plugins.basic_launcher.BasicLauncher", None, True),
+        ("hydra_plugins.axoexp_parallel_launcher.parallel_launcher.ParallelLauncher", None, True),
+        ("hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher", None, True),
+        ("hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher", None, True),
+        ("hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher", None, True),
+        ("hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher", "auto", False),
+        ("hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher", None, False),
+        ("hydra_plugins.hydra_ray_launcher.ray_aws_launcher.RayAWSLauncher", None, False),
+    ],
+)
+def test_only_launchers_known_to_run_jobs_here_have_them_judged_here(
+    launcher: str, address: str | None, here: bool
+) -> None:
+    """A deny-list (SLURM, Ray at an address) judged a Ray AWS cluster's jobs on the submitting machine."""
+    config = OmegaConf.create({"hydra": {"launcher": {"_target_": launcher, "ray": {"init": {"address": address}}}}})
+    assert jobs_run_here(config) is here
+
+
+def test_a_job_planned_for_another_machine_is_judged_by_what_holds_on_any(make_config) -> None:
+    """Planned for a cluster's node (here=False): CUDA and the CPUs this machine lacks are the node's to
+    judge, but threads beyond the job's own CPU lease are refused on any machine."""
+    assert plan_experiment(make_config("device=cuda", "executor=cudagraph", "run.threads=512"), here=False)
+    with pytest.raises(ConfigError, match=r"run.threads=8: run.lease_cpus=2 pins this process to 2 CPUs"):
+        plan_experiment(make_config("run.lease_cpus=2", "run.threads=8"), here=False)
 
 
 def _sbatch_stand_in(folder: Path) -> dict[str, str]:

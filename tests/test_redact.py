@@ -9,9 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import free_port, start_mlflow
 from mlflow.entities import Param, RunTag
 from mlflow.tracking import MlflowClient
+from safetensors.torch import save_file
 
 from axoexp import names
 from axoexp.redact import hide_passwords_in_logs, redacted
@@ -80,15 +82,23 @@ def test_every_value_axoexps_mlflow_client_writes_hides_a_password(tracking_uri:
     record.mkdir()
     (record / "overrides.yaml").write_text(f"- tracking.uri={secret}\n")
     (record / "tensor.bin").write_bytes(bytes(range(256)))  # no text: uploaded as it is
+    save_file({"bank": torch.arange(4.0)}, record / "banks.safetensors")  # told by its header, not read on
+    banks = (record / "banks.safetensors").read_bytes()
+    (record / "cut.log").write_bytes(f"\0\0 tracking.uri={secret}\n".encode())  # a log a crash cut short: text
     client.log_artifact(run_id, str(record))
     stored = MlflowClient(tracking_uri).get_run(run_id)
     values = [stored.info.run_name, *stored.data.tags.values(), *stored.data.params.values()]
     downloaded = Path(client.download_artifacts(run_id, "", str(tmp_path / "down")))
-    texts = [(downloaded / "config.yaml").read_text(), (downloaded / ".hydra" / "overrides.yaml").read_text()]
+    texts = [
+        (downloaded / "config.yaml").read_text(),
+        (downloaded / ".hydra" / "overrides.yaml").read_text(),
+        (downloaded / ".hydra" / "cut.log").read_text(),
+    ]
     assert not [value for value in [*values, *texts] if "s3cr" in value], values
     assert stored.data.params["param"] == stored.data.tags["tag"] == "postgresql://u:***@h/db"
     assert texts[1] == "- tracking.uri=postgresql://u:***@h/db\n"
     assert (downloaded / ".hydra" / "tensor.bin").read_bytes() == bytes(range(256))
+    assert (downloaded / ".hydra" / "banks.safetensors").read_bytes() == banks
     assert (record / "overrides.yaml").read_text() == f"- tracking.uri={secret}\n", "the local file kept as typed"
 
 

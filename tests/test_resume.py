@@ -200,7 +200,7 @@ def test_a_preset_and_its_overrides_spelled_out_are_one_sweep(loaded_registry) -
     _, spelled_jobs, spelled_overrides = _sweep_config(
         task=("gradient_transform=none,clip_norm", "population.time_steps=12,64", "population.neurons=3,64")
     )
-    assert refused == [] and len(preset_jobs) == len(set(preset_jobs)) == 8
+    assert refused == {} and len(preset_jobs) == len(set(preset_jobs)) == 8
     assert sorted(preset_jobs) == sorted(spelled_jobs)
     assert sweep_definition(preset_overrides, preset_jobs) == sweep_definition(spelled_overrides, spelled_jobs)
     _, other_jobs, other_overrides = _sweep_config(task=("population.neurons=3,65",))

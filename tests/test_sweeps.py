@@ -47,6 +47,24 @@ class Flaky(EagerExecutor):
 '''
 
 
+REFUSED_WHERE_IT_RUNS = """
+import os
+from axoexp import component
+from axoexp.components.population import lite
+
+_PLANNING = os.getpid()  # the sweep's process, which plans every job; each job runs in a process of its own
+
+
+@component("population", "node_only")
+def node_only(*, device, dtype, seed, neurons: int = 3):
+    \"\"\"lite, refused where the job runs (as a cluster's node judges what it has), not while planning.\"\"\"
+    return lite(device=device, dtype=dtype, seed=seed, neurons=neurons)
+
+
+node_only.config_problems = lambda params, config: [] if os.getpid() == _PLANNING else ["this node lacks it"]
+"""
+
+
 def _runs(uri: str) -> tuple[MlflowClient, list]:
     client = MlflowClient(tracking_uri=uri)
     return client, client.search_runs([client.get_experiment_by_name("axoexp").experiment_id])
@@ -61,6 +79,10 @@ SWEEPS = {  # sweeps in the default launcher (one job at a time) that share noth
     "failing": (
         ("flaky.py", FAILING_EXECUTOR),
         ("executor=eager,flaky", "population.neurons=0,2", "run.measured_updates=3"),
+    ),
+    "refused where it runs": (
+        ("node_only.py", REFUSED_WHERE_IT_RUNS),
+        ("population=node_only", "population.neurons=2,3", "run.measured_updates=3"),
     ),
     "report": (
         ("sleepy.py", SLOW_EXECUTOR),
@@ -83,6 +105,20 @@ def sweeps(
         (folders[name] / "plugins" / file).write_text(plugin)
         calls.append((("-m", *overrides), folders[name], None))
     return {name: (result, folders[name]) for name, result in zip(SWEEPS, run_clis(calls), strict=True)}
+
+
+def test_jobs_refused_only_where_they_run_are_named_with_why_as_the_sweep_ends(sweeps) -> None:
+    """Jobs planning accepted but refused as they ran (a SLURM node judges the CUDA, CPUs and memory it
+    has) were counted at the end, their reasons only in the parent's tags; each is a line now, and the
+    first one's error is not said again, without its job, after them."""
+    result, _ = sweeps["refused where it runs"]
+    assert result.returncode == 1
+    refusal = "invalid experiment config: this node lacks it"
+    assert result.stderr.strip().splitlines()[-3:] == [
+        f"axoexp: refused job 0 (population.neurons=2,population=node_only,run.measured_updates=3): {refusal}",
+        f"axoexp: refused job 1 (population.neurons=3,population=node_only,run.measured_updates=3): {refusal}",
+        "axoexp: the sweep ended FAILED: 2 jobs were refused before creating a run (tags axoexp.refused.*)",
+    ]
 
 
 def test_failing_job_fails_the_parent_but_keeps_the_others(sweeps) -> None:

@@ -92,6 +92,23 @@ def test_noise_is_judged_within_each_length_not_across_lengths() -> None:
     assert noise_spread(stalls, lengths) == pytest.approx(2 / 3) and noise_verdict(2 / 3) == "high"
 
 
+def test_updates_each_of_its_own_length_are_judged_against_the_line_through_time_and_length() -> None:
+    """With every update at a length of its own (eager, many batches), each bucket was its own median:
+    the spread was 0 whatever the times, never noise high. Updates in buckets of fewer than
+    MIN_BUCKET_UPDATES are judged against the line of time against length through every update."""
+    from axoexp.statistics import MIN_BUCKET_UPDATES, noise_spread
+
+    lengths = list(range(10, 50))
+    steady = [0.1 * length for length in lengths]  # time in proportion to length: no noise
+    stalled = [time * (3.0 if index % 2 else 1.0) for index, time in enumerate(steady)]  # every other update 3x
+    assert noise_spread(steady, lengths) == pytest.approx(0.0, abs=1e-9)
+    assert noise_verdict(noise_spread(stalled, lengths)) == "high"
+    few = [length for length in (10, 40) for _ in range(MIN_BUCKET_UPDATES - 1)]
+    assert noise_verdict(
+        noise_spread([0.1 * length * (3.0 if i % 2 else 1.0) for i, length in enumerate(few)], few)
+    ) == ("high"), "buckets of 3 updates each: judged against the line too"
+
+
 # --- threads
 
 
