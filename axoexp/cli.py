@@ -82,8 +82,8 @@ def hydra_app(config: DictConfig) -> float | None:
             lambda: _experiment(config, hydra_config),
             lambda pid, how: sweep.end_killed_job(config, job_number, job_name, output_dir, pid, how),
         )
-    except AxoexpError as error:  # its run's end or its refusal says it: the sweep's last lines name it
-        sweep.note_job_error(error)
+    except ConfigError as error:  # the sweep's end lists each refused job, with why
+        sweep.note_refusal(error)
         raise
     finally:  # the job's phases ended in its forked process: the next job's count from here
         wallclock.take_phases()
@@ -245,8 +245,8 @@ def _main() -> None:
             raise
         if isinstance(error, AxoexpError):  # in a sweep, a job's error (but a refusal before any job)
             status = 1 if multirun and not isinstance(error, RefusedTargetError) else error.exit_code
-            if multirun and line is None and _sweep_ends_with_its_own_line(error):
-                sys.exit(status)  # the job's error is said with the sweep's end, its last line
+            if multirun and line is None and _sweep_lists_refusal(error):
+                sys.exit(status)  # the sweep's end lists the refused job, with why
             _exit_with(line or str(error), status)
         composing = isinstance(error, ConfigCompositionException | OverrideParseException)  # before any job ran
         _exit_with(one_line(error), 1 if multirun and not composing else 2)
@@ -333,11 +333,11 @@ def _sweep_failed(error: BaseException) -> str | None:
     return sweep.failed(error)
 
 
-def _sweep_ends_with_its_own_line(error: BaseException) -> bool:
-    """:func:`axoexp.sweep.ends_with_its_own_line`, the sweep's module imported only by a sweep."""
+def _sweep_lists_refusal(error: BaseException) -> bool:
+    """:func:`axoexp.sweep.lists_refusal`, the sweep's module imported only by a sweep."""
     from axoexp import sweep
 
-    return sweep.ends_with_its_own_line(error)
+    return sweep.lists_refusal(error)
 
 
 def _warn_broken_plugin(error: AxoexpError) -> None:

@@ -351,6 +351,7 @@ def fixed_metrics() -> list[str]:
         *(update_metric(stat) for stat in UPDATE_STATS),
         *(device_metric(stat) for stat in DEVICE_STATS),
         HOST_OVERHEAD_MEDIAN,
+        NOISE_SPREAD,
         FIRST_UPDATE,
         MEASURED_COMPLETED,
         STREAMS_PER_S,

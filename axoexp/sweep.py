@@ -46,6 +46,7 @@ from axoexp import collector, metadata, names, processes, signals
 from axoexp.describe import sweep_run_name
 from axoexp.errors import (
     AxoexpError,
+    ConfigError,
     StoreError,
     SweepRefusedError,
     TrackingUnavailableError,
@@ -471,20 +472,21 @@ def began() -> bool:
     return bool(_running)
 
 
-_job_errors: list[BaseException] = []
-"""The errors this process's jobs raised (:func:`note_job_error`), which Hydra raises again once the
+_refusals: list[ConfigError] = []
+"""The refusals this process's jobs raised (:func:`note_refusal`), which Hydra raises again once the
 sweep's last job has run."""
 
 
-def note_job_error(error: BaseException) -> None:
-    """Remember that one of this process's jobs raised ``error``: its run's end or its refusal says it."""
-    _job_errors.append(error)
+def note_refusal(error: ConfigError) -> None:
+    """Remember that one of this process's jobs was refused with ``error``: the sweep's end lists it."""
+    _refusals.append(error)
 
 
-def ends_with_its_own_line(error: BaseException) -> bool:
-    """Whether ``error`` is a job's (:func:`note_job_error`) in a sweep that has a parent run, whose end
-    it says as its last line, each failed job and refusal first: it needs no line of its own after them."""
-    return bool(_running) and _running[0].parent_run_id is not None and any(error is job for job in _job_errors)
+def lists_refusal(error: BaseException) -> bool:
+    """Whether ``error`` is a job's refusal (:func:`note_refusal`) in a sweep that has a parent run,
+    whose end lists each refused job with why before its last line: it needs no line of its own
+    after them (it was the first refused job's line again, without its job)."""
+    return bool(_running) and _running[0].parent_run_id is not None and any(error is job for job in _refusals)
 
 
 def failed(error: BaseException) -> str | None:

@@ -146,7 +146,12 @@ def check_one_job_killed(root: Path, process: subprocess.Popen[str]) -> None:
     os.kill(victim, signal.SIGKILL)
     stdout, stderr = process.communicate(timeout=400)
     assert process.returncode == 1, stderr[-3000:]
-    assert f"axoexp: the job's process {victim} was killed by SIGKILL; synced to run" in stderr, stderr[-3000:]
+    died = f"the job's process {victim} was killed by SIGKILL"
+    last = stderr.splitlines()[-1]  # the job's death said with its run and with the sweep's end
+    assert f": KILLED: killed: {died}; " in stderr and last.startswith("axoexp: the sweep ended FAILED: "), stderr[
+        -3000:
+    ]
+    assert "was killed by SIGKILL; synced to run" in last, stderr[-3000:]
     assert "Traceback" not in stderr and "TerminatedWorkerError" not in stderr
 
     uri = f"sqlite:///{root / 'mlflow.db'}"
