@@ -22,14 +22,14 @@ from axoexp.guard import FiniteGuard
 from axoexp.interfaces import RunLog, length_range
 from axoexp.journal import JournaledLog, journaled_run
 from axoexp.lease import device_lease
-from axoexp.measure import length_groups, length_metrics, length_tags, measure_updates
+from axoexp.measure import length_metrics, length_tags, measure_updates
 from axoexp.outputs import HYDRA_DIR, write_atomically
 from axoexp.plan import Plan, plan_experiment
 from axoexp.progress import noted_if_slow
 from axoexp.redact import hide_passwords_in_logs
 from axoexp.registry import REGISTRY, Registry
 from axoexp.runtime import configure_determinism, configure_threads
-from axoexp.statistics import LatencySummary, noise_spread
+from axoexp.statistics import LatencySummary
 from axoexp.tracking import StoreOpening, configure_tracking, flatten, store_failure
 from axoexp.verification import Verification, bucket_metrics, verify_buckets, verify_parity
 from axoexp.windows import PREPARE, VERIFY, Observer, window
@@ -225,7 +225,7 @@ def _execute(
             if prepare_ms:
                 log.info("prepare: %s", ", ".join(f"{phase} {ms:.1f} ms" for phase, ms in prepare_ms.items()))
             wallclock.mark("prepare")
-            warmup, measured = measure_updates(
+            warmup, measured, spread = measure_updates(
                 executor,
                 setup.batches,
                 config.run.warmup_updates,
@@ -239,7 +239,6 @@ def _execute(
         finally:
             guard.log_to(tracker)
         update = LatencySummary.of(measured.latencies_ms)
-        groups = length_groups(setup.batches, config.run.warmup_updates, update.count, executor.buckets())
         by_length = length_metrics(measured.latencies_ms, setup.batches, config.run.warmup_updates, executor.buckets())
         captured = executor.captures()
         recaptures = None if captured is None or captured_in_prepare is None else captured - captured_in_prepare
@@ -299,7 +298,7 @@ def _execute(
         if measured.device_ms
         else None,
         contention=guard.verdict(),
-        noise_spread=noise_spread(measured.latencies_ms, groups),
+        noise_spread=spread,
         eval_loss_before=eval_before,
         eval_loss_after=eval_after,
         eval_batches=len(setup.eval_batches),

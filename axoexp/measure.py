@@ -152,11 +152,13 @@ def measure_updates(
     min_time_s: float = 0.0,
     max_time_s: float = math.inf,
     thread_candidates: Sequence[int] = (),
-) -> tuple[UpdateTrace, UpdateTrace]:
+) -> tuple[UpdateTrace, UpdateTrace, float]:
     """Warm-up, the thread calibration where there are ``thread_candidates``
     (:func:`calibrate_threads`), then measured updates (more with ``min_time_s``, see
-    :func:`measure_until_stable`); whatever completed is logged, also on failure."""
+    :func:`measure_until_stable`); whatever completed is logged, also on failure. Returns the
+    traces and the measured updates' noise spread, as logged (:func:`~axoexp.windows.log_traces`)."""
     warmup, measured = UpdateTrace(), UpdateTrace()
+    spread = None
     try:
         with window(observers, WARMUP, warmup_count, warmup):
             run_updates(executor, batches, warmup_count, 0, warmup, observers, WARMUP)
@@ -181,8 +183,9 @@ def measure_updates(
             tracker.set_tags({names.TIMING_ADAPTIVE: outcome})
     finally:
         groups = length_groups(batches, warmup_count, len(measured.latencies_ms), executor.buckets())
-        log_traces(tracker, warmup, measured, measured_count, groups)
-    return warmup, measured
+        spread = log_traces(tracker, warmup, measured, measured_count, groups)
+    assert spread is not None  # run.measured_updates is at least 1, and every one completed
+    return warmup, measured, spread
 
 
 def update_lengths(batches: list[Batch], first: int, count: int) -> list[int]:

@@ -66,10 +66,12 @@ def log_traces(
     measured: UpdateTrace,
     planned: int,
     length_groups: Sequence[int] | None = None,
-) -> None:
-    """Log whatever completed, also when an update failed part-way. ``length_groups``: each measured
-    update's length bucket, which its noise is judged within (:func:`~axoexp.statistics.noise_spread`);
-    ``None`` where every batch has one length, or where they are not known (a journal's replay)."""
+) -> float | None:
+    """Log whatever completed, also when an update failed part-way; return the noise spread logged
+    (None where no update was measured). ``length_groups``: each measured update's length bucket,
+    which its noise is judged within (:func:`~axoexp.statistics.noise_spread`); ``None`` where every
+    batch has one length, or where they are not known (a journal's replay)."""
+    spread = None
     tracker.log_series(names.UPDATE_SERIES, warmup.latencies_ms + measured.latencies_ms)
     tracker.log_series(names.LOSS_SERIES, warmup.losses + measured.losses)
     if warmup.device_ms or measured.device_ms:
@@ -79,8 +81,8 @@ def log_traces(
         metrics[names.FIRST_UPDATE] = warmup.latencies_ms[0]
     if measured.latencies_ms:
         metrics.update(LatencySummary.of(measured.latencies_ms).as_metrics(names.update_metric))
-        metrics[names.NOISE_SPREAD] = noise_spread(measured.latencies_ms, length_groups)
-        tracker.set_tags({names.TIMING_NOISE: noise_verdict(metrics[names.NOISE_SPREAD])})
+        spread = metrics[names.NOISE_SPREAD] = noise_spread(measured.latencies_ms, length_groups)
+        tracker.set_tags({names.TIMING_NOISE: noise_verdict(spread)})
     if measured.device_ms:
         device = LatencySummary.of(measured.device_ms)
         metrics.update({names.device_metric(stat): getattr(device, stat) for stat in names.DEVICE_STATS})
@@ -92,3 +94,4 @@ def log_traces(
     tracker.log_metrics(metrics)
     if len(measured.latencies_ms) < planned:
         tracker.set_tags({names.PARTIAL: f"{len(measured.latencies_ms)} of {planned} measured updates"})
+    return spread
