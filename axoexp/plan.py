@@ -107,11 +107,7 @@ class Plan:
         setup = population.build(
             self.params["population"], device=self.device, dtype=self.dtype, seed=int(self.config.seed)
         )
-        problem = (
-            setup_problem(population, setup)
-            or empty_batches_problem(population, setup)
-            or warm_up_batches_problem(population.name, setup)
-        )
+        problem = built_problem(population, setup)
         if problem:  # planning could not build it: found here, not as a NaN loss or a traceback
             raise IncompatibleComponentsError(problem)
         if self.initial_banks is not None:
@@ -580,12 +576,19 @@ def probe_population(
             return None, f"population={population.name} cannot be built: {first_line(error)}"
         log.info("population %s cannot be built on %s (%s); it is judged when built", population.name, device, error)
         return None, None
-    problem = (
-        setup_problem(population, setup)
-        or empty_batches_problem(population, setup)
-        or warm_up_batches_problem(population.name, setup)
-    )
+    problem = built_problem(population, setup)
     return (None, problem) if problem else (setup, None)
+
+
+def built_problem(population: Component, setup: object) -> str | None:
+    """Why what ``population``'s factory built cannot be adapted or evaluated, as planning and the run
+    judge it: no setup to adapt (:func:`setup_problem`), empty batches (:func:`empty_batches_problem`)
+    or an AxoSim population's all-warm-up batches (:func:`warm_up_batches_problem`); else None."""
+    problem = setup_problem(population, setup)
+    if problem:
+        return problem
+    built = cast(PopulationSetup, setup)
+    return empty_batches_problem(population, built) or warm_up_batches_problem(population.name, built)
 
 
 def setup_problem(population: Component, setup: object) -> str | None:
