@@ -253,17 +253,23 @@ def _plan(config: DictConfig, registry: Registry, here: bool) -> Plan:
         problems += filter(None, [checkpoint_problem(checkpoint, params["population"].get("checkpoint_sha256"))])
     probe = None
     if "population" in components and device is not None and dtype is not None and not problems:
-        try:  # memory_estimate's problems are said as a refusal
-            if here:
-                problems += memory_problems(components["population"], params["population"], device, dtype)
-            where = probe_device(device, components["population"], params["population"], dtype)
+        try:  # a hook that answers no number of bytes is said as a refusal
+            estimate = memory_estimate(components["population"], params["population"], dtype)
         except ConfigError as error:
             problems.append(str(error))
-        if not problems:  # it fits: build it, to see what it is
-            probe, unbuildable = probe_population(
-                components["population"], params["population"], where, dtype, int(config.seed), device
-            )
-            problems += filter(None, [unbuildable])
+        else:
+            if here:
+                problems += memory_problems(components["population"].name, estimate, device, dtype)
+            if not problems:  # it fits: build it, to see what it is
+                probe, unbuildable = probe_population(
+                    components["population"],
+                    params["population"],
+                    probe_device(estimate),
+                    dtype,
+                    int(config.seed),
+                    device,
+                )
+                problems += filter(None, [unbuildable])
     store = store_problem(resolve_tracking_uri(config.tracking.uri), tracking_uri_key(config.tracking.uri))
     if store:
         problems.append(store)
@@ -495,15 +501,12 @@ def empty_batches_problem(population: Component, setup: PopulationSetup) -> str 
     return None
 
 
-def probe_device(
-    device: torch.device, population: Component, params: dict[str, Any], dtype: torch.dtype
-) -> torch.device:
-    """Where planning builds the population: where its memory estimate is at most
+def probe_device(estimate: int | None) -> torch.device:
+    """Where planning builds the population, given its :func:`memory_estimate`: where that is at most
     :data:`CPU_PROBE_BYTES`, the CPU, for a run on any device (the run's own factory, parameters,
     seed and dtype: exact at every shape, and faster to build there than on the meta device); else
     the meta device (no memory taken on a GPU before the run holds its lease, no arithmetic on CPUs
     it holds no lease on yet)."""
-    estimate = memory_estimate(population, params, dtype)
     return META if estimate is None or estimate > CPU_PROBE_BYTES else CPU
 
 
@@ -690,12 +693,10 @@ def factory_problems(component: Component, params: dict[str, Any], config: DictC
     return problems
 
 
-def memory_problems(
-    population: Component, params: dict[str, Any], device: torch.device, dtype: torch.dtype
-) -> list[str]:
-    """A population whose factory has a ``memory_estimate(params, dtype) -> bytes`` is refused
-    when that cannot fit in the memory available, before anything is allocated."""
-    needed = memory_estimate(population, params, dtype)
+def memory_problems(population: str, needed: int | None, device: torch.device, dtype: torch.dtype) -> list[str]:
+    """Population ``population``, whose factory's ``memory_estimate(params, dtype)`` hook estimates
+    ``needed`` bytes (:func:`memory_estimate`; None: it has none), is refused when that cannot fit in
+    the memory available, before anything is allocated."""
     if needed is None:
         return []
     available = available_bytes(device)
@@ -703,7 +704,7 @@ def memory_problems(
         return []
     where = f"device {device}" if device.type == "cuda" else "host"
     return [
-        f"population {population.name} needs about {needed / 2**30:.1f} GiB "
+        f"population {population} needs about {needed / 2**30:.1f} GiB "
         f"({dtype}; its estimate), but {where} memory has {available / 2**30:.1f} GiB available; "
         "make the population smaller (its population.* settings)"
     ]
