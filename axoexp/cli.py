@@ -27,7 +27,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from axoexp import collector, signals, targets, wallclock
+from axoexp import collector, names, signals, targets, wallclock
 from axoexp.compose_once import composed_once
 from axoexp.config import describe, did_you_mean, one_line, register_configs, unchosen_group
 from axoexp.errors import (
@@ -126,7 +126,9 @@ def _experiment(config: DictConfig, hydra_config: HydraConf) -> float | None:
         refused = check_targets(config)  # this job's sweep values (Hydra's config was checked before instantiating)
         if refused:
             raise ConfigError(refused)
-        in_this_terminal = hydra_config.mode != RunMode.MULTIRUN or "BasicLauncher" in hydra_config.launcher._target_
+        in_this_terminal = hydra_config.mode != RunMode.MULTIRUN or hydra_config.launcher._target_.endswith(
+            names.BASIC_LAUNCHER
+        )
         result = run_experiment(
             config,
             Path(hydra_config.runtime.output_dir),

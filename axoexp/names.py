@@ -35,6 +35,17 @@ EXPERIMENT_KIND_TRAINING = "custom_model_development"
 SHARED_VIEW_PREFIX = "mlflow.sharedViewState."
 RUNS_VIEW = "axoexp"
 
+# --- Hydra's launchers a sweep may run under, by class name (axoexp.sweep_plan)
+SLURM_LAUNCHER, RAY_LAUNCHER = "SlurmLauncher", "RayLauncher"
+"""The launchers that start jobs on a cluster: submitit's SLURM one and Ray's."""
+POOL_LAUNCHER = "hydra_plugins.axoexp_parallel_launcher."
+"""The package of axoexp's own launcher (``hydra/launcher=parallel``)."""
+BASIC_LAUNCHER = "BasicLauncher"
+"""Hydra's default launcher: each job in this process, one after another (axoexp forks each)."""
+LOCAL_LAUNCHERS = (BASIC_LAUNCHER, "JoblibLauncher", "LocalLauncher")
+"""Launchers whose jobs run on this machine: Hydra's own, joblib's, submitit's local executor; and
+axoexp's (:data:`POOL_LAUNCHER`)."""
+
 # --- tags: run status and bookkeeping
 FAILURE = "axoexp.failure"
 PARTIAL = "axoexp.partial"

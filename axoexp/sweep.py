@@ -60,15 +60,7 @@ from axoexp.redact import redacted
 from axoexp.registry import GROUPS, REGISTRY, Component
 from axoexp.statistics import doubts
 from axoexp.stdout import plural, print_out, say
-from axoexp.sweep_plan import (
-    BASIC_LAUNCHER,
-    POOL_LAUNCHER,
-    RAY_ADDRESS_KEY,
-    SLURM_LAUNCHER,
-    launcher_target,
-    plan_jobs,
-    ray_address,
-)
+from axoexp.sweep_plan import RAY_ADDRESS_KEY, launcher_target, plan_jobs, ray_address
 from axoexp.sync import end_dead_run, find_journals, process_gone, sync_journal
 from axoexp.tracking import (
     UNREACHABLE,
@@ -350,7 +342,9 @@ class MlflowSweepCallback(Callback):
                 f"no Ray instance at {RAY_ADDRESS_KEY}={self.ray_address}: {ray_said}; start one there "
                 f"(ray start --head) or drop {RAY_ADDRESS_KEY} to start a local one"
             )
-        ours = self.launcher_target.endswith(BASIC_LAUNCHER) or self.launcher_target.startswith(POOL_LAUNCHER)
+        ours = self.launcher_target.endswith(names.BASIC_LAUNCHER) or self.launcher_target.startswith(
+            names.POOL_LAUNCHER
+        )
         a_file = isinstance(error, OSError) and error.filename is not None
         if ours or a_file or isinstance(error, AxoexpError) or not _raised_by_launcher(error):
             return None
@@ -406,7 +400,7 @@ class MlflowSweepCallback(Callback):
         )
 
 
-LAUNCHER_NEEDS = {SLURM_LAUNCHER: ("srun", "slurm", "SLURM")}
+LAUNCHER_NEEDS = {names.SLURM_LAUNCHER: ("srun", "slurm", "SLURM")}
 """A launcher's class name: the command it needs on PATH, its preset and what provides the command."""
 
 
@@ -419,7 +413,7 @@ def check_launcher(config: DictConfig) -> None:
                 f"hydra/launcher={preset} needs {provider}, but {command!r} is not on PATH here; "
                 "start the sweep on a machine that has it, or use hydra/launcher=parallel or the default launcher"
             )
-    if target.startswith(POOL_LAUNCHER) and config.hydra.launcher.n_jobs < 1:
+    if target.startswith(names.POOL_LAUNCHER) and config.hydra.launcher.n_jobs < 1:
         jobs = config.hydra.launcher.n_jobs
         raise SweepRefusedError(f"hydra.launcher.n_jobs={jobs}: must be at least 1 (the worker processes of the sweep)")
     address = ray_address(config)

@@ -27,7 +27,7 @@ RAY_ADDRESS_KEY = "hydra.launcher.ray.init.address"
 def ray_address(config: DictConfig) -> str | None:
     """A Ray launcher's :data:`RAY_ADDRESS_KEY`; None for another launcher, or where it is null (the
     launcher starts a local Ray instance)."""
-    if not launcher_target(config).endswith(RAY_LAUNCHER):
+    if not launcher_target(config).endswith(names.RAY_LAUNCHER):
         return None
     address = OmegaConf.select(config, RAY_ADDRESS_KEY)
     return None if address is None else str(address)
@@ -49,17 +49,6 @@ PLANNING_ERRORS = (ConfigError, *COMPOSING_ERRORS)
 """What composing and planning a job raise for a mistake in its config."""
 
 
-SLURM_LAUNCHER, RAY_LAUNCHER = "SlurmLauncher", "RayLauncher"
-"""The class names of the launchers that start jobs on a cluster: submitit's SLURM one and Ray's."""
-POOL_LAUNCHER = "hydra_plugins.axoexp_parallel_launcher."
-"""The package of axoexp's own launcher (``hydra/launcher=parallel``)."""
-BASIC_LAUNCHER = "BasicLauncher"
-"""Hydra's default launcher: each job in this process, one after another (axoexp forks each)."""
-LOCAL_LAUNCHERS = (BASIC_LAUNCHER, "JoblibLauncher", "LocalLauncher")
-"""Launchers (class names) whose jobs run on this machine: Hydra's own, joblib's, submitit's local
-executor; and axoexp's (:data:`POOL_LAUNCHER`)."""
-
-
 def launcher_target(config: DictConfig) -> str:
     """The sweep's launcher class, as ``hydra.launcher._target_`` names it."""
     return str(config.hydra.launcher.get("_target_", ""))
@@ -67,13 +56,13 @@ def launcher_target(config: DictConfig) -> str:
 
 def jobs_run_here(config: DictConfig) -> bool:
     """Whether the sweep's jobs run on this machine: under a launcher known to run them here
-    (:data:`LOCAL_LAUNCHERS`, axoexp's), or Ray's where it starts its own instance here (no address,
-    set or in ``RAY_ADDRESS``). Any other launcher (SLURM, a Ray cluster, one axoexp does not know)
+    (:data:`~axoexp.names.LOCAL_LAUNCHERS`, axoexp's), or Ray's where it starts its own instance here
+    (no address, set or in ``RAY_ADDRESS``). Any other launcher (SLURM, a Ray cluster, one axoexp does not know)
     may run them elsewhere, so what a machine has is left to each job there."""
     target = launcher_target(config)
-    if target.endswith(RAY_LAUNCHER):
+    if target.endswith(names.RAY_LAUNCHER):
         return ray_address(config) is None and not os.environ.get("RAY_ADDRESS")
-    return target.startswith(POOL_LAUNCHER) or target.endswith(LOCAL_LAUNCHERS)
+    return target.startswith(names.POOL_LAUNCHER) or target.endswith(names.LOCAL_LAUNCHERS)
 
 
 def job_composer(config: DictConfig) -> Callable[[list[str]], DictConfig]:

@@ -305,23 +305,31 @@ def test_sweep_through_submitit_local(tmp_path: Path) -> None:
     assert leftovers(str(tmp_path)) == []
 
 
+RAY = "hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher"
+
+
 @pytest.mark.parametrize(
-    "launcher, address, here",
+    "launcher, address, environment, here",
     [
-        ("hydra._internal.core_plugins.basic_launcher.BasicLauncher", None, True),
-        ("hydra_plugins.axoexp_parallel_launcher.parallel_launcher.ParallelLauncher", None, True),
-        ("hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher", None, True),
-        ("hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher", None, True),
-        ("hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher", None, True),
-        ("hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher", "auto", False),
-        ("hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher", None, False),
-        ("hydra_plugins.hydra_ray_launcher.ray_aws_launcher.RayAWSLauncher", None, False),
+        ("hydra._internal.core_plugins.basic_launcher.BasicLauncher", None, None, True),
+        ("hydra_plugins.axoexp_parallel_launcher.parallel_launcher.ParallelLauncher", None, None, True),
+        ("hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher", None, None, True),
+        ("hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher", None, None, True),
+        (RAY, None, None, True),
+        (RAY, "auto", None, False),
+        (RAY, None, "10.0.0.5:6379", False),  # ray.init() connects to RAY_ADDRESS where no address is given
+        ("hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher", None, None, False),
+        ("hydra_plugins.hydra_ray_launcher.ray_aws_launcher.RayAWSLauncher", None, None, False),
     ],
 )
 def test_only_launchers_known_to_run_jobs_here_have_them_judged_here(
-    launcher: str, address: str | None, here: bool
+    launcher: str, address: str | None, environment: str | None, here: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A deny-list (SLURM, Ray at an address) judged a Ray AWS cluster's jobs on the submitting machine."""
+    if environment is None:
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    else:
+        monkeypatch.setenv("RAY_ADDRESS", environment)
     config = OmegaConf.create({"hydra": {"launcher": {"_target_": launcher, "ray": {"init": {"address": address}}}}})
     assert jobs_run_here(config) is here
 
