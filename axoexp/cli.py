@@ -75,7 +75,7 @@ def hydra_app(config: DictConfig) -> float | None:
     from axoexp import sweep
     from axoexp.job_process import run_isolated
 
-    job_number, job_name = hydra_config.job.num, hydra_config.job.override_dirname or "defaults"
+    job_number, job_name = hydra_config.job.num, names.job_label(hydra_config.overrides.task)
     output_dir = Path(hydra_config.runtime.output_dir)
     try:
         return run_isolated(
@@ -103,7 +103,7 @@ def _experiment(config: DictConfig, hydra_config: HydraConf) -> float | None:
         raise KeyboardInterrupt  # caught by a library as modules imported: no run starts after it
     job_name = run_name = on_planned = None
     if hydra_config.mode == RunMode.MULTIRUN:
-        job_name = describe_run.unescaped(hydra_config.job.override_dirname) or "defaults"
+        job_name = names.job_label(hydra_config.overrides.task)
         job_number, overrides = hydra_config.job.num, list(hydra_config.overrides.task)
         run_name = lambda plan: describe_run.job_run_name(plan, job_number, overrides)  # noqa: E731
         resume = sweep.resume_job(config, hydra_config.job.num)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -85,18 +84,12 @@ NOT_IN_NAMES = ("executor", "executor.name")  # named first, as the executor
 TIMESTAMP = "%m-%d %H:%M:%S"
 
 
-def unescaped(override: str) -> str:
-    """An override as its user wrote it: without the backslashes Hydra puts before a sweep value's
-    special characters (``lengths=uniform\\:16\\:40`` -> ``lengths=uniform:16:40``)."""
-    return re.sub(r"\\(.)", r"\1", override)
-
-
 def short_overrides(overrides: Iterable[str], skip: tuple[str, ...] = (), choices_by_value: bool = True) -> list[str]:
     """Overrides as a run name shows them: a group choice by its option (``clip_norm``) if
     ``choices_by_value``, any other key by its last part (``lr=0.01``); bookkeeping keys
     (where results go, how a run is watched) left out."""
     shown = []
-    for override in map(unescaped, overrides):
+    for override in map(names.unescaped, overrides):
         key, _, value = override.partition("=")
         key = key.lstrip("+~")
         if key in skip or key.startswith(names.NOT_MEASUREMENT_PARAM_PREFIXES) or key.startswith("hydra"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 
 # --- MLflow's own (checked against mlflow.utils.mlflow_tags and mlflow.environment_variables)
 PARENT_RUN_ID = "mlflow.parentRunId"
@@ -287,6 +288,20 @@ PROCESS_TOTAL = process_metric("total")  # process start to the end of the final
 EXECUTOR_PARAM_PREFIX = "executor."
 # where results go and how a run is watched, not what was measured
 NOT_MEASUREMENT_PARAM_PREFIXES = ("tracking.", "sweep.", "run.progress")
+
+
+def unescaped(override: str) -> str:
+    """An override as its user wrote it: without the backslashes Hydra puts before a sweep value's
+    special characters (``lengths=uniform\\:16\\:40`` -> ``lengths=uniform:16:40``)."""
+    return re.sub(r"\\(.)", r"\1", override)
+
+
+def job_label(overrides: Iterable[str]) -> str:
+    """The one spelling of a sweep's job in its lines and its parent's tags: the job's overrides as
+    typed (:func:`unescaped`), space-separated, less those that change nothing it measures
+    (:data:`NOT_MEASUREMENT_PARAM_PREFIXES`); ``defaults`` where none is left."""
+    shown = [unescaped(item) for item in overrides if not item.lstrip("+~").startswith(NOT_MEASUREMENT_PARAM_PREFIXES)]
+    return " ".join(shown) or "defaults"
 
 
 def shape_label(*dims: object) -> str:

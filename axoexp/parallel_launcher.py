@@ -27,6 +27,7 @@ from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrid
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, open_dict, read_write
 
+from axoexp import names
 from axoexp.errors import JobKilledError
 from axoexp.worker_pool import WorkerDeath, WorkerPool
 
@@ -155,7 +156,7 @@ def dead_job(
 
     job = job_config(context, config, overrides, number)
     output_dir = Path(os.path.abspath(os.path.join(str(job.hydra.sweep.dir), str(job.hydra.sweep.subdir))))
-    name = job.hydra.job.override_dirname or "defaults"
+    name = names.job_label(overrides)
     job_pid = death.forked[0][0] if death.forked else death.pid
     how = f"was stopped when its worker process {death.pid} {death.how}"
     done = sweep.end_killed_job(job, number, name, output_dir, job_pid, how)

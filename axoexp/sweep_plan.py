@@ -92,7 +92,7 @@ def plan_jobs(config: DictConfig) -> tuple[dict[int, str], list[str]]:
         try:
             job_config = compose(job)
         except COMPOSING_ERRORS as error:
-            uncomposable.append(f"job {number} ({_shown_overrides(job)}): {one_line(error)}")
+            uncomposable.append(f"job {number} ({names.job_label(job)}): {one_line(error)}")
             continue
         if uncomposable:  # the sweep is refused: the rest are only composed, to name every such job
             continue
@@ -100,7 +100,7 @@ def plan_jobs(config: DictConfig) -> tuple[dict[int, str], list[str]]:
         try:
             plan_experiment(job_config, here=here)
         except PLANNING_ERRORS as error:
-            refused[number] = f"job {number} ({_shown_overrides(job)}): {one_line(error)}"
+            refused[number] = f"job {number} ({names.job_label(job)}): {one_line(error)}"
     if uncomposable:  # Hydra's BasicSweeper composes a batch's jobs first and fails the batch at the first it cannot
         raise SweepRefusedError(
             "no job of the sweep can run, so it created no run: Hydra starts a sweep's jobs only once it has "
@@ -109,11 +109,6 @@ def plan_jobs(config: DictConfig) -> tuple[dict[int, str], list[str]]:
     if jobs and len(refused) == len(jobs):
         raise SweepRefusedError(f"no job of the sweep can run, so it created no run: {'; '.join(refused.values())}")
     return refused, digests
-
-
-def _shown_overrides(job: list[str]) -> str:
-    """A job's overrides as its messages show them: those that change what it measures."""
-    return " ".join(item for item in job if not item.startswith(names.NOT_MEASUREMENT_PARAM_PREFIXES)) or "defaults"
 
 
 def _job_digest(job_config: DictConfig, overrides: list[str]) -> str:

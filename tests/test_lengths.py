@@ -382,8 +382,14 @@ def test_runs_with_lengths_report_each_bucket_and_plot_latency_against_length(
 
 
 def test_a_swept_lengths_rule_is_named_as_written_not_as_hydra_escapes_it() -> None:
-    from axoexp.describe import short_overrides, unescaped
+    from axoexp.describe import short_overrides
+    from axoexp.names import job_label, unescaped
 
     escaped = r"population.lengths=uniform\:16\:40"  # a sweep job's override, as Hydra hands it on
     assert short_overrides([escaped, "loss=mse"]) == ["lengths=uniform:16:40", "mse"]
     assert unescaped(r"population.lengths=uniform\:16\:40,loss=mse") == "population.lengths=uniform:16:40,loss=mse"
+    # a job in lines and tags: as typed and space-separated (Hydra's override_dirname joins them by commas,
+    # which a list's or a lengths rule's own commas made ambiguous), less what changes nothing measured
+    listed = [r"population.lengths=[16\,32]", "loss=mse", "sweep.repeat=1", "+tracking.uri=x", "run.progress=none"]
+    assert job_label(listed) == "population.lengths=[16,32] loss=mse"
+    assert job_label(["sweep.trial=3"]) == "defaults"

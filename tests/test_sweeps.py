@@ -115,8 +115,8 @@ def test_jobs_refused_only_where_they_run_are_named_with_why_as_the_sweep_ends(s
     assert result.returncode == 1
     refusal = "invalid experiment config: this node lacks it"
     assert result.stderr.strip().splitlines()[-3:] == [
-        f"axoexp: refused job 0 (population.neurons=2,population=node_only,run.measured_updates=3): {refusal}",
-        f"axoexp: refused job 1 (population.neurons=3,population=node_only,run.measured_updates=3): {refusal}",
+        f"axoexp: refused job 0 (population=node_only population.neurons=2 run.measured_updates=3): {refusal}",
+        f"axoexp: refused job 1 (population=node_only population.neurons=3 run.measured_updates=3): {refusal}",
         "axoexp: the sweep ended FAILED: 2 jobs were refused before creating a run (tags axoexp.refused.*)",
     ]
 
@@ -137,7 +137,7 @@ def test_failing_job_fails_the_parent_but_keeps_the_others(sweeps) -> None:
         assert lines.count(line) == 2 and lines.index(line) > lines.index(notice), "listed up front and at the end"
     measuring = [line.split(": ")[0] for line in result.stdout.splitlines() if line.startswith("measuring ")]
     assert measuring == [
-        f"measuring executor={executor},population.neurons=2,run.measured_updates=3" for executor in ("eager", "flaky")
+        f"measuring executor={executor} population.neurons=2 run.measured_updates=3" for executor in ("eager", "flaky")
     ], "a refused job says only why it was refused"
     _, runs = _runs(f"sqlite:///{folder / 'mlflow.db'}")
     (parent,), children = _split(runs)
@@ -151,8 +151,8 @@ def test_failing_job_fails_the_parent_but_keeps_the_others(sweeps) -> None:
     assert "Error executing job" not in result.stderr, "Hydra's line for the first failed job: the lines above say it"
     refused = sorted(value for key, value in parent.data.tags.items() if key.startswith(names.REFUSED_PREFIX))
     assert [value.split(":")[0] for value in refused] == [
-        "executor=eager,population.neurons=0,run.measured_updates=3",
-        "executor=flaky,population.neurons=0,run.measured_updates=3",
+        "executor=eager population.neurons=0 run.measured_updates=3",
+        "executor=flaky population.neurons=0 run.measured_updates=3",
     ]
     remeasured = sorted(key for key in parent.data.tags if key.startswith(names.REMEASURED_PREFIX))
     assert remeasured == [f"{names.REMEASURED_PREFIX}job{job}" for job in (1, 3)], "a refused job was not measured"
