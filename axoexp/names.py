@@ -43,7 +43,9 @@ POOL_LAUNCHER = "hydra_plugins.axoexp_parallel_launcher."
 """The package of axoexp's own launcher (``hydra/launcher=parallel``)."""
 BASIC_LAUNCHER = "BasicLauncher"
 """Hydra's default launcher: each job in this process, one after another (axoexp forks each)."""
-LOCAL_LAUNCHERS = (BASIC_LAUNCHER, "JoblibLauncher", "LocalLauncher")
+JOBLIB_LAUNCHER = "JoblibLauncher"
+"""joblib's: the jobs in a pool of worker processes (``hydra.launcher.n_jobs``; -1: one per CPU)."""
+LOCAL_LAUNCHERS = (BASIC_LAUNCHER, JOBLIB_LAUNCHER, "LocalLauncher")
 """Launchers whose jobs run on this machine: Hydra's own, joblib's, submitit's local executor; and
 axoexp's (:data:`POOL_LAUNCHER`)."""
 

@@ -416,6 +416,11 @@ def check_launcher(config: DictConfig) -> None:
     if target.startswith(names.POOL_LAUNCHER) and config.hydra.launcher.n_jobs < 1:
         jobs = config.hydra.launcher.n_jobs
         raise SweepRefusedError(f"hydra.launcher.n_jobs={jobs}: must be at least 1 (the worker processes of the sweep)")
+    if target.endswith(names.JOBLIB_LAUNCHER) and config.hydra.launcher.n_jobs == 0:
+        raise SweepRefusedError(
+            "hydra.launcher.n_jobs=0: joblib runs no job on 0 workers; choose 1 or more, or -1 for one per CPU "
+            "(-2 for all but one, and so on)"
+        )
     address = ray_address(config)
     if address is not None:
         unreachable = _ray_unreachable(str(address))

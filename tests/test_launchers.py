@@ -369,6 +369,10 @@ PRESET_SWEEPS = {  # a name: the sweep's overrides, what its folder needs (the e
         ),
         _sbatch_stand_in,
     ),
+    "joblib refuses a setting": (  # a third-party launcher's own ValueError, raised as it launches
+        ("hydra/launcher=joblib", "hydra.launcher.prefer=bogus", "population.neurons=2,3"),
+        lambda folder: {},
+    ),
 }
 
 
@@ -420,6 +424,25 @@ def test_a_parallel_jobs_lines_start_with_its_number() -> None:
     for text in ("first line\nsecond ", "line, written in two\n", "", "\n", "a\r\nb\n"):
         labelled.write(text)
     assert written.getvalue() == "[#3] first line\n[#3] second line, written in two\n[#3] \n[#3] a\r\n[#3] b\n"
+
+
+@pytest.mark.slow
+def test_a_launchers_own_value_error_is_the_sweeps_one_line_and_its_parents_reason(preset_sweeps) -> None:
+    """A setting the launcher's library refuses as it launches (joblib's ``prefer``): one line naming the
+    launcher, no traceback, and the parent FAILED with it as its reason."""
+    result, folder = preset_sweeps["joblib refuses a setting"]
+    failed = (
+        "hydra/launcher=joblib failed to launch or collect the jobs: ValueError: prefer=bogus is not a valid "
+        "backend hint, expected one of ('processes', 'threads', None)"
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-2:] == [
+        f"axoexp: {failed}",
+        f"axoexp: the sweep ended FAILED: 2 of 2 jobs never started; {failed}",
+    ]
+    (parent,), children = _sweep_runs(f"sqlite:///{folder / 'mlflow.db'}")
+    assert parent.info.status == "FAILED" and children == []
+    assert parent.data.tags[names.FAILURE] == f"2 of 2 jobs never started; {failed}"
 
 
 @pytest.mark.slow

@@ -450,6 +450,11 @@ REFUSED_SWEEPS = {  # sweeps refused before any run: their overrides and the one
         ("hydra/launcher=parallel", "hydra.launcher.n_jobs=0", "population.neurons=2,3"),
         "axoexp: hydra.launcher.n_jobs=0: must be at least 1 (the worker processes of the sweep)",
     ),
+    "joblib_without_workers": (  # joblib's own ValueError once the parent run existed
+        ("hydra/launcher=joblib", "hydra.launcher.n_jobs=0", "population.neurons=2,3"),
+        "axoexp: hydra.launcher.n_jobs=0: joblib runs no job on 0 workers; choose 1 or more, or -1 for one per CPU "
+        "(-2 for all but one, and so on)",
+    ),
     "ray_without_an_instance_at_its_address": (  # Ray's own connection retried for minutes in silence
         ("hydra/launcher=ray_devices", "hydra.launcher.ray.init.address=127.0.0.1:1", "population.neurons=2,3"),
         "axoexp: hydra.launcher.ray.init.address=127.0.0.1:1: no Ray instance answers there (Connection refused); "
