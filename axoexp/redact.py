@@ -29,8 +29,8 @@ def redacted(text: object) -> str:
 
 
 def hide_passwords_in_logs() -> None:
-    """Every log record this process makes from now on has any URI's password hidden in its message,
-    whatever logging configuration handles it (axoexp's, Hydra's, a user's own): Hydra's lines quote
+    """Every log record this process makes from now on has any URI's password hidden in its message
+    and its traceback, whatever logging configuration handles it (axoexp's, Hydra's, a user's own): Hydra's lines quote
     the overrides (``#0 : tracking.uri=...``), MLflow's and SQLAlchemy's quote URIs, axoexp's name
     its store. Records are made only at a level a logger lets through. Calling it again does nothing."""
     make = logging.getLogRecordFactory()
@@ -46,6 +46,10 @@ def hide_passwords_in_logs() -> None:
         shown = redacted(message)
         if shown != message:
             made.msg, made.args = shown, None
+        if made.exc_info and not made.exc_text:  # its traceback, as a handler's Formatter would write it
+            traceback = logging.Formatter().formatException(made.exc_info)
+            if redacted(traceback) != traceback:
+                made.exc_text = redacted(traceback)  # Formatters write a record's exc_text where it has one
         return made
 
     record.hides_passwords = True  # type: ignore[attr-defined]

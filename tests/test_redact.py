@@ -57,6 +57,13 @@ def test_log_records_hide_a_password_whatever_handles_them_and_leave_a_malformed
         assert getattr(made, "hides_passwords", False) and made is not logging.LogRecord
         record = made("hydra", logging.INFO, __file__, 1, "#%d : %s", (0, "uri=http://u:s3cret@h"), None)
         assert record.getMessage() == "#0 : uri=http://u:***@h"
+        try:  # a traceback's error may quote a URI: logger.exception(...) wrote it to the job's log as it was
+            raise ConnectionError("no store at postgresql://u:s3cret@h/db")
+        except ConnectionError:
+            failed = made("x", logging.ERROR, __file__, 1, "store %s", ("gone",), sys.exc_info())
+        written = logging.Formatter().format(failed)
+        assert "s3cret" not in written and "ConnectionError: no store at postgresql://u:***@h/db" in written
+        assert made("x", logging.ERROR, __file__, 1, "no uri", (), (None, None, None)).exc_text is None
         malformed = made("x", logging.INFO, __file__, 1, "bad %d", ("str",), None)
         with pytest.raises(TypeError):  # the handler reports it, as it would
             malformed.getMessage()
