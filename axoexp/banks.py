@@ -60,7 +60,7 @@ class UpdateCount(Observer):
     def __init__(self) -> None:
         self.updates = 0
 
-    def update_finished(self, window: str, index: int, latency_ms: float, loss: float) -> None:
+    def update_finished(self, window: str, index: int, latency_ms: float, loss: float, bucket: int | None) -> None:
         self.updates += 1
 
 

@@ -26,7 +26,7 @@ class FiniteGuard(Observer):
         ]
         self.run = run
 
-    def update_finished(self, window: str, index: int, latency_ms: float, loss: float) -> None:
+    def update_finished(self, window: str, index: int, latency_ms: float, loss: float, bucket: int | None) -> None:
         problem = None
         if not math.isfinite(loss):
             problem = f"its loss is {loss}"

@@ -261,8 +261,12 @@ class JournaledLog(Observer):
     def window_started(self, window: str, planned_updates: int) -> None:
         self._record(WINDOW, window=window, planned=planned_updates)
 
-    def update_finished(self, window: str, index: int, latency_ms: float, loss: float) -> None:
-        self._record(UPDATE, window=window, index=index, ms=latency_ms, loss=loss)
+    def update_finished(self, window: str, index: int, latency_ms: float, loss: float, bucket: int | None) -> None:
+        """An ``update`` record, with its ``bucket`` only where the batches' lengths differ: a replay then judges
+        the noise within buckets as the run did. With one length every update's would be the same, so none is
+        written: records without one (also an older journal's) are judged across all updates."""
+        extra = {} if bucket is None else {"bucket": bucket}
+        self._record(UPDATE, window=window, index=index, ms=latency_ms, loss=loss, **extra)
 
     def window_finished(self, window: str, completed_updates: int) -> None:
         self._record(WINDOW_END, window=window, completed=completed_updates)

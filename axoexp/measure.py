@@ -36,11 +36,13 @@ def run_updates(
     """Time ``count`` updates, cycling through the batches.
 
     The clock covers exactly one update and the synchronisations around it; the loss is
-    read back and the observers told after the clock stops. On CUDA two pre-created events
-    are recorded around ``executor.step`` inside the same clock, and read after the last update.
+    read back, and the trace and the observers given it with the update's length bucket, after
+    the clock stops. On CUDA two pre-created events are recorded around ``executor.step`` inside
+    the same clock, and read after the last update.
     """
     device = batches[0][0].device
     sync = synchronizer(device)
+    groups = length_groups(batches, first, count, executor.buckets())
     events = device_events(device, count)
     stream = torch.cuda.current_stream(device) if events else None
     completed = 0
@@ -57,12 +59,15 @@ def run_updates(
             sync()
             latency_ms = round((time.perf_counter_ns() - start) / 1e6, MILLISECOND_DIGITS)  # as logged
             loss_value = float(loss)
+            bucket = None if groups is None else groups[completed]
             with signals.deferred():  # in the trace (MLflow's series) and the journal both, or neither
                 completed += 1
                 trace.latencies_ms.append(latency_ms)
                 trace.losses.append(loss_value)
+                if bucket is not None:
+                    trace.buckets.append(bucket)
                 for observer in observers:
-                    observer.update_finished(window_name, index, latency_ms, loss_value)
+                    observer.update_finished(window_name, index, latency_ms, loss_value, bucket)
     except BaseException:
         with suppress(RuntimeError):  # a broken CUDA context must not hide the update's own error
             trace.device_ms += elapsed_ms(events, completed)
@@ -88,8 +93,7 @@ def measure_until_stable(
     named = spread_name(length_range(batches) is not None)
     while True:
         measured_s = sum(trace.latencies_ms) / 1e3
-        groups = length_groups(batches, first, len(trace.latencies_ms), executor.buckets())
-        spread = noise_spread(trace.latencies_ms, groups)
+        spread = noise_spread(trace.latencies_ms, trace.buckets)
         if measured_s >= min_time_s and spread <= STABLE_THRESHOLD:
             return (
                 f"stable after {len(trace.latencies_ms)} updates ({measured_s:.2f} s measured, "
@@ -182,8 +186,7 @@ def measure_updates(
         if min_time_s > 0:
             tracker.set_tags({names.TIMING_ADAPTIVE: outcome})
     finally:
-        groups = length_groups(batches, warmup_count, len(measured.latencies_ms), executor.buckets())
-        spread = log_traces(tracker, warmup, measured, measured_count, groups)
+        spread = log_traces(tracker, warmup, measured, measured_count)
     assert spread is not None  # run.measured_updates is at least 1, and every one completed
     return warmup, measured, spread
 

@@ -64,7 +64,7 @@ class RunProgress(Observer):
         if self.console is not None:
             self._start_display(label, planned_updates)
 
-    def update_finished(self, window: str, index: int, latency_ms: float, loss: float) -> None:
+    def update_finished(self, window: str, index: int, latency_ms: float, loss: float, bucket: int | None) -> None:
         self.latencies_ms.append(latency_ms)
         if self.progress is None or self.task is None:
             return

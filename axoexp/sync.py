@@ -312,7 +312,8 @@ class _AtIndices:
 
 def _replay(tracker: Tracker, records: list[dict[str, Any]]) -> list[str]:
     """Log every journaled call again (the store drops what it already has); rebuild the
-    update series if the run died before logging them. Returns artifact paths not found."""
+    update series if the run died before logging them, the noise judged within the length buckets
+    the updates' records name, as the run judged it. Returns artifact paths not found."""
     missing, series = [], set()
     for record in records:
         kind = record["kind"]
@@ -345,6 +346,8 @@ def _replay(tracker: Tracker, records: list[dict[str, Any]]) -> list[str]:
                 if update["window"] == window:
                     traces[window].latencies_ms.append(update["ms"])
                     traces[window].losses.append(update["loss"])
+                    if "bucket" in update:  # written where the batches' lengths differ
+                        traces[window].buckets.append(update["bucket"])
         steps = [update["index"] for window in (WARMUP, MEASURED) for update in updates if update["window"] == window]
         at = _AtIndices(tracker, max(update["time"] for update in updates), steps)
         log_traces(at, traces[WARMUP], traces[MEASURED], _planned_measured(records))

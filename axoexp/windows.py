@@ -29,8 +29,9 @@ class Observer:
     def window_started(self, window: str, planned_updates: int) -> None:
         """``window`` begins; it will time ``planned_updates`` updates (0 for prepare/verify)."""
 
-    def update_finished(self, window: str, index: int, latency_ms: float, loss: float) -> None:
-        """Update ``index`` (counted from the run's first update) took ``latency_ms``."""
+    def update_finished(self, window: str, index: int, latency_ms: float, loss: float, bucket: int | None) -> None:
+        """Update ``index`` (counted from the run's first update) took ``latency_ms``; ``bucket``: the length
+        bucket its noise is judged within (:attr:`UpdateTrace.buckets`), ``None`` where every batch has one length."""
 
     def window_finished(self, window: str, completed_updates: int) -> None:
         """``window`` ended, normally or not, after ``completed_updates`` updates."""
@@ -52,25 +53,21 @@ def window(
 
 @dataclass
 class UpdateTrace:
-    """Per-update latencies (ms) and losses, filled in as updates complete; on CUDA also each
-    update's device-clock time (ms), read after its window."""
+    """Per-update latencies (ms) and losses, filled in as updates complete; where the batches' lengths
+    differ, each update's length bucket (the executor's, eager: its exact length), which its noise is
+    judged within (:func:`~axoexp.statistics.noise_spread`); on CUDA also each update's device-clock
+    time (ms), read after its window."""
 
     latencies_ms: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
+    buckets: list[int] = field(default_factory=list)  # empty where every batch has one length
     device_ms: list[float] = field(default_factory=list)
 
 
-def log_traces(
-    tracker: MetricsLog,
-    warmup: UpdateTrace,
-    measured: UpdateTrace,
-    planned: int,
-    length_groups: Sequence[int] | None = None,
-) -> float | None:
+def log_traces(tracker: MetricsLog, warmup: UpdateTrace, measured: UpdateTrace, planned: int) -> float | None:
     """Log whatever completed, also when an update failed part-way; return the noise spread logged
-    (None where no update was measured). ``length_groups``: each measured update's length bucket,
-    which its noise is judged within (:func:`~axoexp.statistics.noise_spread`); ``None`` where every
-    batch has one length, or where they are not known (a journal's replay)."""
+    (None where no update was measured), judged within the measured updates' length buckets where
+    the trace has them."""
     spread = None
     tracker.log_series(names.UPDATE_SERIES, warmup.latencies_ms + measured.latencies_ms)
     tracker.log_series(names.LOSS_SERIES, warmup.losses + measured.losses)
@@ -81,7 +78,7 @@ def log_traces(
         metrics[names.FIRST_UPDATE] = warmup.latencies_ms[0]
     if measured.latencies_ms:
         metrics.update(LatencySummary.of(measured.latencies_ms).as_metrics(names.update_metric))
-        spread = metrics[names.NOISE_SPREAD] = noise_spread(measured.latencies_ms, length_groups)
+        spread = metrics[names.NOISE_SPREAD] = noise_spread(measured.latencies_ms, measured.buckets)
         tracker.set_tags({names.TIMING_NOISE: noise_verdict(spread)})
     if measured.device_ms:
         device = LatencySummary.of(measured.device_ms)

@@ -170,7 +170,11 @@ def prepare_bare_helper(plan: Plan, module: torch.nn.Module, batches: list[tuple
                 else template.loss_fn,
                 gradient_transform=template.gradient_transform,
             )
-    return SimpleNamespace(step=lambda inputs, targets: helpers[inputs.shape[-2]](inputs, targets)), phases
+    bare = SimpleNamespace(
+        step=lambda inputs, targets: helpers[inputs.shape[-2]](inputs, targets),
+        buckets=lambda: None,  # as run_updates asks an executor: each batch replayed at its exact length
+    )
+    return bare, phases
 
 
 def device_ms_per_update(variant: Any, setup: Any) -> float:

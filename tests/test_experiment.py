@@ -287,7 +287,7 @@ class Recorder(Observer):
     def window_started(self, window: str, planned_updates: int) -> None:
         self.events.append(("start", window, planned_updates))
 
-    def update_finished(self, window: str, index: int, latency_ms: float, loss: float) -> None:
+    def update_finished(self, window: str, index: int, latency_ms: float, loss: float, bucket: int | None) -> None:
         assert latency_ms > 0 and loss > 0
         self.events.append(("update", window, index))
 

@@ -26,9 +26,12 @@ from mlflow.tracking import MlflowClient
 from axoexp import lease, metadata, names, processes
 from axoexp.errors import CheckpointError, ConfigError, NonFiniteResultError
 from axoexp.experiment import run_experiment
-from axoexp.journal import JOURNAL_FILE, NO_RUN_YET, read_journal
+from axoexp.journal import JOURNAL_FILE, NO_RUN_YET, journaled_run, read_journal
 from axoexp.plan import plan_experiment
+from axoexp.statistics import noise_spread, noise_verdict, rel_iqr
 from axoexp.sync import main as sync_main
+from axoexp.sync import sync_journal
+from axoexp.windows import MEASURED
 
 SLEEPY = sleepy_executor_plugin(20)
 LOSS_PLUGIN = """from axoexp import component
@@ -39,6 +42,23 @@ def unrelated():
     return lambda prediction, target: (prediction - target).abs().mean()
 """
 LONG_RUN = ("executor=sleepy", "run.warmup_updates=2", "run.measured_updates=100000")
+LENGTH_SLEEPY = """import time
+
+from axoexp import component
+from axoexp.executors.eager import EagerExecutor
+
+
+@component("executor", "length_sleepy")
+class LengthSleepy(EagerExecutor):
+    \"\"\"Eager plus 0.5 ms of sleep per time step: updates of different lengths take clearly different times.\"\"\"
+
+    update_includes = EagerExecutor.update_includes + ("sleep_per_step",)
+
+    def step(self, inputs, targets):
+        time.sleep(inputs.shape[-2] / 2000)
+        return super().step(inputs, targets)
+"""
+TWO_LENGTHS = ("population.lengths=[16,64]", "population.batches=4")  # batches of 64, 16, 16 and 64 steps
 
 
 def own_leases(folder: Path) -> dict[str, str]:
@@ -275,6 +295,62 @@ def test_sync_ends_running_runs_whose_process_is_gone(killed_runs) -> None:
     _, run = only_run(f"sqlite:///{folder / 'mlflow.db'}")
     assert run.info.status == "KILLED"
     assert f"process {pid} on " in run.data.tags[names.FAILURE]
+
+
+@pytest.mark.slow
+def test_kill_9_then_sync_judges_the_noise_within_length_buckets(tmp_path: Path, make_config) -> None:
+    """A run of 16- and 64-step batches (8 and 32 ms of sleep) killed -9 mid-measurement: sync judges
+    its noise within the length buckets its journal's updates name, as the run would have, not across
+    all updates (IQR / median about 1: noise high, for updates that only differ in length)."""
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "length_sleepy.py").write_text(LENGTH_SLEEPY)
+    process = start_cli(
+        "executor=length_sleepy",
+        *TWO_LENGTHS,
+        "run.warmup_updates=2",
+        "run.measured_updates=100000",
+        cwd=tmp_path,
+        env=own_leases(tmp_path),
+    )
+    try:
+        (journal,) = wait_for_updates(tmp_path / "outputs", 40, process)
+    finally:
+        process.kill()
+        process.communicate(timeout=60)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert only_run(uri)[1].info.status == "RUNNING"
+    synced = sync(str(tmp_path / "outputs"), cwd=tmp_path)
+    assert synced.returncode == 0 and "(KILLED" in synced.stdout, synced.stdout + synced.stderr
+    client, run = only_run(uri)
+    assert_everything_measured_is_in(client, run, journal)
+    measured = [update for update in updates_in(journal) if update["window"] == "measured"]
+    latencies = [update["ms"] for update in measured]
+    spread = run.data.metrics[names.NOISE_SPREAD]
+    assert spread != pytest.approx(rel_iqr(latencies)), "judged across all updates, as if of one length"
+    batches = plan_experiment(make_config(*TWO_LENGTHS)).build_population().batches
+    lengths = [int(batches[update["index"] % len(batches)][0].shape[-2]) for update in measured]
+    assert set(lengths) == {16, 64} and [update.get("bucket") for update in measured] == lengths  # eager's buckets
+    assert spread == pytest.approx(noise_spread(latencies, lengths))
+    assert run.data.tags[names.TIMING_NOISE] == noise_verdict(spread)
+
+
+@pytest.mark.parametrize("buckets", [[16, 16, 64, 64, 16, 64, 16, 64], None], ids=["buckets", "none"])
+def test_sync_judges_noise_within_the_buckets_the_update_records_name(
+    tmp_path: Path, tracking_uri: str, client: MlflowClient, buckets: list[int] | None
+) -> None:
+    """Updates journaled with their length buckets are judged within them when replayed; records that name
+    none (a run of one length, or an older journal's) across all updates, as before."""
+    latencies = [8.0, 8.2, 32.0, 32.5, 8.1, 31.8, 8.3, 32.2]  # 16 and 64 steps
+    with pytest.raises(RuntimeError), journaled_run(tracking_uri, "axoexp", None, {}, output_dir=tmp_path) as log:
+        log.window_started(MEASURED, len(latencies))
+        for index, latency in enumerate(latencies):
+            log.update_finished(MEASURED, index, latency, 0.5, None if buckets is None else buckets[index])
+        raise RuntimeError("the run failed before it logged its updates")
+    assert "(FAILED, 8 updates: 0 warm-up, 8 measured)" in sync_journal(client, tmp_path / JOURNAL_FILE)
+    run = client.get_run(log.run_id)
+    spread = noise_spread(latencies, buckets)
+    assert run.data.metrics[names.NOISE_SPREAD] == pytest.approx(spread)
+    assert run.data.tags[names.TIMING_NOISE] == noise_verdict(spread) == ("low" if buckets else "high")
 
 
 @pytest.mark.slow

@@ -46,7 +46,7 @@ def test_an_interrupted_window_is_logged_as_a_warning(caplog: pytest.LogCaptureF
     caplog.set_level(logging.INFO, logger="axoexp")
     progress = RunProgress(display=False)
     progress.window_started(MEASURED, 10)
-    progress.update_finished(MEASURED, 0, 1.0, 0.5)
+    progress.update_finished(MEASURED, 0, 1.0, 0.5, None)
     progress.window_finished(MEASURED, 1)
     (record,) = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert record.getMessage().startswith("measured: stopped after 1 of 10 updates in ")
@@ -62,7 +62,7 @@ def test_the_display_is_drawn_from_the_hooks_only_and_cleared_after_each_window(
     assert threading.active_count() == threads, "no refresh thread: drawing happens only in the hooks"
     drawn = len(terminal.getvalue())
     for index in range(3):
-        progress.update_finished(WARMUP, index, 1.5 + index, 0.25)
+        progress.update_finished(WARMUP, index, 1.5 + index, 0.25, None)
     progress.window_finished(WARMUP, 3)
     shown = terminal.getvalue()
     assert "prepare (compile, capture)" in shown and "warm-up" in shown and "last 1.500 ms" in shown[drawn:]
