@@ -162,7 +162,6 @@ def measure_updates(
     :func:`measure_until_stable`); whatever completed is logged, also on failure. Returns the
     traces and the measured updates' noise spread, as logged (:func:`~axoexp.windows.log_traces`)."""
     warmup, measured = UpdateTrace(), UpdateTrace()
-    spread = None
     try:
         with window(observers, WARMUP, warmup_count, warmup):
             run_updates(executor, batches, warmup_count, 0, warmup, observers, WARMUP)

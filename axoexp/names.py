@@ -341,7 +341,8 @@ UPDATE_DEVICE_SERIES = "update_device_ms"  # CUDA-event time of every update (st
 UPDATE_REL_IQR = update_metric("rel_iqr")  # IQR / median of the measured updates
 NOISE_SPREAD = "noise_spread"
 """What ``timing.noise`` judges (:func:`axoexp.statistics.noise_spread`): the IQR of each measured update's
-latency over the median of its length bucket's; ``update_ms_rel_iqr`` where every batch has one length."""
+latency over the time expected of its length (its bucket's median, or the line of time against length where
+the bucket holds too few updates); ``update_ms_rel_iqr`` where every batch has one length."""
 HOST_OVERHEAD_MEDIAN = "host_overhead_ms_median"  # median over measured updates of host - device time
 
 
