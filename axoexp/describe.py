@@ -92,7 +92,7 @@ def short_overrides(overrides: Iterable[str], skip: tuple[str, ...] = (), choice
     for override in map(names.unescaped, overrides):
         key, _, value = override.partition("=")
         key = key.lstrip("+~")
-        if key in skip or key.startswith(names.NOT_MEASUREMENT_PARAM_PREFIXES) or key.startswith("hydra"):
+        if key in skip or names.is_bookkeeping(key) or key.startswith("hydra"):
             continue
         shown.append(value if choices_by_value and key in GROUPS else f"{key.rsplit('.', 1)[-1]}={value}")
     return shown

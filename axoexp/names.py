@@ -289,7 +289,14 @@ PROCESS_TOTAL = process_metric("total")  # process start to the end of the final
 # --- params
 EXECUTOR_PARAM_PREFIX = "executor."
 # where results go and how a run is watched, not what was measured
-NOT_MEASUREMENT_PARAM_PREFIXES = ("tracking.", "sweep.", "run.progress")
+SWEEP_PREFIX = "sweep."  # the sweep's own settings and what it gives each job (parent run, repeat, trial)
+NOT_MEASUREMENT_PARAM_PREFIXES = ("tracking.", SWEEP_PREFIX, "run.progress")
+
+
+def is_bookkeeping(override: str) -> bool:
+    """Whether an override (``key=value``, ``+key=...``, ``~key``) sets where results go or how a run is
+    watched (:data:`NOT_MEASUREMENT_PARAM_PREFIXES`), not what it measures."""
+    return override.lstrip("+~").startswith(NOT_MEASUREMENT_PARAM_PREFIXES)
 
 
 def unescaped(override: str) -> str:
@@ -300,9 +307,10 @@ def unescaped(override: str) -> str:
 
 def job_label(overrides: Iterable[str]) -> str:
     """The one spelling of a sweep's job in its lines and its parent's tags: the job's overrides as
-    typed (:func:`unescaped`), space-separated, less those that change nothing it measures
-    (:data:`NOT_MEASUREMENT_PARAM_PREFIXES`); ``defaults`` where none is left."""
-    shown = [unescaped(item) for item in overrides if not item.lstrip("+~").startswith(NOT_MEASUREMENT_PARAM_PREFIXES)]
+    Hydra hands them on, unescaped (:func:`unescaped`) and space-separated, less the sweep's own
+    (:data:`SWEEP_PREFIX`: its parent run, the repeat, the trial), so that a job's repeats share it;
+    ``defaults`` where none is left."""
+    shown = [unescaped(item) for item in overrides if not item.lstrip("+~").startswith(SWEEP_PREFIX)]
     return " ".join(shown) or "defaults"
 
 

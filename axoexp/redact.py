@@ -47,9 +47,13 @@ def hide_passwords_in_logs() -> None:
         if shown != message:
             made.msg, made.args = shown, None
         if made.exc_info and not made.exc_text:  # its traceback, as a handler's Formatter would write it
-            traceback = logging.Formatter().formatException(made.exc_info)
-            if redacted(traceback) != traceback:
-                made.exc_text = redacted(traceback)  # Formatters write a record's exc_text where it has one
+            try:
+                traceback = logging.Formatter().formatException(made.exc_info)
+            except Exception:  # not an exception's (type, value, traceback): the handler reports it, as it would
+                return made
+            shown = redacted(traceback)
+            if shown != traceback:
+                made.exc_text = shown  # Formatters write a record's exc_text where it has one
         return made
 
     record.hides_passwords = True  # type: ignore[attr-defined]

@@ -262,7 +262,7 @@ def study_name(configured: str | None, space: SearchSpace, objectives: dict[str,
     (``tracking.*``, ``sweep.*``, ``run.progress``) left out: the same command finds the same study."""
     if configured:
         return configured
-    fixed = sorted(o for o in space.fixed if not o.lstrip("+~").startswith(names.NOT_MEASUREMENT_PARAM_PREFIXES))
+    fixed = sorted(o for o in space.fixed if not names.is_bookkeeping(o))
     searched = {key: repr(distribution) for key, distribution in sorted(space.distributions.items())}
     definition = json.dumps([fixed, searched, list(objectives.items())])
     return f"axoexp-{hashlib.sha256(definition.encode()).hexdigest()[:12]}"

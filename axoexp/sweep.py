@@ -102,7 +102,7 @@ def sweep_definition(overrides: list[str], job_configs: list[str] | None = None)
     results go or how runs are watched (``tracking.*``, ``sweep.*``, ``run.progress``)."""
     if job_configs:
         return hashlib.sha256("\n".join(sorted(set(job_configs))).encode()).hexdigest()
-    measured = sorted(o for o in overrides if not o.lstrip("+~").startswith(names.NOT_MEASUREMENT_PARAM_PREFIXES))
+    measured = sorted(o for o in overrides if not names.is_bookkeeping(o))
     return hashlib.sha256("\n".join(measured).encode()).hexdigest()
 
 

@@ -78,7 +78,10 @@ def log_traces(tracker: MetricsLog, warmup: UpdateTrace, measured: UpdateTrace, 
         metrics[names.FIRST_UPDATE] = warmup.latencies_ms[0]
     if measured.latencies_ms:
         metrics.update(LatencySummary.of(measured.latencies_ms).as_metrics(names.update_metric))
-        spread = metrics[names.NOISE_SPREAD] = noise_spread(measured.latencies_ms, measured.buckets)
+        aligned = len(measured.buckets) == len(measured.latencies_ms)  # else (a journal's records mixed) not known
+        spread = metrics[names.NOISE_SPREAD] = noise_spread(
+            measured.latencies_ms, measured.buckets if aligned else None
+        )
         tracker.set_tags({names.TIMING_NOISE: noise_verdict(spread)})
     if measured.device_ms:
         device = LatencySummary.of(measured.device_ms)

@@ -388,8 +388,9 @@ def test_a_swept_lengths_rule_is_named_as_written_not_as_hydra_escapes_it() -> N
     escaped = r"population.lengths=uniform\:16\:40"  # a sweep job's override, as Hydra hands it on
     assert short_overrides([escaped, "loss=mse"]) == ["lengths=uniform:16:40", "mse"]
     assert unescaped(r"population.lengths=uniform\:16\:40,loss=mse") == "population.lengths=uniform:16:40,loss=mse"
-    # a job in lines and tags: as typed and space-separated (Hydra's override_dirname joins them by commas,
-    # which a list's or a lengths rule's own commas made ambiguous), less what changes nothing measured
-    listed = [r"population.lengths=[16\,32]", "loss=mse", "sweep.repeat=1", "+tracking.uri=x", "run.progress=none"]
-    assert job_label(listed) == "population.lengths=[16,32] loss=mse"
-    assert job_label(["sweep.trial=3"]) == "defaults"
+    # a job in lines and tags, as Hydra hands its overrides on: unescaped and space-separated (Hydra's
+    # override_dirname joined them by commas, which a list's own made ambiguous), less the sweep's own
+    job = ["population.lengths=[16,32]", escaped, "~loss.delta=null", "tracking.experiment=a", "sweep.repeat=1"]
+    label = "population.lengths=[16,32] population.lengths=uniform:16:40 ~loss.delta=null tracking.experiment=a"
+    assert job_label([*job, "sweep.parent_run_id=0af3"]) == label, "a job's repeats share its label"
+    assert job_label(["sweep.trial=3", "+sweep.repeats=2"]) == "defaults"

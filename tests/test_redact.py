@@ -64,6 +64,9 @@ def test_log_records_hide_a_password_whatever_handles_them_and_leave_a_malformed
         written = logging.Formatter().format(failed)
         assert "s3cret" not in written and "ConnectionError: no store at postgresql://u:***@h/db" in written
         assert made("x", logging.ERROR, __file__, 1, "no uri", (), (None, None, None)).exc_text is None
+        assert made("x", logging.ERROR, __file__, 1, "m", (), ValueError("not a tuple")).exc_text is None, (
+            "to its handler"
+        )
         malformed = made("x", logging.INFO, __file__, 1, "bad %d", ("str",), None)
         with pytest.raises(TypeError):  # the handler reports it, as it would
             malformed.getMessage()
