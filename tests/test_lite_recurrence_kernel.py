@@ -226,26 +226,12 @@ LOSSES = {
 }
 
 
-@pytest.mark.parametrize(
-    ("loss", "streams", "neurons", "time_steps", "length", "block_n"),
-    [
-        ("causal_mse", None, 3, 12, None, 2),  # ragged: 2 + 1
-        ("mse", None, 5, 10, None, None),  # a partial last patch, cut off
-        ("huber", None, 5, 16, None, 4),
-        ("causal_huber_6", 2, 3, 13, None, 4),  # 6 rows: a program straddles two streams
-        ("causal_mse", None, 3, 16, 11, None),  # padded to 16, the loss masked to 11 steps
-        ("mse", 3, 3, 16, 9, 4),
-        ("huber", None, 2, 16, 3, None),  # masked inside the warm-up patch: a loss, no gradient
-        ("huber", None, 2, 16, 6, None),
-        # 150 programs: the backward's program 0 sums the loss's shares in more than one block of 128
-        pytest.param("mse", 3, 50, 8, None, 1, marks=pytest.mark.slow),
-    ],
-)
-def test_the_loss_in_the_kernels_equals_the_loss_of_the_eager_output(
-    loss: str, streams: int | None, neurons: int, time_steps: int, length: int | None, block_n: int | None
-) -> None:
-    """Loss and bank gradients of :func:`fused_population_loss` against the loss (its masked form
-    for padded batches; the mean over streams for batched ones) of axosim's own forward."""
+def _loss_case(
+    loss: str, streams: int | None, neurons: int, time_steps: int, length: int | None
+) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, list[torch.Tensor]]:
+    """A population, its inputs and noisy targets (padded after ``length`` steps, then the 0-dim
+    length), and the loss (its masked form for padded batches; the mean over streams for batched
+    ones) of axosim's own forward with the banks' gradients."""
     setup = lite(
         device=DEVICE,
         dtype=torch.float32,
@@ -265,29 +251,73 @@ def test_the_loss_in_the_kernels_equals_the_loss_of_the_eager_output(
             pad_steps(targets[..., :length, :], time_steps),
         )
         steps = torch.tensor(length, device=DEVICE)
-    loss_fn = LOSSES[loss]
     population.zero_grad(set_to_none=True)
-    expected = batch_loss(population, loss_fn, inputs, targets, steps)
+    expected = batch_loss(population, LOSSES[loss], inputs, targets, steps)
     expected.backward()
     eager_grads = [parameter.grad.clone() for parameter in population.adaptation_parameters()]
-    population.zero_grad(set_to_none=True)
-    got = fused_population_loss(population, inputs, targets, kernel_loss(loss_fn), length=steps, block_n=block_n)
-    got.backward()
-    _assert_matches(got.detach(), expected.detach())
-    for parameter, eager in zip(population.adaptation_parameters(), eager_grads, strict=True):
+    for eager in eager_grads:
         assert (eager.abs().max() > 0) == (length is None or length > 4), "the banks get a gradient after warm-up"
-        _assert_matches(parameter.grad, eager)
-    # With no autograd: the backward kernel adds the gradients into the banks' .grad (here already
-    # holding eager's, so they double) and sums the loss.
+    return population, inputs, targets, steps, expected.detach(), eager_grads
+
+
+def _check_loss_and_gradients_without_autograd(
+    population, inputs, targets, loss: str, steps, block_n, expected: torch.Tensor, eager_grads: list[torch.Tensor]
+) -> None:
+    """:func:`fused_population_loss_and_gradients`, with no autograd: the backward kernel adds the
+    gradients into the banks' .grad (here already holding eager's, so they double) and its program 0
+    sums the loss's shares."""
     for parameter, eager in zip(population.adaptation_parameters(), eager_grads, strict=True):
         parameter.grad = eager.clone()
     got = fused_population_loss_and_gradients(
-        population, inputs, targets, kernel_loss(loss_fn), length=steps, block_n=block_n
+        population, inputs, targets, kernel_loss(LOSSES[loss]), length=steps, block_n=block_n
     )
     assert got.grad_fn is None and got.shape == ()
-    _assert_matches(got, expected.detach())
+    _assert_matches(got, expected)
     for parameter, eager in zip(population.adaptation_parameters(), eager_grads, strict=True):
         _assert_matches(parameter.grad, 2 * eager)
+
+
+@pytest.mark.parametrize(
+    ("loss", "streams", "neurons", "time_steps", "length", "block_n"),
+    [
+        ("causal_mse", None, 3, 12, None, 2),  # ragged: 2 + 1
+        ("mse", None, 5, 10, None, None),  # a partial last patch, cut off
+        ("huber", None, 5, 16, None, 4),
+        ("causal_huber_6", 2, 3, 13, None, 4),  # 6 rows: a program straddles two streams
+        ("causal_mse", None, 3, 16, 11, None),  # padded to 16, the loss masked to 11 steps
+        ("mse", 3, 3, 16, 9, 4),
+        ("huber", None, 2, 16, 3, None),  # masked inside the warm-up patch: a loss, no gradient
+        ("huber", None, 2, 16, 6, None),
+        # 3 streams at one row a program, as test_program_0_sums_the_loss_shares_of_more_than_128_programs
+        # runs 129 programs (with no autograd only): here 6, through autograd too
+        pytest.param("mse", 3, 2, 8, None, 1, marks=pytest.mark.slow),
+    ],
+)
+def test_the_loss_in_the_kernels_equals_the_loss_of_the_eager_output(
+    loss: str, streams: int | None, neurons: int, time_steps: int, length: int | None, block_n: int | None
+) -> None:
+    """Loss and bank gradients of :func:`fused_population_loss`, and of its form with no autograd,
+    against the loss of axosim's own forward."""
+    population, inputs, targets, steps, expected, eager_grads = _loss_case(loss, streams, neurons, time_steps, length)
+    population.zero_grad(set_to_none=True)
+    got = fused_population_loss(population, inputs, targets, kernel_loss(LOSSES[loss]), length=steps, block_n=block_n)
+    got.backward()
+    _assert_matches(got.detach(), expected)
+    for parameter, eager in zip(population.adaptation_parameters(), eager_grads, strict=True):
+        _assert_matches(parameter.grad, eager)
+    _check_loss_and_gradients_without_autograd(population, inputs, targets, loss, steps, block_n, expected, eager_grads)
+
+
+@pytest.mark.slow  # about 8 s: Triton's interpreter runs the 129 programs one after another, twice
+def test_program_0_sums_the_loss_shares_of_more_than_128_programs() -> None:
+    """With no autograd the backward kernel's program 0 sums the forward's shares of the loss, one a
+    program, in blocks of 128 (through autograd torch sums them: no kernel's sum to check there).
+    3 streams x 43 neurons at one row a program are 129 programs: the second block holds one share.
+    7 steps are one P4 block (the interpreter's time grows with programs x blocks), whose forecasts
+    fill 3 of the loss's steps: the banks get a gradient, added atomically by all 129 programs."""
+    population, inputs, targets, steps, expected, eager_grads = _loss_case("mse", 3, 43, 7, None)
+    assert inputs.shape[:2] == (3, 43)
+    _check_loss_and_gradients_without_autograd(population, inputs, targets, "mse", steps, 1, expected, eager_grads)
 
 
 def _targets(population, inputs: torch.Tensor) -> torch.Tensor:
