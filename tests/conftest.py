@@ -64,6 +64,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 WORKER_TMP = pytest.StashKey[str]()
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups into the tests' ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         definitions = item._fixtureinfo.name2fixturedefs  # type: ignore[attr-defined]

@@ -28,9 +28,9 @@ def inductor_cache_of_the_session(tmp_path_factory: pytest.TempPathFactory, monk
     (inductor's default is in each worker's own $TMPDIR), shared as a sweep's jobs share
     regional_cudagraph's ``cache_dir``: the C++ ISA checks inductor runs once a cache (about 7 s
     here) and each graph that two tests compile alike are then compiled once a session, whichever
-    worker runs the tests. (--dist loadgroup keeps no module on one worker: with pytest 9.2 and
-    pytest-xdist 3.8 it groups nothing, pytest-xdist#1386. The precompiled header stays in each
-    worker's folder: inductor fixes that folder when imported.)"""
+    worker runs the tests (this module shares no fixture, so --dist loadgroup spreads its tests over
+    both). The precompiled header stays in each worker's folder: inductor fixes that folder when
+    imported."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.getbasetemp().parent / "torchinductor"))
 
