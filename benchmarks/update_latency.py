@@ -234,7 +234,7 @@ def bench_shape(shape: tuple[int, int, int], streams: int, args: argparse.Namesp
     for name in chosen:
         activities = gpu_activities(lambda variant=variants[name]: variant.step(*setup.batches[0]), plans[name].device)
         summary = LatencySummary.of(samples[name])
-        buckets = getattr(variants[name], "buckets", lambda: None)() or tuple(sorted(set(lengths)))
+        buckets = variants[name].buckets() or tuple(sorted(set(lengths)))
         overhead = np.subtract(samples[name], device_samples[name])
         rows[name] = Row(
             label,
