@@ -323,7 +323,7 @@ def test_kill_9_then_sync_judges_the_noise_within_length_buckets(tmp_path: Path,
     assert synced.returncode == 0 and "(KILLED" in synced.stdout, synced.stdout + synced.stderr
     client, run = only_run(uri)
     assert_everything_measured_is_in(client, run, journal)
-    measured = [update for update in updates_in(journal) if update["window"] == "measured"]
+    measured = [update for update in updates_in(journal) if update["window"] == MEASURED]
     latencies = [update["ms"] for update in measured]
     spread = run.data.metrics[names.NOISE_SPREAD]
     assert spread != pytest.approx(rel_iqr(latencies)), "judged across all updates, as if of one length"
