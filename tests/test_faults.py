@@ -31,7 +31,8 @@ from axoexp.plan import plan_experiment
 from axoexp.statistics import noise_spread, noise_verdict, rel_iqr
 from axoexp.sync import main as sync_main
 from axoexp.sync import sync_journal
-from axoexp.windows import MEASURED
+from axoexp.tracking import Tracker
+from axoexp.windows import MEASURED, UpdateTrace, log_traces
 
 SLEEPY = sleepy_executor_plugin(20)
 LOSS_PLUGIN = """from axoexp import component
@@ -351,6 +352,17 @@ def test_sync_judges_noise_within_the_buckets_the_update_records_name(
     spread = noise_spread(latencies, buckets)
     assert run.data.metrics[names.NOISE_SPREAD] == pytest.approx(spread)
     assert run.data.tags[names.TIMING_NOISE] == noise_verdict(spread) == ("low" if buckets else "high")
+
+
+def test_a_trace_whose_buckets_do_not_match_its_updates_is_judged_across_all_of_them(client: MlflowClient) -> None:
+    """Update records of which only some name a bucket (a journal written by two versions): the noise is
+    judged as of one length, not a polyfit of mismatched lists raising where the run is logged."""
+    run = client.create_run(client.create_experiment("mixed records"))
+    latencies = [8.0, 8.2, 32.0, 32.5, 8.1]
+    measured = UpdateTrace(latencies_ms=latencies, losses=[0.5] * len(latencies), buckets=[16, 16, 64])
+    spread = log_traces(Tracker(client, run.info.run_id), UpdateTrace(), measured, len(latencies))
+    assert spread == pytest.approx(rel_iqr(latencies))
+    assert client.get_run(run.info.run_id).data.metrics[names.NOISE_SPREAD] == pytest.approx(spread)
 
 
 @pytest.mark.slow
